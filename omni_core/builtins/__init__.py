@@ -1,0 +1,1 @@
+"""Internal plugins: the core's own behaviour, registered through the public hooks."""

@@ -1,0 +1,54 @@
+"""The ``omni`` command line.
+
+Each command group lives in its own module and registers itself on :data:`app`.
+:func:`main` turns every :class:`~omni_core.errors.OmniError` into a message
+on stderr and its exit code (2 for configuration and usage errors), so a user
+never sees a traceback for a mistake of theirs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ..errors import OmniError
+
+app = typer.Typer(
+    name="omni",
+    help="Serve multi-stage omni-modal model pipelines (Qwen3-Omni, Qwen3-TTS, MOSS-TTS).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+from . import plugins_cmd  # noqa: E402  (registers its commands on app)
+
+__all__ = ["app", "main", "plugins_cmd"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``omni`` console script."""
+    try:
+        app(args=argv, prog_name="omni", standalone_mode=False)
+    except OmniError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # click's usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""``omni plugins list``: what is installed, what it registers, what is broken."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from ..plugins import ENV_VAR, get_plugins
+from . import app
+
+plugins_app = typer.Typer(help="Inspect installed plugins.", no_args_is_help=True)
+app.add_typer(plugins_app, name="plugins")
+
+
+@plugins_app.command("list")
+def list_plugins(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    show_all: bool = typer.Option(False, "--all", help="Include the built-in plugins."),
+) -> None:
+    """List plugins: version, hooks, pipelines, placement policies, transports, errors."""
+    plugins = get_plugins()
+    rows = plugins.listing(include_builtin=show_all)
+    if as_json:
+        payload = {"plugins": rows, "unknown_requested": plugins.unknown_requested}
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    _print_table(rows)
+    if plugins.unknown_requested:
+        typer.echo(
+            f"warning: {ENV_VAR} names plugins that are not installed: "
+            + ", ".join(plugins.unknown_requested),
+            err=True,
+        )
+
+
+def _print_table(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="omni plugins", show_lines=False)
+    for column in ("plugin", "version", "hooks", "pipelines", "policies", "transports", "error"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            row["name"],
+            row["version"] or "",
+            "\n".join(h.removeprefix("omni_") for h in row["hooks"]),
+            "\n".join(row["pipelines"]),
+            "\n".join(row["placement_policies"]),
+            "\n".join(row["transports"]),
+            row["error"] or "",
+        )
+    console = Console(width=160) if not Console().is_terminal else Console()
+    if not rows:
+        console.print("no plugins installed (pip install omni-qwen3-tts, for example)")
+        return
+    console.print(table)

@@ -1,0 +1,1 @@
+"""Planning: from a resolved deployment and a GPU inventory to a DeploymentPlan."""

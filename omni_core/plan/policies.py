@@ -1,0 +1,3 @@
+"""Built-in placement policies (filled in by the planning work)."""
+
+BUILTIN_POLICIES: list = []

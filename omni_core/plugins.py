@@ -1,0 +1,318 @@
+"""The plugin manager: a typed facade over pluggy, in the manner of tox 4.
+
+It registers the built-in plugins, loads the ``omni`` entry points (restricted
+by ``OMNI_PLUGINS``), survives plugins that fail to import, and answers the
+three questions the rest of the core asks: which pipelines, placement policies
+and transports exist, and who registered them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .errors import PluginError, suggestion
+
+BUILTIN_PLUGINS = (
+    "omni_core.builtins.factory",
+    "omni_core.builtins.placement",
+    "omni_core.builtins.transports",
+)
+ENV_VAR = "OMNI_PLUGINS"
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass
+class PluginRecord:
+    """What the listing shows of one plugin."""
+
+    name: str
+    version: str | None = None
+    builtin: bool = False
+    entry_point: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    plugin: object | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self.plugin is not None and self.error is None
+
+
+@dataclass
+class Registered:
+    """One registered item (pipeline, policy, transport) and the plugin that gave it."""
+
+    name: str
+    value: Any
+    plugin: str
+
+
+@dataclass
+class _Registries:
+    pipelines: dict[str, Registered] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+    policies: dict[str, Registered] = field(default_factory=dict)
+    transports: dict[str, Registered] = field(default_factory=dict)
+    conflicts: list[str] = field(default_factory=list)
+    by_plugin: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+
+class OmniPlugins:
+    """The plugins of this process and what they registered."""
+
+    def __init__(self, *, load_entry_points: bool = True, env: dict[str, str] | None = None):
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.records: dict[str, PluginRecord] = {}
+        self.unknown_requested: list[str] = []
+        self._registries: _Registries | None = None
+        for module_name in BUILTIN_PLUGINS:
+            module = importlib.import_module(module_name)
+            self._add(PluginRecord(name=module_name, builtin=True, plugin=module))
+        if load_entry_points:
+            self._load_entry_points(os.environ if env is None else env)
+
+    # -- loading --------------------------------------------------------------
+    def _add(self, record: PluginRecord) -> None:
+        if record.plugin is not None:
+            self.pm.register(record.plugin, name=record.name)
+        self.records[record.name] = record
+        self._registries = None
+
+    def _load_entry_points(self, env: dict[str, str]) -> None:
+        wanted = _requested(env.get(ENV_VAR))
+        matched: set[str] = set()
+        for ep in sorted(metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP), key=_ep_key):
+            dist_name = ep.dist.name if ep.dist else ep.name
+            keys = {_normalise(ep.name), _normalise(dist_name)}
+            if wanted is not None:
+                hit = keys & wanted
+                if not hit:
+                    continue
+                matched |= hit
+            record = PluginRecord(
+                name=dist_name,
+                version=ep.dist.version if ep.dist else None,
+                entry_point=f"{ep.name} = {ep.value}",
+            )
+            try:
+                record.plugin = ep.load()
+            except Exception as exc:  # a broken plugin must not break the listing
+                record.error = f"{type(exc).__name__}: {exc}"
+                record.traceback = traceback.format_exc()
+            if record.name in self.records:
+                record.name = f"{record.name}:{ep.name}"
+            self._add(record)
+        if wanted is not None:
+            self.unknown_requested = sorted(wanted - matched)
+
+    # -- in-process registration (tests, embedding) ----------------------
+    def register(self, plugin: object, name: str | None = None, version: str | None = None) -> str:
+        """Register a plugin object in this process, without installing anything."""
+        name = name or getattr(plugin, "__name__", None) or f"plugin-{id(plugin)}"
+        if name in self.records:
+            raise PluginError(f"a plugin named {name!r} is already registered")
+        self._add(PluginRecord(name=name, version=version, plugin=plugin))
+        return name
+
+    def register_broken(self, name: str, error: BaseException) -> None:
+        """Record a plugin that failed to load (as entry-point loading does)."""
+        self._add(PluginRecord(name=name, error=f"{type(error).__name__}: {error}"))
+
+    def unregister(self, name: str) -> None:
+        record = self.records.pop(name)
+        if record.plugin is not None and self.pm.is_registered(record.plugin):
+            self.pm.unregister(record.plugin)
+        self._registries = None
+
+    @contextmanager
+    def registered(self, plugin: object, name: str | None = None) -> Iterator[str]:
+        """Register ``plugin`` for the duration of a ``with`` block."""
+        name = self.register(plugin, name)
+        try:
+            yield name
+        finally:
+            self.unregister(name)
+
+    # -- what the plugins registered -----------------------------------------
+    def hooks_of(self, record: PluginRecord) -> list[str]:
+        if record.plugin is None or not self.pm.is_registered(record.plugin):
+            return []
+        return sorted(caller.name for caller in self.pm.get_hookcallers(record.plugin) or [])
+
+    @property
+    def registries(self) -> _Registries:
+        if self._registries is None:
+            self._registries = self._collect()
+        return self._registries
+
+    def _collect(self) -> _Registries:
+        reg = _Registries()
+        plugin_names = {id(r.plugin): r.name for r in self.records.values() if r.plugin is not None}
+        for record in self.records.values():
+            reg.by_plugin[record.name] = {"pipelines": [], "placement_policies": [], "transports": []}
+        for hook_name, table, kind in (
+            ("omni_register_pipelines", reg.pipelines, "pipelines"),
+            ("omni_register_placement_policies", reg.policies, "placement_policies"),
+            ("omni_register_transports", reg.transports, "transports"),
+        ):
+            for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+                owner = plugin_names.get(id(impl.plugin), impl.plugin_name)
+                try:
+                    items = [(_item_name(item, kind), item) for item in impl.function() or []]
+                except Exception as exc:  # one bad plugin must not hide the others
+                    self.records[owner].error = f"{hook_name} failed: {type(exc).__name__}: {exc}"
+                    continue
+                for name, item in items:
+                    self._put(reg, table, kind, name, item, owner)
+        return reg
+
+    def _put(self, reg: _Registries, table: dict, kind: str, name: str, item: Any, owner: str):
+        label = kind.rstrip("s").replace("_", " ")
+        names = [name]
+        if kind == "pipelines":
+            names += [a for a in getattr(item, "aliases", ()) if a != name]
+        for key in names:
+            other = table.get(key) or (
+                table.get(reg.aliases[key]) if kind == "pipelines" and key in reg.aliases else None
+            )
+            if other is not None and other.plugin != owner:
+                message = (
+                    f"{label} {key!r} is registered by two plugins: {other.plugin!r} and {owner!r}; "
+                    "uninstall one, or restrict which load with OMNI_PLUGINS"
+                )
+                reg.conflicts.append(message)
+                self.records[owner].error = self.records[owner].error or message
+                return
+        table[name] = Registered(name, item, owner)
+        reg.by_plugin[owner][kind].append(name)
+        if kind == "pipelines":
+            for alias in names[1:]:
+                reg.aliases[alias] = name
+
+    def _raise_conflicts(self) -> None:
+        if self.registries.conflicts:
+            raise PluginError("\n".join(self.registries.conflicts))
+
+    def pipelines(self) -> dict[str, Registered]:
+        self._raise_conflicts()
+        return dict(self.registries.pipelines)
+
+    def pipeline(self, name: str) -> type:
+        """The pipeline class registered under ``name`` or one of its aliases."""
+        self._raise_conflicts()
+        reg = self.registries
+        canonical = reg.aliases.get(name, name)
+        if canonical in reg.pipelines:
+            return reg.pipelines[canonical].value
+        folded = {k.lower(): k for k in [*reg.pipelines, *reg.aliases]}
+        if name.lower() in folded:
+            key = folded[name.lower()]
+            return reg.pipelines[reg.aliases.get(key, key)].value
+        raise PluginError(
+            f"no plugin provides a pipeline called {name!r}",
+            hint=self._missing_hint(name, reg.pipelines, "registered pipelines"),
+        )
+
+    def policy(self, name: str) -> Any:
+        return self._lookup(name, self.registries.policies, "placement policy")
+
+    def transport(self, name: str) -> Any:
+        return self._lookup(name, self.registries.transports, "transport")
+
+    def _lookup(self, name: str, table: dict[str, Registered], label: str) -> Any:
+        self._raise_conflicts()
+        if name in table:
+            return table[name].value
+        raise PluginError(
+            f"no plugin provides a {label} called {name!r}",
+            hint=self._missing_hint(name, table, f"registered {label}s".replace("policys", "policies")),
+        )
+
+    def _missing_hint(self, name: str, table: Iterable[str], kind: str) -> str:
+        hint = suggestion(name, table, kind=kind)
+        broken = [r for r in self.records.values() if r.error]
+        if broken:
+            hint += "; these plugins failed to load and may provide it: " + "; ".join(
+                f"{r.name} ({r.error})" for r in broken
+            )
+        if self.unknown_requested:
+            hint += f"; {ENV_VAR} names plugins that are not installed: " + ", ".join(
+                self.unknown_requested
+            )
+        return hint
+
+    # -- listing -----------------------------------------------------------
+    def listing(self, *, include_builtin: bool = False) -> list[dict[str, Any]]:
+        reg = self.registries
+        rows = []
+        for record in self.records.values():
+            if record.builtin and not include_builtin:
+                continue
+            made = reg.by_plugin.get(record.name, {})
+            rows.append(
+                {
+                    "name": record.name,
+                    "version": record.version,
+                    "builtin": record.builtin,
+                    "hooks": self.hooks_of(record),
+                    "pipelines": made.get("pipelines", []),
+                    "placement_policies": made.get("placement_policies", []),
+                    "transports": made.get("transports", []),
+                    "error": record.error,
+                }
+            )
+        return rows
+
+    # -- stage construction (child process) ------------------------------
+    def build_stage(self, stage: Any, pipeline: Any, context: Any) -> Any:
+        return self.pm.hook.omni_build_stage(stage=stage, pipeline=pipeline, context=context)
+
+
+def _ep_key(ep: metadata.EntryPoint) -> tuple[str, str]:
+    return (ep.dist.name if ep.dist else "", ep.name)
+
+
+def _item_name(item: Any, kind: str) -> str:
+    attr = "pipeline_name" if kind == "pipelines" else "name"
+    name = getattr(item, attr, "")
+    if not name:
+        raise PluginError(f"a plugin registered a {kind[:-1]} without a {attr}: {item!r}")
+    return name
+
+
+def _requested(value: str | None) -> set[str] | None:
+    if value is None:
+        return None
+    return {_normalise(part.strip()) for part in value.split(",") if part.strip()}
+
+
+_current: OmniPlugins | None = None
+
+
+def get_plugins(factory: Callable[[], OmniPlugins] = OmniPlugins) -> OmniPlugins:
+    """The process-wide plugin manager, loaded on first use."""
+    global _current
+    if _current is None:
+        _current = factory()
+    return _current
+
+
+def reset_plugins() -> None:
+    """Forget the process-wide manager (tests; a changed ``OMNI_PLUGINS``)."""
+    global _current
+    _current = None

@@ -1,0 +1,1 @@
+"""The runtime: launch a plan, run stages, move payloads between them."""

@@ -1,0 +1,3 @@
+"""Built-in transports (filled in by the runtime work)."""
+
+BUILTIN_TRANSPORTS: list = []

@@ -1,0 +1,26 @@
+"""The typed shape of a pipeline and its deployment settings."""
+
+from .deployment import ClusterConfig, EndpointsConfig, PlacementConfig, ProcessConfig
+from .groups import PLACEMENT_OWNED_FACTORY_KEYS, EngineArgs, FactoryArgs, SettingsGroup
+from .pipeline import PipelineConfig
+from .sizes import format_bytes, parse_bytes
+from .stage import AUTHOR_ONLY_FIELDS, EngineStageConfig, StageConfig
+from .validation import validation_message
+
+__all__ = [
+    "AUTHOR_ONLY_FIELDS",
+    "PLACEMENT_OWNED_FACTORY_KEYS",
+    "ClusterConfig",
+    "EndpointsConfig",
+    "EngineArgs",
+    "EngineStageConfig",
+    "FactoryArgs",
+    "PipelineConfig",
+    "PlacementConfig",
+    "ProcessConfig",
+    "SettingsGroup",
+    "StageConfig",
+    "format_bytes",
+    "parse_bytes",
+    "validation_message",
+]

@@ -1,0 +1,69 @@
+"""The two free-form setting groups of a stage: ``factory.*`` and ``engine.*``.
+
+A pipeline author subclasses these to declare typed fields; keys nobody
+declared still pass through to their consumer (the stage factory or the
+engine backend), which must refuse what it does not accept, by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+# Values owned by placement: the planner computes them, nobody writes them.
+PLACEMENT_OWNED_FACTORY_KEYS = frozenset(
+    {"gpu_id", "gpu_ids", "device", "gpu_memory_fraction", "total_gpu_memory_fraction"}
+)
+
+
+class SettingsGroup(BaseModel):
+    """Base of a group: declared fields typed, undeclared keys allowed."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    def declared_fields(self) -> dict[str, Any]:
+        return dict(type(self).model_fields)
+
+    def free_keys(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class FactoryArgs(SettingsGroup):
+    """Settings passed to a stage factory by parameter name (config channel)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_placement_owned(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            owned = sorted(PLACEMENT_OWNED_FACTORY_KEYS & set(data))
+            if owned:
+                raise ValueError(
+                    f"factory.{owned[0]} is owned by placement and cannot be set; "
+                    "write the stage's gpu / gpu_memory_fraction / total_reserve_bytes instead"
+                )
+        return data
+
+
+class EngineArgs(SettingsGroup):
+    """Settings read by the engine backend of an engine stage.
+
+    The common fields are typed here so that coercion and constraints apply
+    early; backends declare the rest (and refuse unknown keys at planning).
+    """
+
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> EngineArgs:
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
+            raise ValueError(
+                f"engine.mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}"
+            )
+        for name in ("max_running_requests", "max_total_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"engine.{name} must be >= 1, got {value}")
+        return self

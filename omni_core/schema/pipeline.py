@@ -1,0 +1,122 @@
+"""A pipeline: its topology (class-level, author-only) and its deployment settings.
+
+A model plugin subclasses :class:`PipelineConfig`, sets the class attributes
+and implements :meth:`PipelineConfig.default_stages`. An instance is one
+deployment of that pipeline: the stages with their settings, plus processes,
+MPS, weight sharing, placement and endpoints.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, model_validator
+
+from ..errors import suggestion
+from .deployment import ClusterConfig, EndpointsConfig, PlacementConfig, ProcessConfig
+from .stage import StageConfig
+
+
+class PipelineConfig(BaseModel):
+    """Base class of every pipeline declaration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # -- class-level topology: written by the plugin author only ----------
+    pipeline_name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    description: ClassVar[str] = ""
+    entry_stage: ClassVar[str] = ""
+    default_model_path: ClassVar[str] = ""
+    default_placement_policy: ClassVar[str] = "declared"
+
+    # -- deployment settings ------------------------------------------------
+    model_path: str = ""
+    stages: list[SerializeAsAny[StageConfig]] = Field(default_factory=list)
+    processes: dict[str, ProcessConfig] = Field(default_factory=dict)
+    mps: Literal["off", "on", "auto"] = "off"
+    weight_share: Literal["off", "on"] = "off"
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    endpoints: EndpointsConfig = Field(default_factory=EndpointsConfig)
+
+    @classmethod
+    def default_stages(cls) -> list[StageConfig]:
+        """The stages of this pipeline with their default settings, in build order."""
+        raise NotImplementedError(f"{cls.__name__} must implement default_stages()")
+
+    @classmethod
+    def engine_stage_names(cls) -> list[str]:
+        return [s.name for s in cls.default_stages() if s.is_engine]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            if not data.get("stages"):
+                data["stages"] = cls.default_stages()
+            data.setdefault("model_path", cls.default_model_path)
+            if "placement" not in data:
+                data["placement"] = PlacementConfig(policy=cls.default_placement_policy)
+        return data
+
+    @model_validator(mode="after")
+    def _check_topology(self) -> PipelineConfig:
+        problems = list(self._topology_problems())
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def _topology_problems(self):
+        names = [s.name for s in self.stages]
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                yield f"stage {name!r}: field 'name' is used by two stages; stage names must be unique"
+            seen.add(name)
+        if not self.stages:
+            yield "the pipeline declares no stages"
+        if self.entry_stage and self.entry_stage not in seen:
+            yield (
+                f"entry stage {self.entry_stage!r} does not exist; "
+                + suggestion(self.entry_stage, seen, kind="stages of this pipeline")
+            )
+        for stage in self.stages:
+            for field, refs in (
+                ("next", stage.targets),
+                ("wait_for", stage.wait_for or []),
+                ("stream_to", stage.stream_to),
+            ):
+                for ref in refs:
+                    if ref not in seen:
+                        yield (
+                            f"stage {stage.name!r}: field {field!r} names stage {ref!r}, which "
+                            "does not exist; " + suggestion(ref, seen, kind="stages of this pipeline")
+                        )
+        known_processes = {self.process_of(s) for s in self.stages}
+        for name in self.processes:
+            if name not in known_processes:
+                yield (
+                    f"processes.{name}: no stage runs in a process called {name!r}; "
+                    + suggestion(name, known_processes, kind="processes of this deployment")
+                )
+
+    # -- lookups ------------------------------------------------------------
+    @property
+    def stage_names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def stage(self, name: str) -> StageConfig:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    @staticmethod
+    def process_of(stage: StageConfig) -> str:
+        """The logical process of a stage (a TP stage without one is named after itself)."""
+        return stage.process or stage.name
+
+    def process_config(self, process: str) -> ProcessConfig:
+        return self.processes.get(process, ProcessConfig())

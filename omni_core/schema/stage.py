@@ -1,0 +1,172 @@
+"""One stage of a pipeline, with its settings grouped by who reads them.
+
+* top level (``gpu``, ``tp_size``, ``process``, ``gpu_memory_fraction`` …):
+  read by the parent process for placement, process planning and wiring;
+* ``engine.*`` (only on :class:`EngineStageConfig`): read by the engine backend;
+* ``factory.*``: passed to the stage factory by parameter name.
+
+The wiring fields (``next``, ``wait_for`` …) and the factory import path are
+written by the pipeline author in code; deploy files and flags can never set
+them (:data:`AUTHOR_ONLY_FIELDS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
+
+from .groups import EngineArgs, FactoryArgs
+from .sizes import parse_bytes
+
+AUTHOR_ONLY_FIELDS = frozenset(
+    {
+        "name",
+        "factory_path",
+        "next",
+        "terminal",
+        "route_fn",
+        "wait_for",
+        "merge_fn",
+        "stream_to",
+        "author_kwargs",
+    }
+)
+"""Topology and code wiring: lives in the plugin's pipeline class only."""
+
+
+class StageConfig(BaseModel):
+    """A stage that is not driven by an engine backend (encoders, vocoders, CPU work)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    # -- author-only: topology and wiring --------------------------------
+    name: str
+    factory_path: str = Field(description="import string 'package.module:callable'")
+    next: str | list[str] | None = None
+    terminal: bool = False
+    route_fn: str | None = None
+    wait_for: list[str] | None = None
+    merge_fn: str | None = None
+    stream_to: list[str] = Field(default_factory=list)
+    author_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    # -- parent process: placement and process planning ------------------
+    process: str | None = None
+    gpu: int | list[int] | None = None
+    tp_size: int = 1
+    gpu_memory_fraction: float | None = None
+    total_reserve_bytes: int | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+    # -- stage factory ------------------------------------------------------
+    factory: SerializeAsAny[FactoryArgs] = Field(default_factory=FactoryArgs)
+
+    @property
+    def is_engine(self) -> bool:
+        return False
+
+    @property
+    def targets(self) -> list[str]:
+        """Stages that receive this stage's final output."""
+        if self.next is None:
+            return []
+        return [self.next] if isinstance(self.next, str) else list(self.next)
+
+    @property
+    def gpu_ids(self) -> list[int]:
+        if self.gpu is None:
+            return []
+        return [self.gpu] if isinstance(self.gpu, int) else list(self.gpu)
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.gpu is not None
+
+    @property
+    def declares_memory_share(self) -> bool:
+        return self.gpu_memory_fraction is not None or self.total_reserve_bytes is not None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_group_only_on_engine_stages(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "engine" in data and "engine" not in cls.model_fields:
+            raise ValueError(
+                f"stage {data.get('name', '?')!r}: field 'engine' is not allowed: this stage is "
+                "not an engine stage, so it has no engine.* settings; use factory.* for its "
+                "factory's settings"
+            )
+        return data
+
+    @field_validator("total_reserve_bytes", mode="before")
+    @classmethod
+    def _parse_reserve(cls, value: Any) -> Any:
+        return None if value is None else parse_bytes(value)
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _parse_gpu_list(cls, value: Any) -> Any:
+        # "0,1" on a command line means the list [0, 1].
+        if isinstance(value, str) and "," in value:
+            return [int(part) for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> StageConfig:
+        problems = list(self._problems())
+        if problems:
+            raise ValueError("; ".join(f"stage {self.name!r}: {p}" for p in problems))
+        return self
+
+    def _problems(self):
+        if self.terminal and self.targets:
+            yield "field 'next' and 'terminal' are exclusive: a terminal stage has no next"
+        if not self.terminal and not self.targets:
+            yield "field 'next' is missing: a stage needs either next or terminal = true"
+        if self.wait_for and not self.merge_fn:
+            yield "field 'merge_fn' is missing: wait_for needs a merge function"
+        if self.merge_fn and not self.wait_for:
+            yield "field 'merge_fn' needs field 'wait_for' (the stages to merge)"
+        if self.route_fn and len(self.targets) < 2:
+            yield "field 'route_fn' needs field 'next' to list the targets it may choose from"
+        if self.tp_size < 1:
+            yield f"field 'tp_size' must be >= 1, got {self.tp_size}"
+        if self.tp_size == 1 and self.process is None:
+            yield "field 'process' is missing: every stage that is not tensor-parallel names its process"
+        yield from self._gpu_problems()
+        if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:
+            yield f"field 'gpu_memory_fraction' must be in (0, 1], got {self.gpu_memory_fraction}"
+        if self.gpu_memory_fraction is not None and self.total_reserve_bytes is not None:
+            yield (
+                "fields 'gpu_memory_fraction' and 'total_reserve_bytes' are exclusive: "
+                "declare the memory share one way"
+            )
+        if self.declares_memory_share and self.gpu is None:
+            yield "field 'gpu_memory_fraction'/'total_reserve_bytes' needs field 'gpu' (a GPU stage)"
+
+    def _gpu_problems(self):
+        if isinstance(self.gpu, int) and self.tp_size > 1:
+            yield (
+                f"field 'gpu' is a single id but tp_size = {self.tp_size}; "
+                f"write a list of {self.tp_size} GPU ids"
+            )
+        if isinstance(self.gpu, list) and len(self.gpu) != self.tp_size:
+            yield (
+                f"field 'gpu' lists {len(self.gpu)} GPU ids but tp_size = {self.tp_size}; "
+                "they must match"
+            )
+        ids = self.gpu_ids
+        if any(i < 0 for i in ids):
+            yield f"field 'gpu' has a negative GPU id: {ids}"
+        if len(set(ids)) != len(ids):
+            yield f"field 'gpu' repeats a GPU id: {ids}"
+
+
+class EngineStageConfig(StageConfig):
+    """A stage driven by an engine backend (continuous batching, KV cache)."""
+
+    engine: SerializeAsAny[EngineArgs] = Field(default_factory=EngineArgs)
+
+    @property
+    def is_engine(self) -> bool:
+        return True

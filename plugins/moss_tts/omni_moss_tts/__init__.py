@@ -1,0 +1,3 @@
+"""MOSS-TTS for omni: the pipeline declaration and its stages."""
+
+__version__ = "0.1.0"

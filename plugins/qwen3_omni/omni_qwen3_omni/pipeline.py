@@ -1,0 +1,194 @@
+"""The Qwen3-Omni pipelines.
+
+``qwen3-omni`` (speech out, the default) runs one process per stage: the
+encoders, the thinker and code2wav on GPU 0, the talker alone on GPU 1.
+``qwen3-omni-colocated`` puts every GPU stage on GPU 0 and runs code2wav inside
+the talker's process: on one card the GPU time-slices between processes, so
+the vocoder decodes between talker steps instead of waiting for its own slice.
+Its placement policy (``colocate``) requires every GPU stage to declare its
+memory share, so the processes cannot grab memory first-come-first-served.
+``qwen3-omni-text`` answers with text only: no talker, no vocoder, one process.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfig
+
+STAGES = "omni_qwen3_omni.stages"
+ROUTING = "omni_qwen3_omni.routing"
+MODEL = "Qwen/Qwen3-Omni-30B-A3B-Instruct"
+ALIASES = ("qwen3_omni_moe", "Qwen3OmniMoeForConditionalGeneration")
+
+
+class EncoderArgs(FactoryArgs):
+    dtype: str = "bfloat16"
+    max_batch_size: int = 8
+
+
+class EngineFactoryArgs(FactoryArgs):
+    dtype: str = "bfloat16"
+    load_format: str = "auto"
+
+
+class Code2WavArgs(FactoryArgs):
+    dtype: str = "float32"
+    chunk_frames: int = 12
+    left_context_frames: int = 25
+
+
+def _front(fan_in: str, route_fn: str, process: dict[str, str]) -> list[StageConfig]:
+    """preprocessing and the two encoders, feeding ``fan_in``."""
+    return [
+        StageConfig(
+            name="preprocessing",
+            factory_path=f"{STAGES}:create_preprocessing",
+            next=["image_encoder", "audio_encoder", fan_in],
+            route_fn=f"{ROUTING}:{route_fn}",
+            process=process["preprocessing"],
+        ),
+        StageConfig(
+            name="image_encoder",
+            factory_path=f"{STAGES}:create_image_encoder",
+            next=fan_in,
+            process=process["image_encoder"],
+            gpu=0,
+            factory=EncoderArgs(),
+        ),
+        StageConfig(
+            name="audio_encoder",
+            factory_path=f"{STAGES}:create_audio_encoder",
+            next=fan_in,
+            process=process["audio_encoder"],
+            gpu=0,
+            factory=EncoderArgs(),
+        ),
+    ]
+
+
+def _speech_stages(*, talker_gpu: int, processes: dict[str, str], vocoder_in_process: bool):
+    return [
+        *_front("thinker", "route_to_thinker", processes),
+        EngineStageConfig(
+            name="thinker",
+            factory_path=f"{STAGES}:create_thinker",
+            wait_for=["preprocessing", "image_encoder", "audio_encoder"],
+            merge_fn=f"{ROUTING}:merge_encoder_outputs",
+            next=["decode", "talker_ar"],
+            stream_to=["talker_ar", "decode"],
+            process=processes["thinker"],
+            gpu=0,
+            factory=EngineFactoryArgs(),
+        ),
+        StageConfig(
+            name="decode",
+            factory_path=f"{STAGES}:create_decode",
+            terminal=True,
+            process=processes["decode"],
+        ),
+        EngineStageConfig(
+            name="talker_ar",
+            factory_path=f"{STAGES}:create_talker",
+            next="code2wav",
+            stream_to=["code2wav"],
+            process=processes["talker_ar"],
+            gpu=talker_gpu,
+            factory=EngineFactoryArgs(),
+            author_kwargs={"vocoder_in_process": vocoder_in_process},
+        ),
+        StageConfig(
+            name="code2wav",
+            factory_path=f"{STAGES}:create_code2wav",
+            terminal=True,
+            process=processes["code2wav"],
+            gpu=0,
+            gpu_memory_fraction=0.02,
+            factory=Code2WavArgs(),
+        ),
+    ]
+
+
+SPEECH_PROCESSES = {
+    name: name
+    for name in (
+        "preprocessing", "image_encoder", "audio_encoder", "thinker", "decode", "talker_ar", "code2wav"
+    )
+}
+COLOCATED_PROCESSES = {**SPEECH_PROCESSES, "code2wav": "talker_ar"}
+
+
+class Qwen3OmniSpeechPipeline(PipelineConfig):
+    pipeline_name: ClassVar[str] = "qwen3-omni"
+    aliases: ClassVar[tuple[str, ...]] = (*ALIASES, "Qwen3OmniSpeechPipelineConfig")
+    description: ClassVar[str] = (
+        "Qwen3-Omni: audio/image/text in, text and speech out; one process per stage, two GPUs"
+    )
+    entry_stage: ClassVar[str] = "preprocessing"
+    default_model_path: ClassVar[str] = MODEL
+
+    @classmethod
+    def default_stages(cls) -> list[StageConfig]:
+        return _speech_stages(talker_gpu=1, processes=SPEECH_PROCESSES, vocoder_in_process=False)
+
+
+class Qwen3OmniColocatedPipeline(PipelineConfig):
+    pipeline_name: ClassVar[str] = "qwen3-omni-colocated"
+    aliases: ClassVar[tuple[str, ...]] = ("Qwen3OmniSpeechColocatedPipelineConfig",)
+    description: ClassVar[str] = (
+        "Qwen3-Omni speech on one GPU; code2wav runs in the talker's process; "
+        "every GPU stage must declare its memory share"
+    )
+    entry_stage: ClassVar[str] = "preprocessing"
+    default_model_path: ClassVar[str] = MODEL
+    default_placement_policy: ClassVar[str] = "colocate"
+
+    @classmethod
+    def default_stages(cls) -> list[StageConfig]:
+        stages = _speech_stages(
+            talker_gpu=0, processes=COLOCATED_PROCESSES, vocoder_in_process=True
+        )
+        for stage in stages:
+            if stage.name == "code2wav":
+                # The share comes from the deploy file, like every other stage's.
+                stage.gpu_memory_fraction = None
+        return stages
+
+
+class Qwen3OmniTextPipeline(PipelineConfig):
+    pipeline_name: ClassVar[str] = "qwen3-omni-text"
+    aliases: ClassVar[tuple[str, ...]] = ("Qwen3OmniTextPipelineConfig",)
+    description: ClassVar[str] = (
+        "Qwen3-Omni thinker only: audio/image/text in, text out; one process on one GPU"
+    )
+    entry_stage: ClassVar[str] = "preprocessing"
+    default_model_path: ClassVar[str] = MODEL
+
+    @classmethod
+    def default_stages(cls) -> list[StageConfig]:
+        one = dict.fromkeys(("preprocessing", "image_encoder", "audio_encoder"), "pipeline")
+        return [
+            *_front("mm_aggregate", "route_to_aggregate", one),
+            StageConfig(
+                name="mm_aggregate",
+                factory_path=f"{STAGES}:create_mm_aggregate",
+                wait_for=["preprocessing", "image_encoder", "audio_encoder"],
+                merge_fn=f"{ROUTING}:merge_encoder_outputs",
+                next="thinker",
+                process="pipeline",
+            ),
+            EngineStageConfig(
+                name="thinker",
+                factory_path=f"{STAGES}:create_thinker",
+                next="decode",
+                process="pipeline",
+                gpu=0,
+                factory=EngineFactoryArgs(),
+            ),
+            StageConfig(
+                name="decode",
+                factory_path=f"{STAGES}:create_decode",
+                terminal=True,
+                process="pipeline",
+            ),
+        ]

@@ -1,0 +1,73 @@
+"""The Qwen3-TTS pipeline: preprocessing -> tts_engine (streams) -> vocoder.
+
+All three stages share the process ``pipeline`` by default: the model is small,
+so payloads pass between stages as Python objects and one GPU holds the talker,
+its code predictor and the speech-tokenizer decoder.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfig
+
+PACKAGE = "omni_qwen3_tts.stages"
+
+
+class PreprocessingArgs(FactoryArgs):
+    max_ref_audio_seconds: float = 30.0
+
+
+class EngineFactoryArgs(FactoryArgs):
+    dtype: str = "bfloat16"
+    load_format: str = "auto"
+
+
+class VocoderArgs(FactoryArgs):
+    dtype: str = "float32"
+    max_batch_size: int | None = None
+    chunk_frames: int = 12
+    left_context_frames: int = 25
+
+
+class Qwen3TTSPipeline(PipelineConfig):
+    pipeline_name: ClassVar[str] = "qwen3-tts"
+    aliases: ClassVar[tuple[str, ...]] = (
+        "qwen3_tts",
+        "Qwen3TTSForConditionalGeneration",
+        "Qwen3TTSPipelineConfig",
+    )
+    description: ClassVar[str] = (
+        "Qwen3-TTS 12 Hz (Base / CustomVoice / VoiceDesign): text to 24 kHz speech, streamed"
+    )
+    entry_stage: ClassVar[str] = "preprocessing"
+    default_model_path: ClassVar[str] = "Qwen/Qwen3-TTS-12Hz-0.6B-Base"
+
+    @classmethod
+    def default_stages(cls) -> list[StageConfig]:
+        return [
+            StageConfig(
+                name="preprocessing",
+                factory_path=f"{PACKAGE}:create_preprocessing",
+                next="tts_engine",
+                process="pipeline",
+                factory=PreprocessingArgs(),
+            ),
+            EngineStageConfig(
+                name="tts_engine",
+                factory_path=f"{PACKAGE}:create_tts_engine",
+                next="vocoder",
+                stream_to=["vocoder"],
+                process="pipeline",
+                gpu=0,
+                factory=EngineFactoryArgs(),
+            ),
+            StageConfig(
+                name="vocoder",
+                factory_path=f"{PACKAGE}:create_vocoder",
+                terminal=True,
+                process="pipeline",
+                gpu=0,
+                factory=VocoderArgs(),
+            ),
+        ]
