@@ -41,10 +41,8 @@ class UsageError(OmniError):
     exit_code = 2
 
 
-class PluginError(OmniError):
-    """A plugin is missing, broken, or clashes with another plugin."""
-
-    exit_code = 2
+class PluginError(ConfigError):
+    """A plugin is missing, broken, or clashes with another plugin: exit 2."""
 
 
 class NotImplementedYet(OmniError):

@@ -61,7 +61,9 @@ def import_object(path: str, *, what: str) -> Any:
         for part in attribute.split("."):
             obj = getattr(obj, part)
     except AttributeError:
-        raise ConfigError(f"{what}: module {module_name!r} has no attribute {attribute!r}") from None
+        raise ConfigError(
+            f"{what}: module {module_name!r} has no attribute {attribute!r}"
+        ) from None
     return obj
 
 
@@ -77,9 +79,7 @@ def factory_kwargs(
     """Merge the channels for ``factory``; refuse config keys it cannot take."""
     params = inspect.signature(factory).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    accepted = {
-        n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    }
+    accepted = {n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
     refused = sorted(k for k in config if k not in accepted and not takes_any)
     if refused:
         raise ConfigError(

@@ -68,6 +68,9 @@ class _Registries:
     policies: dict[str, Registered] = field(default_factory=dict)
     transports: dict[str, Registered] = field(default_factory=dict)
     conflicts: list[str] = field(default_factory=list)
+    # Errors found while calling registration hooks, by plugin. Kept here, not on
+    # the record, so they go away with the state that caused them.
+    errors: dict[str, str] = field(default_factory=dict)
     by_plugin: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
 
@@ -134,6 +137,11 @@ class OmniPlugins:
         self._add(PluginRecord(name=name, error=f"{type(error).__name__}: {error}"))
 
     def unregister(self, name: str) -> None:
+        if name not in self.records:
+            raise PluginError(
+                f"no plugin named {name!r} is registered",
+                hint=suggestion(name, self.records, kind="registered plugins"),
+            )
         record = self.records.pop(name)
         if record.plugin is not None and self.pm.is_registered(record.plugin):
             self.pm.unregister(record.plugin)
@@ -164,18 +172,24 @@ class OmniPlugins:
         reg = _Registries()
         plugin_names = {id(r.plugin): r.name for r in self.records.values() if r.plugin is not None}
         for record in self.records.values():
-            reg.by_plugin[record.name] = {"pipelines": [], "placement_policies": [], "transports": []}
+            reg.by_plugin[record.name] = {
+                "pipelines": [],
+                "placement_policies": [],
+                "transports": [],
+            }
         for hook_name, table, kind in (
             ("omni_register_pipelines", reg.pipelines, "pipelines"),
             ("omni_register_placement_policies", reg.policies, "placement_policies"),
             ("omni_register_transports", reg.transports, "transports"),
         ):
-            for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            # get_hookimpls() is in registration order (pluggy *calls* them LIFO): a
+            # clash is blamed on the plugin that came second, never the established one.
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 owner = plugin_names.get(id(impl.plugin), impl.plugin_name)
                 try:
                     items = [(_item_name(item, kind), item) for item in impl.function() or []]
                 except Exception as exc:  # one bad plugin must not hide the others
-                    self.records[owner].error = f"{hook_name} failed: {type(exc).__name__}: {exc}"
+                    reg.errors.setdefault(owner, f"{hook_name} failed: {type(exc).__name__}: {exc}")
                     continue
                 for name, item in items:
                     self._put(reg, table, kind, name, item, owner)
@@ -192,11 +206,11 @@ class OmniPlugins:
             )
             if other is not None and other.plugin != owner:
                 message = (
-                    f"{label} {key!r} is registered by two plugins: {other.plugin!r} and {owner!r}; "
-                    "uninstall one, or restrict which load with OMNI_PLUGINS"
+                    f"{label} {key!r} is registered by two plugins: {other.plugin!r} and "
+                    f"{owner!r}; uninstall one, or restrict which load with OMNI_PLUGINS"
                 )
                 reg.conflicts.append(message)
-                self.records[owner].error = self.records[owner].error or message
+                reg.errors.setdefault(owner, message)
                 return
         table[name] = Registered(name, item, owner)
         reg.by_plugin[owner][kind].append(name)
@@ -240,15 +254,18 @@ class OmniPlugins:
             return table[name].value
         raise PluginError(
             f"no plugin provides a {label} called {name!r}",
-            hint=self._missing_hint(name, table, f"registered {label}s".replace("policys", "policies")),
+            hint=self._missing_hint(
+                name, table, f"registered {label}s".replace("policys", "policies")
+            ),
         )
 
     def _missing_hint(self, name: str, table: Iterable[str], kind: str) -> str:
         hint = suggestion(name, table, kind=kind)
-        broken = [r for r in self.records.values() if r.error]
+        broken = {r.name: r.error for r in self.records.values() if r.error}
+        broken.update({n: e for n, e in self.registries.errors.items() if n not in broken})
         if broken:
             hint += "; these plugins failed to load and may provide it: " + "; ".join(
-                f"{r.name} ({r.error})" for r in broken
+                f"{plugin} ({error})" for plugin, error in broken.items()
             )
         if self.unknown_requested:
             hint += f"; {ENV_VAR} names plugins that are not installed: " + ", ".join(
@@ -273,7 +290,7 @@ class OmniPlugins:
                     "pipelines": made.get("pipelines", []),
                     "placement_policies": made.get("placement_policies", []),
                     "transports": made.get("transports", []),
-                    "error": record.error,
+                    "error": record.error or reg.errors.get(record.name),
                 }
             )
         return rows

@@ -23,9 +23,9 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-from . import plugins_cmd  # noqa: E402  (registers its commands on app)
+from . import config_cmd, plugins_cmd  # noqa: E402  (each registers its commands on app)
 
-__all__ = ["app", "main", "plugins_cmd"]
+__all__ = ["app", "config_cmd", "main", "plugins_cmd"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,14 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         print("aborted", file=sys.stderr)
         return 130
-    except Exception as exc:  # click's usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+    except _CLICK_ERROR as exc:  # usage errors found by the argument parser
+        exc.show()
+        return exc.exit_code
     return 0
+
+
+# typer either uses click or vendors it; its usage errors derive from ClickException.
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
 if __name__ == "__main__":  # pragma: no cover

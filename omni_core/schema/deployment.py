@@ -28,7 +28,8 @@ class ProcessConfig(BaseModel):
                 return [int(part) for part in value.split(",") if part.strip()]
             except ValueError:
                 raise ValueError(
-                    f"replica_devices {value!r} is not a list of GPU ids; write e.g. \"0,1\" or [0, 1]"
+                    f"replica_devices {value!r} is not a list of GPU ids; "
+                    'write e.g. "0,1" or [0, 1]'
                 ) from None
         return value
 

@@ -57,8 +57,12 @@ class PipelineConfig(BaseModel):
             if not data.get("stages"):
                 data["stages"] = cls.default_stages()
             data.setdefault("model_path", cls.default_model_path)
-            if "placement" not in data:
+            placement = data.get("placement")
+            if placement is None:
                 data["placement"] = PlacementConfig(policy=cls.default_placement_policy)
+            elif isinstance(placement, dict) and "policy" not in placement:
+                # Setting a limit must not silently swap the pipeline's policy.
+                data["placement"] = {"policy": cls.default_placement_policy, **placement}
         return data
 
     @model_validator(mode="after")
@@ -73,13 +77,16 @@ class PipelineConfig(BaseModel):
         seen: set[str] = set()
         for name in names:
             if name in seen:
-                yield f"stage {name!r}: field 'name' is used by two stages; stage names must be unique"
+                yield (
+                    f"stage {name!r}: field 'name' is used by two stages; "
+                    "stage names must be unique"
+                )
             seen.add(name)
         if not self.stages:
             yield "the pipeline declares no stages"
         if self.entry_stage and self.entry_stage not in seen:
             yield (
-                f"entry stage {self.entry_stage!r} does not exist; "
+                f"field 'entry_stage' names stage {self.entry_stage!r}, which does not exist; "
                 + suggestion(self.entry_stage, seen, kind="stages of this pipeline")
             )
         for stage in self.stages:
@@ -92,7 +99,8 @@ class PipelineConfig(BaseModel):
                     if ref not in seen:
                         yield (
                             f"stage {stage.name!r}: field {field!r} names stage {ref!r}, which "
-                            "does not exist; " + suggestion(ref, seen, kind="stages of this pipeline")
+                            "does not exist; "
+                            + suggestion(ref, seen, kind="stages of this pipeline")
                         )
         known_processes = {self.process_of(s) for s in self.stages}
         for name in self.processes:

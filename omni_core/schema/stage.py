@@ -12,11 +12,20 @@ them (:data:`AUTHOR_ONLY_FIELDS`).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from .groups import EngineArgs, FactoryArgs
+from .groups import PLACEMENT_OWNED_FACTORY_KEYS, EngineArgs, FactoryArgs
 from .sizes import parse_bytes
 
 AUTHOR_ONLY_FIELDS = frozenset(
@@ -33,6 +42,23 @@ AUTHOR_ONLY_FIELDS = frozenset(
     }
 )
 """Topology and code wiring: lives in the plugin's pipeline class only."""
+
+
+class SchemaProblems(ValueError):
+    """Several problems of one model, each with the fields it concerns.
+
+    The config resolver uses the fields to say which file line or flag wrote
+    the offending value.
+    """
+
+    def __init__(self, problems: list[tuple[tuple[str, ...], str]]):
+        self.problems = problems
+        super().__init__("; ".join(message for _, message in problems))
+
+
+def _fields_named(problem: str) -> tuple[str, ...]:
+    """The quoted field names a problem message mentions (``field 'gpu'``)."""
+    return tuple(re.findall(r"'([a-z_]+)'", problem.split(":")[0] if ":" in problem else problem))
 
 
 class StageConfig(BaseModel):
@@ -98,24 +124,52 @@ class StageConfig(BaseModel):
             )
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_placement_owned_factory_keys(cls, data: Any) -> Any:
+        # FactoryArgs refuses these too, but only here is the stage name known.
+        factory = data.get("factory") if isinstance(data, dict) else None
+        if isinstance(factory, dict):
+            owned = sorted(PLACEMENT_OWNED_FACTORY_KEYS & set(factory))
+            if owned:
+                raise ValueError(
+                    f"stage {data.get('name', '?')!r}: field 'factory.{owned[0]}' is owned by "
+                    "placement and cannot be set; write the stage's gpu / gpu_memory_fraction / "
+                    "total_reserve_bytes instead"
+                )
+        return data
+
     @field_validator("total_reserve_bytes", mode="before")
     @classmethod
-    def _parse_reserve(cls, value: Any) -> Any:
-        return None if value is None else parse_bytes(value)
+    def _parse_reserve(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse_bytes(value)
+        except ValueError as exc:
+            raise ValueError(
+                f"stage {info.data.get('name', '?')!r}: field 'total_reserve_bytes': {exc}"
+            ) from None
 
     @field_validator("gpu", mode="before")
     @classmethod
-    def _parse_gpu_list(cls, value: Any) -> Any:
+    def _parse_gpu_list(cls, value: Any, info: ValidationInfo) -> Any:
         # "0,1" on a command line means the list [0, 1].
         if isinstance(value, str) and "," in value:
-            return [int(part) for part in value.split(",") if part.strip()]
+            try:
+                return [int(part) for part in value.split(",") if part.strip()]
+            except ValueError:
+                raise ValueError(
+                    f"stage {info.data.get('name', '?')!r}: field 'gpu' {value!r} is not a list "
+                    'of GPU ids; write e.g. "0,1" or [0, 1]'
+                ) from None
         return value
 
     @model_validator(mode="after")
     def _check(self) -> StageConfig:
-        problems = list(self._problems())
+        problems = [(_fields_named(p), f"stage {self.name!r}: {p}") for p in self._problems()]
         if problems:
-            raise ValueError("; ".join(f"stage {self.name!r}: {p}" for p in problems))
+            raise SchemaProblems(problems)
         return self
 
     def _problems(self):
@@ -132,7 +186,10 @@ class StageConfig(BaseModel):
         if self.tp_size < 1:
             yield f"field 'tp_size' must be >= 1, got {self.tp_size}"
         if self.tp_size == 1 and self.process is None:
-            yield "field 'process' is missing: every stage that is not tensor-parallel names its process"
+            yield (
+                "field 'process' is missing: every stage that is not tensor-parallel "
+                "names its process"
+            )
         yield from self._gpu_problems()
         if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:
             yield f"field 'gpu_memory_fraction' must be in (0, 1], got {self.gpu_memory_fraction}"
@@ -142,7 +199,9 @@ class StageConfig(BaseModel):
                 "declare the memory share one way"
             )
         if self.declares_memory_share and self.gpu is None:
-            yield "field 'gpu_memory_fraction'/'total_reserve_bytes' needs field 'gpu' (a GPU stage)"
+            yield (
+                "field 'gpu_memory_fraction'/'total_reserve_bytes' needs field 'gpu' (a GPU stage)"
+            )
 
     def _gpu_problems(self):
         if isinstance(self.gpu, int) and self.tp_size > 1:

@@ -112,7 +112,13 @@ def _speech_stages(*, talker_gpu: int, processes: dict[str, str], vocoder_in_pro
 SPEECH_PROCESSES = {
     name: name
     for name in (
-        "preprocessing", "image_encoder", "audio_encoder", "thinker", "decode", "talker_ar", "code2wav"
+        "preprocessing",
+        "image_encoder",
+        "audio_encoder",
+        "thinker",
+        "decode",
+        "talker_ar",
+        "code2wav",
     )
 }
 COLOCATED_PROCESSES = {**SPEECH_PROCESSES, "code2wav": "talker_ar"}
@@ -176,6 +182,7 @@ class Qwen3OmniTextPipeline(PipelineConfig):
                 merge_fn=f"{ROUTING}:merge_encoder_outputs",
                 next="thinker",
                 process="pipeline",
+                gpu=0,
             ),
             EngineStageConfig(
                 name="thinker",

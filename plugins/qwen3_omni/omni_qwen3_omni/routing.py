@@ -9,7 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-ENCODER_FOR_INPUT = {"images": "image_encoder", "videos": "image_encoder", "audios": "audio_encoder"}
+ENCODER_FOR_INPUT = {
+    "images": "image_encoder",
+    "videos": "image_encoder",
+    "audios": "audio_encoder",
+}
 
 
 def route_preprocessing(payload: Mapping[str, Any], *, fan_in: str = "thinker") -> list[str]:
@@ -36,5 +40,7 @@ def merge_encoder_outputs(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, A
     if "preprocessing" not in parts:
         raise ValueError("the thinker input needs the preprocessing output")
     merged = dict(parts["preprocessing"])
-    merged["encoder_outputs"] = {name: out for name, out in parts.items() if name != "preprocessing"}
+    merged["encoder_outputs"] = {
+        name: out for name, out in parts.items() if name != "preprocessing"
+    }
     return merged

@@ -22,15 +22,21 @@ def create_preprocessing(model_path: str, max_audio_seconds: float = 300.0):
 
 
 def create_image_encoder(
-    model_path: str, gpu_id: int | None = None, gpu_memory_fraction: float | None = None,
-    dtype: str = "bfloat16", max_batch_size: int = 8,
+    model_path: str,
+    gpu_id: int | None = None,
+    gpu_memory_fraction: float | None = None,
+    dtype: str = "bfloat16",
+    max_batch_size: int = 8,
 ):
     raise _not_yet("image_encoder")
 
 
 def create_audio_encoder(
-    model_path: str, gpu_id: int | None = None, gpu_memory_fraction: float | None = None,
-    dtype: str = "bfloat16", max_batch_size: int = 8,
+    model_path: str,
+    gpu_id: int | None = None,
+    gpu_memory_fraction: float | None = None,
+    dtype: str = "bfloat16",
+    max_batch_size: int = 8,
 ):
     raise _not_yet("audio_encoder")
 
@@ -40,9 +46,14 @@ def create_mm_aggregate(model_path: str):
 
 
 def create_thinker(
-    model_path: str, gpu_id: int | None = None, gpu_ids: list[int] | None = None,
-    gpu_memory_fraction: float | None = None, tp_rank: int = 0, tp_size: int = 1,
-    dtype: str = "bfloat16", load_format: str = "auto",
+    model_path: str,
+    gpu_id: int | None = None,
+    gpu_ids: list[int] | None = None,
+    gpu_memory_fraction: float | None = None,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    dtype: str = "bfloat16",
+    load_format: str = "auto",
 ):
     raise _not_yet("thinker")
 
@@ -52,14 +63,22 @@ def create_decode(model_path: str):
 
 
 def create_talker(
-    model_path: str, gpu_id: int | None = None, gpu_memory_fraction: float | None = None,
-    dtype: str = "bfloat16", load_format: str = "auto", vocoder_in_process: bool = False,
+    model_path: str,
+    gpu_id: int | None = None,
+    gpu_memory_fraction: float | None = None,
+    dtype: str = "bfloat16",
+    load_format: str = "auto",
+    vocoder_in_process: bool = False,
 ):
     raise _not_yet("talker_ar")
 
 
 def create_code2wav(
-    model_path: str, gpu_id: int | None = None, gpu_memory_fraction: float | None = None,
-    dtype: str = "float32", chunk_frames: int = 12, left_context_frames: int = 25,
+    model_path: str,
+    gpu_id: int | None = None,
+    gpu_memory_fraction: float | None = None,
+    dtype: str = "float32",
+    chunk_frames: int = 12,
+    left_context_frames: int = 25,
 ):
     raise _not_yet("code2wav")

@@ -1,0 +1,70 @@
+"""``omni config resolve`` and ``omni config explain``: what is in effect, and why."""
+
+from enum import Enum
+
+import typer
+
+from ..config import load_deployment
+from ..config.render import config_json, config_toml, diff_lines, explain, provenance_blocks
+from ..errors import UsageError
+from . import app
+from .deployment import ARGS_HELP, CONTEXT, deployment_command, split_positionals
+
+config_app = typer.Typer(
+    help="Resolve a deployment and explain where each value came from (loads no model).",
+    no_args_is_help=True,
+)
+app.add_typer(config_app, name="config")
+
+
+class Show(str, Enum):
+    config = "config"
+    diff = "diff"
+    provenance = "provenance"
+
+
+class Format(str, Enum):
+    toml = "toml"
+    json = "json"
+
+
+@deployment_command(config_app, "resolve")
+def resolve_command(
+    resolution,
+    show: Show = typer.Option(Show.config, "--show", help="config, diff or provenance."),
+    fmt: Format = typer.Option(Format.toml, "--format", help="toml or json (for --show config)."),
+) -> None:
+    """Resolve DEPLOY and the flags: model defaults < deploy file < command line."""
+    if show is Show.config:
+        typer.echo(config_toml(resolution) if fmt is Format.toml else config_json(resolution))
+    elif show is Show.diff:
+        typer.echo("\n".join(diff_lines(resolution)))
+    else:
+        blocks = provenance_blocks(resolution)
+        typer.echo("\n\n".join(blocks) if blocks else "no source wrote any value")
+
+
+@config_app.command("explain", context_settings=CONTEXT)
+def explain_command(
+    args: list[str] | None = typer.Argument(
+        None,
+        metavar="DEPLOY PATH [--PATH VALUE]...",
+        help="The deploy file, the path to "
+        "explain (flag spelling tts_engine.engine.mem_fraction_static or stages.…), then "
+        + ARGS_HELP.split(", then ", 1)[-1],
+    ),
+    pipeline: str | None = typer.Option(None, "--pipeline", help="Pipeline name (or alias)."),
+) -> None:
+    """Explain one setting: its default, every write to it, and which one won."""
+    positionals, flags = split_positionals(list(args or []), 2)
+    if len(positionals) == 2:
+        deploy, path = positionals
+    elif len(positionals) == 1 and (pipeline or "--pipeline" in flags):
+        deploy, path = None, positionals[0]
+    else:
+        raise UsageError(
+            "explain needs a deploy file and a path",
+            hint="omni config explain deploy.toml tts_engine.engine.mem_fraction_static",
+        )
+    resolution = load_deployment(deploy, flags, pipeline=pipeline)
+    typer.echo(explain(resolution.record(resolution.schema.from_any(path))))

@@ -1,0 +1,69 @@
+"""From a deploy file and command-line flags to a :class:`Resolution`."""
+
+from __future__ import annotations
+
+from ..errors import ConfigError, PluginError, UsageError
+from ..plugins import OmniPlugins, get_plugins
+from .file_source import DeployFile, FileSource
+from .flag_source import flag_patches, split_flags
+from .origin import Layer, Origin
+from .paths import PathSchema
+from .resolve import Resolution, resolve
+
+
+def load_deployment(
+    deploy: str | None,
+    flags: list[str] | None = None,
+    *,
+    pipeline: str | None = None,
+    plugins: OmniPlugins | None = None,
+) -> Resolution:
+    """Resolve a deployment without loading any model.
+
+    ``deploy`` is the deploy file (optional when ``pipeline`` is given);
+    ``flags`` the remaining command-line tokens (``--vocoder.factory.x 3``);
+    ``pipeline`` the ``--pipeline`` option, which outranks the file's key.
+    """
+    plugins = plugins or get_plugins()
+    pairs = split_flags(list(flags or []))
+    for _, value in [p for p in pairs if p[0] == "pipeline"]:
+        if pipeline is not None and value != pipeline:
+            raise UsageError(f"--pipeline is given twice: {pipeline!r} and {value!r}")
+        pipeline = value
+    pairs = [p for p in pairs if p[0] != "pipeline"]
+    document = DeployFile.read(deploy) if deploy is not None else None
+
+    if pipeline is not None:
+        name, origin = pipeline, Origin("--pipeline", Layer.CLI)
+    elif document is not None and "pipeline" in document.data:
+        name, origin = document.data["pipeline"], document.origin(("pipeline",))
+        if not isinstance(name, str):
+            raise ConfigError("pipeline must be a string naming a pipeline", origin=str(origin))
+    elif document is not None:
+        raise ConfigError(
+            "the deploy file does not say which pipeline it deploys",
+            origin=document.label,
+            hint='add pipeline = "NAME" at the top (see `omni plugins list`), '
+            "or pass --pipeline NAME",
+        )
+    else:
+        raise UsageError(
+            "nothing to deploy: give a deploy file or --pipeline NAME",
+            hint="e.g. omni plan examples/qwen3_tts.toml, or omni plan --pipeline qwen3-tts",
+        )
+    try:
+        pipeline_cls = plugins.pipeline(name)
+    except PluginError as exc:
+        raise type(exc)(exc.message, origin=str(origin), hint=exc.hint) from None
+
+    schema = PathSchema(pipeline_cls, pipeline_cls())
+    counter = [0]
+    patches = FileSource(document, schema, counter).collect() if document else []
+    patches += flag_patches(pairs, schema, counter)
+    return resolve(
+        pipeline_cls,
+        patches,
+        schema=schema,
+        pipeline_origin=origin,
+        deploy_file=document.label if document else None,
+    )

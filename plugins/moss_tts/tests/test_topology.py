@@ -1,0 +1,76 @@
+"""The MOSS-TTS pipeline declares the topology of issue 2, and omni finds it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omni_moss_tts.pipeline import MossTTSPipeline
+
+from omni_core import EngineStageConfig, OmniPlugins, StageConfig
+from omni_core.factory import import_object
+
+
+def wiring(stage: StageConfig) -> dict[str, Any]:
+    """What the issue specifies of one stage, as plain data."""
+    return {
+        "engine": isinstance(stage, EngineStageConfig),
+        "next": stage.targets,
+        "terminal": stage.terminal,
+        "stream_to": stage.stream_to,
+        "wait_for": stage.wait_for,
+        "process": stage.process,
+        "gpu": stage.gpu,
+    }
+
+
+def test_preprocessing_then_the_engine_then_the_vocoder_in_one_process() -> None:
+    config = MossTTSPipeline()
+    assert config.entry_stage == "preprocessing"
+    assert {s.name: wiring(s) for s in config.stages} == {
+        "preprocessing": {
+            "engine": False,
+            "next": ["tts_engine"],
+            "terminal": False,
+            "stream_to": [],
+            "wait_for": None,
+            "process": "pipeline",
+            "gpu": None,
+        },
+        "tts_engine": {
+            "engine": True,
+            "next": ["vocoder"],
+            "terminal": False,
+            "stream_to": ["vocoder"],
+            "wait_for": None,
+            "process": "pipeline",
+            "gpu": 0,
+        },
+        "vocoder": {
+            "engine": False,
+            "next": [],
+            "terminal": True,
+            "stream_to": [],
+            "wait_for": None,
+            "process": "pipeline",
+            "gpu": 0,
+        },
+    }
+    assert config.stage_names == ["preprocessing", "tts_engine", "vocoder"]
+    assert MossTTSPipeline.engine_stage_names() == ["tts_engine"]
+
+
+def test_it_serves_the_moss_tts_checkpoint() -> None:
+    assert MossTTSPipeline().model_path == "OpenMOSS-Team/MOSS-TTS"
+    assert "MossTTSDelayModel" in MossTTSPipeline.aliases
+    assert MossTTSPipeline.description
+
+
+def test_every_factory_path_names_a_callable() -> None:
+    for stage in MossTTSPipeline().stages:
+        assert callable(import_object(stage.factory_path, what=stage.name)), stage.name
+
+
+def test_the_entry_point_registers_the_pipeline() -> None:
+    plugins = OmniPlugins(env={"OMNI_PLUGINS": "omni-moss-tts"})
+    assert plugins.pipeline("moss-tts") is MossTTSPipeline
+    assert plugins.pipeline("MossTTSDelayModel") is MossTTSPipeline

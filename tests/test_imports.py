@@ -1,0 +1,61 @@
+"""The core never imports an ML framework: listing and looking up pipelines stays light.
+
+Checked in a fresh interpreter, because this test session may already have
+imported anything. torch is installed here (the plugins depend on it), so only
+the core's discipline keeps it out of ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+HEAVY = ("torch", "numpy")
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+
+    import omni_core
+    from omni_core.cli import main
+    from omni_core.plugins import get_plugins
+
+    plugins = get_plugins()
+    plugins.listing(include_builtin=True)
+    built = {}
+    for name in plugins.pipelines():
+        config = plugins.pipeline(name)()
+        built[name] = config.stage_names
+    main(["plugins", "list", "--json", "--all"])
+    print(json.dumps({
+        "pipelines": built,
+        "heavy": sorted(m for m in sys.modules if m.split(".")[0] in HEAVY),
+    }))
+    """
+)
+
+
+def test_listing_plugins_and_building_default_configs_imports_no_ml_framework() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OMNI_PLUGINS"}
+    done = subprocess.run(
+        [sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{SCRIPT}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # The script really did the work: every installed pipeline was looked up and built.
+    assert set(report["pipelines"]) == {
+        "moss-tts",
+        "qwen3-omni",
+        "qwen3-omni-colocated",
+        "qwen3-omni-text",
+        "qwen3-tts",
+    }
+    assert report["heavy"] == []

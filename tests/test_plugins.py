@@ -1,0 +1,467 @@
+"""The plugin manager: entry points, OMNI_PLUGINS, broken plugins, clashes, the factory hook."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+import types
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from omni_core import (
+    ConfigError,
+    FactoryArgs,
+    NotImplementedYet,
+    OmniPlugins,
+    PipelineConfig,
+    PluginError,
+    StageConfig,
+    StageContext,
+    hookimpl,
+)
+
+INSTALLED = {
+    "omni-moss-tts": ["moss-tts"],
+    "omni-qwen3-omni": ["qwen3-omni", "qwen3-omni-colocated", "qwen3-omni-text"],
+    "omni-qwen3-tts": ["qwen3-tts"],
+}
+
+
+def external(plugins: OmniPlugins) -> dict[str, dict[str, Any]]:
+    """The listing rows of non-built-in plugins, by name."""
+    return {row["name"]: row for row in plugins.listing()}
+
+
+def pipeline_plugin(*classes: type[PipelineConfig], name: str = "omni_test_plugin") -> Any:
+    """A module-like plugin that registers ``classes``, as an installed plugin's module would."""
+    module = types.ModuleType(name)
+
+    @hookimpl
+    def omni_register_pipelines() -> list[type[PipelineConfig]]:
+        return list(classes)
+
+    module.omni_register_pipelines = omni_register_pipelines  # type: ignore[attr-defined]
+    return module
+
+
+class EchoPipeline(PipelineConfig):
+    """A one-stage pipeline registered in-process by the tests."""
+
+    pipeline_name: ClassVar[str] = "test-echo"
+    aliases: ClassVar[tuple[str, ...]] = ("EchoForConditionalGeneration",)
+    description: ClassVar[str] = "echoes its input"
+    entry_stage: ClassVar[str] = "echo"
+
+    @classmethod
+    def default_stages(cls) -> list[StageConfig]:
+        return [StageConfig(name="echo", factory_path="x.y:z", terminal=True, process="pipeline")]
+
+
+class EchoAgain(EchoPipeline):
+    """Another plugin's pipeline that takes the same name."""
+
+
+class ClaimsQwen3TTSArchitecture(EchoPipeline):
+    """A pipeline whose alias is already the name of an installed pipeline."""
+
+    pipeline_name: ClassVar[str] = "test-impostor"
+    aliases: ClassVar[tuple[str, ...]] = ("Qwen3TTSForConditionalGeneration",)
+
+
+# -- entry points and OMNI_PLUGINS ------------------------------------------
+
+
+def test_the_three_installed_plugins_load_from_entry_points(plugins: OmniPlugins) -> None:
+    rows = external(plugins)
+    assert {name: row["pipelines"] for name, row in rows.items()} == INSTALLED
+    for row in rows.values():
+        assert row["version"] == "0.1.0"
+        assert row["hooks"] == ["omni_register_pipelines"]
+        assert row["error"] is None
+        assert not row["builtin"]
+    assert sorted(plugins.pipelines()) == sorted(p for ps in INSTALLED.values() for p in ps)
+
+
+def test_builtin_plugins_are_listed_only_when_asked(plugins: OmniPlugins) -> None:
+    builtin = [row for row in plugins.listing(include_builtin=True) if row["builtin"]]
+    assert {row["name"] for row in builtin} >= {
+        "omni_core.builtins.factory",
+        "omni_core.builtins.placement",
+        "omni_core.builtins.transports",
+    }
+    assert not [row for row in plugins.listing() if row["builtin"]]
+
+
+@pytest.mark.parametrize(
+    "value", ["omni-qwen3-tts", "qwen3_tts", "Omni_Qwen3_TTS", " omni-qwen3-tts ,"]
+)
+def test_omni_plugins_restricts_by_distribution_or_entry_point_name(value: str) -> None:
+    plugins = OmniPlugins(env={"OMNI_PLUGINS": value})
+    assert list(external(plugins)) == ["omni-qwen3-tts"]
+    assert list(plugins.pipelines()) == ["qwen3-tts"]
+    assert plugins.unknown_requested == []
+
+
+def test_an_empty_omni_plugins_loads_no_external_plugin() -> None:
+    plugins = OmniPlugins(env={"OMNI_PLUGINS": ""})
+    assert plugins.listing() == []
+    assert plugins.pipelines() == {}
+    assert len(plugins.listing(include_builtin=True)) == 3  # built-ins always load
+
+
+def test_an_unknown_name_in_omni_plugins_is_reported_not_fatal() -> None:
+    plugins = OmniPlugins(env={"OMNI_PLUGINS": "omni-qwen3-tts,omni-not-installed"})
+    assert list(external(plugins)) == ["omni-qwen3-tts"]
+    assert plugins.unknown_requested == ["omni-not-installed"]
+    with pytest.raises(PluginError) as caught:
+        plugins.pipeline("moss-tts")
+    assert "omni-not-installed" in str(caught.value)
+
+
+def test_the_env_argument_overrides_the_process_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OMNI_PLUGINS", "")
+    assert list(external(OmniPlugins(env={}))) == sorted(INSTALLED)
+    assert OmniPlugins().listing() == []
+
+
+# -- in-process registration --------------------------------------------------
+
+
+def test_a_plugin_registered_in_process_is_listed_and_unregistered(plugins: OmniPlugins) -> None:
+    name = plugins.register(pipeline_plugin(EchoPipeline), version="9.9")
+    assert name == "omni_test_plugin"
+    row = external(plugins)[name]
+    assert row["pipelines"] == ["test-echo"]
+    assert row["version"] == "9.9"
+    assert row["hooks"] == ["omni_register_pipelines"]
+    assert plugins.pipeline("test-echo") is EchoPipeline
+
+    plugins.unregister(name)
+    assert name not in external(plugins)
+    with pytest.raises(PluginError, match="test-echo"):
+        plugins.pipeline("test-echo")
+    with pytest.raises(PluginError, match="no plugin named 'omni_test_plugin'"):
+        plugins.unregister(name)
+
+
+def test_an_object_with_hookimpl_methods_is_a_plugin(plugins: OmniPlugins) -> None:
+    class EchoPlugin:
+        @hookimpl
+        def omni_register_pipelines(self) -> list[type[PipelineConfig]]:
+            return [EchoPipeline]
+
+    with plugins.registered(EchoPlugin(), name="echo-plugin"):
+        assert plugins.pipeline("test-echo") is EchoPipeline
+        assert external(plugins)["echo-plugin"]["pipelines"] == ["test-echo"]
+    assert "echo-plugin" not in external(plugins)
+
+
+def test_registering_one_name_twice_is_refused(plugins: OmniPlugins) -> None:
+    plugins.register(pipeline_plugin(EchoPipeline), name="echo")
+    with pytest.raises(PluginError, match="'echo' is already registered"):
+        plugins.register(pipeline_plugin(EchoPipeline, name="other"), name="echo")
+
+
+# -- broken plugins -------------------------------------------------------------
+
+
+def test_a_registration_hook_that_raises_does_not_hide_the_others(plugins: OmniPlugins) -> None:
+    broken = types.ModuleType("omni_test_raises")
+
+    @hookimpl
+    def omni_register_pipelines() -> list[type[PipelineConfig]]:
+        raise RuntimeError("checkpoint index is corrupt")
+
+    broken.omni_register_pipelines = omni_register_pipelines  # type: ignore[attr-defined]
+    plugins.register(broken)
+    rows = external(plugins)
+    assert "RuntimeError: checkpoint index is corrupt" in rows["omni_test_raises"]["error"]
+    assert rows["omni-qwen3-tts"]["pipelines"] == ["qwen3-tts"]
+    assert plugins.pipeline("qwen3-tts").pipeline_name == "qwen3-tts"
+
+
+def test_a_plugin_that_failed_to_load_is_listed_with_its_error(plugins: OmniPlugins) -> None:
+    plugins.register_broken("omni-fake-model", ImportError("No module named 'fake_model'"))
+    rows = external(plugins)
+    assert rows["omni-fake-model"]["error"] == "ImportError: No module named 'fake_model'"
+    assert rows["omni-fake-model"]["pipelines"] == []
+    assert rows["omni-moss-tts"]["pipelines"] == ["moss-tts"]
+    with pytest.raises(PluginError) as caught:
+        plugins.pipeline("fake-model")
+    assert "omni-fake-model" in str(caught.value)
+    assert "No module named 'fake_model'" in str(caught.value)
+
+
+@pytest.fixture
+def broken_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An installed distribution whose ``omni`` entry point raises ImportError on load.
+
+    A ``*.dist-info`` directory on ``sys.path`` is all importlib.metadata needs,
+    so this is the same path a ``pip install``-ed broken plugin takes.
+    """
+    module = "omni_broken_plugin_for_tests"
+    info = tmp_path / "omni_broken-0.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: omni-broken\nVersion: 0.3\n")
+    (info / "entry_points.txt").write_text(f"[omni]\nbroken = {module}\n")
+    (tmp_path / f"{module}.py").write_text(
+        'raise ImportError("omni-broken needs libfoo.so, which is not installed")\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield module
+    sys.modules.pop(module, None)
+
+
+def test_a_broken_entry_point_is_listed_with_its_error(broken_distribution: str) -> None:
+    plugins = OmniPlugins(env={})
+    rows = external(plugins)
+    assert rows["omni-broken"]["version"] == "0.3"
+    assert rows["omni-broken"]["error"] == (
+        "ImportError: omni-broken needs libfoo.so, which is not installed"
+    )
+    assert plugins.records["omni-broken"].traceback  # kept for --verbose listings
+    for name, pipelines in INSTALLED.items():
+        assert rows[name]["pipelines"] == pipelines
+    with pytest.raises(PluginError) as caught:
+        plugins.pipeline("x")
+    message = str(caught.value)
+    assert "omni-broken" in message
+    assert "libfoo.so" in message
+
+
+def test_omni_plugins_can_leave_a_broken_plugin_out(broken_distribution: str) -> None:
+    plugins = OmniPlugins(env={"OMNI_PLUGINS": "omni-qwen3-omni"})
+    assert list(external(plugins)) == ["omni-qwen3-omni"]
+
+
+# -- clashes ----------------------------------------------------------------------
+
+
+def test_two_plugins_registering_one_pipeline_name_is_an_error_naming_both(
+    plugins: OmniPlugins,
+) -> None:
+    plugins.register(pipeline_plugin(EchoPipeline), name="omni-echo")
+    plugins.register(pipeline_plugin(EchoAgain), name="omni-echo-fork")
+    with pytest.raises(PluginError) as caught:
+        plugins.pipelines()
+    message = str(caught.value)
+    assert "'test-echo'" in message
+    assert "'omni-echo'" in message
+    assert "'omni-echo-fork'" in message
+    # The listing still answers, and shows who clashes.
+    assert "omni-echo" in external(plugins)["omni-echo-fork"]["error"]
+
+
+def test_an_alias_that_clashes_with_an_installed_pipeline_is_an_error(
+    plugins: OmniPlugins,
+) -> None:
+    plugins.register(pipeline_plugin(ClaimsQwen3TTSArchitecture), name="omni-impostor")
+    with pytest.raises(PluginError) as caught:
+        plugins.pipeline("qwen3-tts")
+    message = str(caught.value)
+    assert "Qwen3TTSForConditionalGeneration" in message
+    assert "'omni-qwen3-tts'" in message
+    assert "'omni-impostor'" in message
+
+
+# -- lookups ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("alias", "pipeline"),
+    [
+        ("Qwen3TTSForConditionalGeneration", "qwen3-tts"),
+        ("qwen3_tts", "qwen3-tts"),
+        ("Qwen3OmniMoeForConditionalGeneration", "qwen3-omni"),
+        ("qwen3_omni_moe", "qwen3-omni"),
+        ("MossTTSDelayModel", "moss-tts"),
+        ("QWEN3-OMNI-TEXT", "qwen3-omni-text"),
+    ],
+)
+def test_a_pipeline_is_found_by_name_or_alias(
+    plugins: OmniPlugins, alias: str, pipeline: str
+) -> None:
+    assert plugins.pipeline(alias).pipeline_name == pipeline
+
+
+def test_a_misspelt_pipeline_name_gets_a_suggestion(plugins: OmniPlugins) -> None:
+    with pytest.raises(PluginError) as caught:
+        plugins.pipeline("qwen3-omni-colocate")
+    message = str(caught.value)
+    assert "no plugin provides a pipeline called 'qwen3-omni-colocate'" in message
+    assert "did you mean: qwen3-omni-colocated" in message
+
+
+# -- the factory hook ----------------------------------------------------------------
+
+FACTORIES = '''
+"""Stage factories the tests build through the default construction."""
+
+def make_vocoder(model_path, gpu_id, chunk_frames=12, flavour="default"):
+    return {"model_path": model_path, "gpu_id": gpu_id,
+            "chunk_frames": chunk_frames, "flavour": flavour}
+
+def make_any(**kwargs):
+    return kwargs
+'''
+
+
+class VocoderArgs(FactoryArgs):
+    chunk_frames: int = 12
+
+
+@pytest.fixture
+def factories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The import name of a fresh module of stage factories."""
+    module = "omni_test_factories"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(FACTORIES))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    return module
+
+
+def make_stage(factory_path: str, factory: FactoryArgs, **author: Any) -> StageConfig:
+    return StageConfig(
+        name="vocoder",
+        factory_path=factory_path,
+        terminal=True,
+        process="pipeline",
+        gpu=3,
+        factory=factory,
+        author_kwargs=author,
+    )
+
+
+def build(plugins: OmniPlugins, stage: StageConfig) -> Any:
+    class OneStage(PipelineConfig):
+        pipeline_name: ClassVar[str] = "test-one-stage"
+        default_model_path: ClassVar[str] = "org/model"
+
+    context = StageContext(instance="vocoder", process="pipeline", gpu_ids=(3,))
+    return plugins.build_stage(stage, OneStage(stages=[stage]), context)
+
+
+def test_the_default_construction_merges_the_two_channels(
+    plugins: OmniPlugins, factories: str
+) -> None:
+    path = f"{factories}:make_vocoder"
+    # Author channel over the declared default.
+    built = build(plugins, make_stage(path, VocoderArgs(), chunk_frames=24, flavour="author"))
+    assert built == {
+        "model_path": "org/model",
+        "gpu_id": 3,
+        "chunk_frames": 24,
+        "flavour": "author",
+    }
+    # Config channel (what a deploy file set) over the author channel, per key.
+    built = build(
+        plugins, make_stage(path, VocoderArgs(flavour="config"), chunk_frames=24, flavour="author")
+    )
+    assert built["flavour"] == "config"
+    assert built["chunk_frames"] == 24
+    built = build(plugins, make_stage(path, VocoderArgs(chunk_frames=48), chunk_frames=24))
+    assert built["chunk_frames"] == 48
+
+
+def test_standard_kwargs_are_injected_only_where_declared(
+    plugins: OmniPlugins, factories: str
+) -> None:
+    built = build(plugins, make_stage(f"{factories}:make_vocoder", VocoderArgs()))
+    assert set(built) == {"model_path", "gpu_id", "chunk_frames", "flavour"}
+    # A factory taking **kwargs declares no standard kwarg by name, so it gets none.
+    assert build(plugins, make_stage(f"{factories}:make_any", FactoryArgs(depth=2))) == {"depth": 2}
+
+
+def test_an_unknown_factory_key_is_refused_by_name(plugins: OmniPlugins, factories: str) -> None:
+    stage = make_stage(f"{factories}:make_vocoder", VocoderArgs(batch_wait_when_idle=True))
+    with pytest.raises(ConfigError) as caught:
+        build(plugins, stage)
+    message = str(caught.value)
+    assert "stage 'vocoder'" in message
+    assert "factory.batch_wait_when_idle" in message
+    assert f"{factories}:make_vocoder" in message
+    assert "chunk_frames" in message  # the hint lists what it does accept
+
+
+def test_a_factory_path_that_does_not_import_is_a_config_error(plugins: OmniPlugins) -> None:
+    with pytest.raises(ConfigError, match="stage 'vocoder' factory: cannot import"):
+        build(plugins, make_stage("omni_no_such_module_anywhere:make", FactoryArgs()))
+
+
+class Timer:
+    """A plugin that wraps stage construction: it times it and never replaces it."""
+
+    def __init__(self) -> None:
+        self.timings: list[tuple[str, float, str]] = []
+
+    @hookimpl(wrapper=True)
+    def omni_build_stage(
+        self, stage: StageConfig, pipeline: PipelineConfig, context: StageContext
+    ) -> Generator[None, Any, Any]:
+        start = time.perf_counter()
+        outcome = "ok"
+        try:
+            return (yield)
+        except Exception as exc:
+            outcome = type(exc).__name__
+            raise
+        finally:
+            self.timings.append((stage.name, time.perf_counter() - start, outcome))
+
+
+def test_a_wrapper_plugin_times_construction_without_replacing_it(
+    plugins: OmniPlugins, factories: str
+) -> None:
+    timer = Timer()
+    with plugins.registered(timer, name="timer"):
+        built = build(plugins, make_stage(f"{factories}:make_vocoder", VocoderArgs()))
+        with pytest.raises(ConfigError):
+            build(plugins, make_stage(f"{factories}:make_vocoder", VocoderArgs(nope=1)))
+    assert built["gpu_id"] == 3  # the built-in construction still ran
+    assert [(name, outcome) for name, _, outcome in timer.timings] == [
+        ("vocoder", "ok"),
+        ("vocoder", "ConfigError"),
+    ]
+    assert all(seconds >= 0 for _, seconds, _ in timer.timings)
+
+
+def _every_stage() -> list[tuple[str, str]]:
+    plugins = OmniPlugins(env={})
+    return [
+        (name, stage.name)
+        for name, registered in sorted(plugins.pipelines().items())
+        for stage in registered.value.default_stages()
+    ]
+
+
+@pytest.mark.parametrize(("pipeline", "stage_name"), _every_stage())
+def test_model_stage_factories_say_they_are_not_implemented_yet(
+    plugins: OmniPlugins, pipeline: str, stage_name: str
+) -> None:
+    """Each declared stage reaches its factory (the kwargs fit), which refuses honestly."""
+    config = plugins.pipeline(pipeline)()
+    stage = config.stage(stage_name)
+    context = StageContext(
+        instance=stage_name,
+        process=config.process_of(stage),
+        gpu_ids=tuple(stage.gpu_ids),
+        gpu_memory_fraction=stage.gpu_memory_fraction,
+    )
+    with pytest.raises(NotImplementedYet) as caught:
+        plugins.build_stage(stage, config, context)
+    message = str(caught.value)
+    assert f"stage {stage_name!r} cannot be built yet" in message
+    assert "not implemented" in message
+
+
+def test_every_installed_pipeline_builds_its_default_config(plugins: OmniPlugins) -> None:
+    for name, registered in plugins.pipelines().items():
+        config: PipelineConfig = registered.value()
+        assert config.model_path == registered.value.default_model_path
+        assert config.stage_names, name
