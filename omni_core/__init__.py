@@ -4,7 +4,14 @@ The public surface is small: the hook markers, the schema a pipeline is
 declared with, and the plugin manager. Nothing here imports an ML framework.
 """
 
-from .errors import ConfigError, NotImplementedYet, OmniError, PluginError, UsageError
+from .errors import (
+    ConfigError,
+    NotImplementedYet,
+    OmniError,
+    PluginError,
+    RequestError,
+    UsageError,
+)
 from .factory import StageContext
 from .hookspecs import hookimpl, hookspec
 from .placement import PlacementPolicy
@@ -34,6 +41,7 @@ __all__ = [
     "PlacementPolicy",
     "PluginError",
     "ProcessConfig",
+    "RequestError",
     "StageConfig",
     "StageContext",
     "Transport",

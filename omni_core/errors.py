@@ -53,6 +53,16 @@ class NotImplementedYet(OmniError):
     """
 
 
+class RequestError(OmniError):
+    """A request is invalid (empty text, unknown voice, unreadable audio): HTTP 400.
+
+    Stages raise it for bad input; the runtime reports it as the client's
+    error, not the server's.
+    """
+
+    exit_code = 2
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """The closest of ``choices`` to ``word``, difflib-style, or None."""
     matches = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)

@@ -67,11 +67,19 @@ class _Registries:
     aliases: dict[str, str] = field(default_factory=dict)
     policies: dict[str, Registered] = field(default_factory=dict)
     transports: dict[str, Registered] = field(default_factory=dict)
-    conflicts: list[str] = field(default_factory=list)
+    conflicts: dict[str, list[str]] = field(default_factory=dict)  # by kind
+    collected: set[str] = field(default_factory=set)  # kinds whose hooks were called
     # Errors found while calling registration hooks, by plugin. Kept here, not on
     # the record, so they go away with the state that caused them.
     errors: dict[str, str] = field(default_factory=dict)
     by_plugin: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+
+_KINDS = {
+    "pipelines": ("omni_register_pipelines", "pipelines"),
+    "placement_policies": ("omni_register_placement_policies", "policies"),
+    "transports": ("omni_register_transports", "transports"),
+}
 
 
 class OmniPlugins:
@@ -164,36 +172,41 @@ class OmniPlugins:
 
     @property
     def registries(self) -> _Registries:
-        if self._registries is None:
-            self._registries = self._collect()
-        return self._registries
+        """Everything every plugin registered (calls all registration hooks)."""
+        return self._registry(*_KINDS)
 
-    def _collect(self) -> _Registries:
-        reg = _Registries()
-        plugin_names = {id(r.plugin): r.name for r in self.records.values() if r.plugin is not None}
-        for record in self.records.values():
-            reg.by_plugin[record.name] = {
-                "pipelines": [],
-                "placement_policies": [],
-                "transports": [],
-            }
-        for hook_name, table, kind in (
-            ("omni_register_pipelines", reg.pipelines, "pipelines"),
-            ("omni_register_placement_policies", reg.policies, "placement_policies"),
-            ("omni_register_transports", reg.transports, "transports"),
-        ):
-            # get_hookimpls() is in registration order (pluggy *calls* them LIFO): a
-            # clash is blamed on the plugin that came second, never the established one.
-            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-                owner = plugin_names.get(id(impl.plugin), impl.plugin_name)
-                try:
-                    items = [(_item_name(item, kind), item) for item in impl.function() or []]
-                except Exception as exc:  # one bad plugin must not hide the others
-                    reg.errors.setdefault(owner, f"{hook_name} failed: {type(exc).__name__}: {exc}")
-                    continue
-                for name, item in items:
-                    self._put(reg, table, kind, name, item, owner)
+    def _registry(self, *kinds: str) -> _Registries:
+        """The registries, calling only the registration hooks of ``kinds`` not yet called.
+
+        Looking up a pipeline must not import the placement policies or the
+        transports: `omni config` stays fast.
+        """
+        if self._registries is None:
+            self._registries = _Registries(
+                by_plugin={name: {kind: [] for kind in _KINDS} for name in self.records}
+            )
+        reg = self._registries
+        for kind in kinds:
+            if kind not in reg.collected:
+                reg.collected.add(kind)
+                self._collect(reg, kind)
         return reg
+
+    def _collect(self, reg: _Registries, kind: str) -> None:
+        plugin_names = {id(r.plugin): r.name for r in self.records.values() if r.plugin is not None}
+        hook_name, attribute = _KINDS[kind]
+        table = getattr(reg, attribute)
+        # get_hookimpls() is in registration order (pluggy *calls* them LIFO): a
+        # clash is blamed on the plugin that came second, never the established one.
+        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+            owner = plugin_names.get(id(impl.plugin), impl.plugin_name)
+            try:
+                items = [(_item_name(item, kind), item) for item in impl.function() or []]
+            except Exception as exc:  # one bad plugin must not hide the others
+                reg.errors.setdefault(owner, f"{hook_name} failed: {type(exc).__name__}: {exc}")
+                continue
+            for name, item in items:
+                self._put(reg, table, kind, name, item, owner)
 
     def _put(self, reg: _Registries, table: dict, kind: str, name: str, item: Any, owner: str):
         label = kind.rstrip("s").replace("_", " ")
@@ -209,7 +222,7 @@ class OmniPlugins:
                     f"{label} {key!r} is registered by two plugins: {other.plugin!r} and "
                     f"{owner!r}; uninstall one, or restrict which load with OMNI_PLUGINS"
                 )
-                reg.conflicts.append(message)
+                reg.conflicts.setdefault(kind, []).append(message)
                 reg.errors.setdefault(owner, message)
                 return
         table[name] = Registered(name, item, owner)
@@ -218,18 +231,19 @@ class OmniPlugins:
             for alias in names[1:]:
                 reg.aliases[alias] = name
 
-    def _raise_conflicts(self) -> None:
-        if self.registries.conflicts:
-            raise PluginError("\n".join(self.registries.conflicts))
+    def _raise_conflicts(self, kind: str) -> None:
+        conflicts = self._registry(kind).conflicts.get(kind)
+        if conflicts:
+            raise PluginError("\n".join(conflicts))
 
     def pipelines(self) -> dict[str, Registered]:
-        self._raise_conflicts()
-        return dict(self.registries.pipelines)
+        self._raise_conflicts("pipelines")
+        return dict(self._registry("pipelines").pipelines)
 
     def pipeline(self, name: str) -> type:
         """The pipeline class registered under ``name`` or one of its aliases."""
-        self._raise_conflicts()
-        reg = self.registries
+        self._raise_conflicts("pipelines")
+        reg = self._registry("pipelines")
         canonical = reg.aliases.get(name, name)
         if canonical in reg.pipelines:
             return reg.pipelines[canonical].value
@@ -243,13 +257,14 @@ class OmniPlugins:
         )
 
     def policy(self, name: str) -> Any:
-        return self._lookup(name, self.registries.policies, "placement policy")
+        return self._lookup(name, "placement_policies", "placement policy")
 
     def transport(self, name: str) -> Any:
-        return self._lookup(name, self.registries.transports, "transport")
+        return self._lookup(name, "transports", "transport")
 
-    def _lookup(self, name: str, table: dict[str, Registered], label: str) -> Any:
-        self._raise_conflicts()
+    def _lookup(self, name: str, kind: str, label: str) -> Any:
+        self._raise_conflicts(kind)
+        table = getattr(self._registry(kind), _KINDS[kind][1])
         if name in table:
             return table[name].value
         raise PluginError(

@@ -80,7 +80,7 @@ def test_the_three_installed_plugins_load_from_entry_points(plugins: OmniPlugins
     assert {name: row["pipelines"] for name, row in rows.items()} == INSTALLED
     for row in rows.values():
         assert row["version"] == "0.1.0"
-        assert row["hooks"] == ["omni_register_pipelines"]
+        assert "omni_register_pipelines" in row["hooks"]
         assert row["error"] is None
         assert not row["builtin"]
     assert sorted(plugins.pipelines()) == sorted(p for ps in INSTALLED.values() for p in ps)

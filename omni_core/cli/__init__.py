@@ -8,30 +8,47 @@ never sees a traceback for a mistake of theirs.
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import Any
 
 import typer
 
 from ..errors import OmniError
 
-app = typer.Typer(
-    name="omni",
-    help="Serve multi-stage omni-modal model pipelines (Qwen3-Omni, Qwen3-TTS, MOSS-TTS).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+# Command name -> the module that registers it. Only the module a command
+# needs is imported, so that `omni plugins list` does not pay for the server.
+COMMANDS = {
+    "plugins": "plugins_cmd",
+    "config": "config_cmd",
+    "plan": "plan_cmd",
+    "serve": "serve_cmd",
+    "run": "serve_cmd",
+}
 
-from . import config_cmd, plugins_cmd  # noqa: E402  (each registers its commands on app)
 
-__all__ = ["app", "config_cmd", "main", "plugins_cmd"]
+def load_commands(argv: list[str] | None = None) -> typer.Typer:
+    """Import the command modules ``argv`` needs (all of them without a known command)."""
+    from ._app import app
+
+    first = next((a for a in argv or [] if not a.startswith("-")), None)
+    modules = [COMMANDS[first]] if first in COMMANDS else sorted(set(COMMANDS.values()))
+    for module in modules:
+        importlib.import_module(f".{module}", __name__)
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # the whole application, for embedding and tests
+        return load_commands()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``omni`` console script."""
     try:
-        app(args=argv, prog_name="omni", standalone_mode=False)
+        argv = sys.argv[1:] if argv is None else argv
+        load_commands(argv)(args=argv, prog_name="omni", standalone_mode=False)
     except OmniError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return exc.exit_code

@@ -7,7 +7,7 @@ import typer
 from ..config import load_deployment
 from ..config.render import config_json, config_toml, diff_lines, explain, provenance_blocks
 from ..errors import UsageError
-from . import app
+from ._app import app
 from .deployment import ARGS_HELP, CONTEXT, deployment_command, split_positionals
 
 config_app = typer.Typer(

@@ -10,7 +10,7 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import typer
 

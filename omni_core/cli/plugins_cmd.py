@@ -7,7 +7,7 @@ import json
 import typer
 
 from ..plugins import ENV_VAR, get_plugins
-from . import app
+from ._app import app
 
 plugins_app = typer.Typer(help="Inspect installed plugins.", no_args_is_help=True)
 app.add_typer(plugins_app, name="plugins")

@@ -48,6 +48,8 @@ def describe(annotation: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
     if origin is list:
         return f"a list of {describe(typing.get_args(annotation)[0])}"
+    if origin is dict:
+        return "a table of " + describe(typing.get_args(annotation)[1])
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
     if annotation is NoneType:
         return "none"
@@ -75,6 +77,15 @@ def _coerce(value: Any, annotation: Any, from_text: bool) -> Any:
         raise ValueError
     if origin is list:
         return _coerce_list(value, typing.get_args(annotation)[0], from_text)
+    if origin is dict:
+        if isinstance(value, str) and from_text:
+            value = toml_scalar(value)
+        if not isinstance(value, dict):
+            raise ValueError
+        key_type, value_type = typing.get_args(annotation)
+        return {
+            _coerce(k, key_type, False): _coerce(v, value_type, False) for k, v in value.items()
+        }
     if annotation is BytesField:
         if isinstance(value, str) and from_text and _INT.match(value):
             value = int(value)

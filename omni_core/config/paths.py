@@ -15,7 +15,14 @@ from typing import Any
 
 from ..errors import ConfigError, did_you_mean, suggestion
 from ..schema import AUTHOR_ONLY_FIELDS, PLACEMENT_OWNED_FACTORY_KEYS, PipelineConfig
-from ..schema.deployment import ClusterConfig, EndpointsConfig, PlacementConfig, ProcessConfig
+from ..schema.deployment import (
+    ClusterConfig,
+    EndpointsConfig,
+    PlacementConfig,
+    ProcessConfig,
+    RuntimeConfig,
+    ServerConfig,
+)
 from .coerce import BytesField
 from .origin import Path, dotted
 
@@ -24,9 +31,15 @@ TOP_GROUPS = {
     "placement": PlacementConfig,
     "cluster": ClusterConfig,
     "endpoints": EndpointsConfig,
+    "runtime": RuntimeConfig,
+    "server": ServerConfig,
 }
 STAGE_LEAVES = ("process", "gpu", "tp_size", "gpu_memory_fraction", "total_reserve_bytes")
-BYTE_FIELDS = {("stage", "total_reserve_bytes"), ("cluster", "gpu_memory")}
+BYTE_FIELDS = {
+    ("stage", "total_reserve_bytes"),
+    ("cluster", "gpu_memory"),
+    ("server", "max_body_bytes"),
+}
 TOP_LEVEL_NAMES = (*TOP_LEAVES, *TOP_GROUPS, "processes", "pipeline")
 
 

@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..schema import PipelineConfig, StageConfig
 from ..schema.stage import SchemaProblems
 from .origin import DEFAULT_ORIGIN, Origin, Patch, Path, dotted
-from .paths import PathSchema
+from .paths import TOP_GROUPS, PathSchema
 
 MISSING = object()
 
@@ -124,9 +124,7 @@ def _build(
         "model_path": defaults.model_path,
         "mps": defaults.mps,
         "weight_share": defaults.weight_share,
-        "placement": defaults.placement.model_dump(),
-        "cluster": defaults.cluster.model_dump(),
-        "endpoints": defaults.endpoints.model_dump(),
+        **{name: getattr(defaults, name).model_dump() for name in TOP_GROUPS},
         "processes": {name: p.model_dump() for name, p in defaults.processes.items()},
     }
     stage_updates: dict[str, dict[str, Any]] = defaultdict(dict)

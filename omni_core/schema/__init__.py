@@ -1,6 +1,13 @@
 """The typed shape of a pipeline and its deployment settings."""
 
-from .deployment import ClusterConfig, EndpointsConfig, PlacementConfig, ProcessConfig
+from .deployment import (
+    ClusterConfig,
+    EndpointsConfig,
+    PlacementConfig,
+    ProcessConfig,
+    RuntimeConfig,
+    ServerConfig,
+)
 from .groups import PLACEMENT_OWNED_FACTORY_KEYS, EngineArgs, FactoryArgs, SettingsGroup
 from .pipeline import PipelineConfig
 from .sizes import format_bytes, parse_bytes
@@ -18,6 +25,8 @@ __all__ = [
     "PipelineConfig",
     "PlacementConfig",
     "ProcessConfig",
+    "RuntimeConfig",
+    "ServerConfig",
     "SettingsGroup",
     "StageConfig",
     "format_bytes",

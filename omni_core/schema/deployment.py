@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -86,3 +86,65 @@ class EndpointsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     base_path: str = "/tmp/omni"
+
+
+class RuntimeConfig(BaseModel):
+    """How the runtime launches, supervises and routes (read by the parent process)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    startup_timeout: float = Field(default=120.0, description="seconds a process may take to start")
+    request_timeout: float = Field(default=600.0, description="seconds before a request is aborted")
+    max_inflight: int | None = Field(
+        default=None, description="admission limit; default from engine limits and replicas"
+    )
+    binding: Literal["least-loaded", "round-robin"] = "least-loaded"
+    restart_attempts: int = Field(default=3, description="restarts of a failed process group")
+    restart_backoff: float = Field(default=1.0, description="first back-off, doubled each try")
+    grace_period: float = Field(default=10.0, description="seconds in-flight requests get at stop")
+    transport: str = Field(default="auto", description="transport between processes")
+    edge_transports: dict[str, str] = Field(
+        default_factory=dict, description='per edge, e.g. "tts_engine->vocoder" = "socket"'
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RuntimeConfig:
+        for name in ("startup_timeout", "request_timeout", "grace_period"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.restart_attempts < 0:
+            raise ValueError(f"restart_attempts must be >= 0, got {self.restart_attempts}")
+        if self.restart_backoff < 0:
+            raise ValueError(f"restart_backoff must be >= 0, got {self.restart_backoff}")
+        if self.max_inflight is not None and self.max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        for edge in self.edge_transports:
+            if edge.count("->") != 1:
+                raise ValueError(f'edge_transports key {edge!r} must be "SOURCE->TARGET"')
+        return self
+
+
+class ServerConfig(BaseModel):
+    """The HTTP server of ``omni serve``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = Field(default=None, description="prefer the OMNI_API_KEY variable")
+    max_body_bytes: int = 32 * 1024 * 1024
+    media_dirs: list[str] = Field(
+        default_factory=list, description="directories local media paths may be read from"
+    )
+    served_model_name: str | None = None
+
+    @field_validator("max_body_bytes", mode="before")
+    @classmethod
+    def _parse_body(cls, value: Any) -> Any:
+        return parse_bytes(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerConfig:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0-65535, got {self.port}")
+        return self

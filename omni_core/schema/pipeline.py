@@ -13,7 +13,14 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, model_validator
 
 from ..errors import suggestion
-from .deployment import ClusterConfig, EndpointsConfig, PlacementConfig, ProcessConfig
+from .deployment import (
+    ClusterConfig,
+    EndpointsConfig,
+    PlacementConfig,
+    ProcessConfig,
+    RuntimeConfig,
+    ServerConfig,
+)
 from .stage import StageConfig
 
 
@@ -30,6 +37,16 @@ class PipelineConfig(BaseModel):
     default_model_path: ClassVar[str] = ""
     default_placement_policy: ClassVar[str] = "declared"
 
+    # -- serving: which OpenAI-style endpoints the pipeline answers ---------
+    api: ClassVar[tuple[str, ...]] = ()
+    """``"speech"`` (POST /v1/audio/speech) and/or ``"chat"`` (POST /v1/chat/completions)."""
+    audio_stage: ClassVar[str | None] = None
+    """The terminal stage whose chunks are audio: 1-D float32 samples in [-1, 1]."""
+    text_stage: ClassVar[str | None] = None
+    """The terminal stage whose chunks are text deltas (str)."""
+    sample_rate: ClassVar[int | None] = None
+    """Sample rate of the audio stage's output."""
+
     # -- deployment settings ------------------------------------------------
     model_path: str = ""
     stages: list[SerializeAsAny[StageConfig]] = Field(default_factory=list)
@@ -39,6 +56,8 @@ class PipelineConfig(BaseModel):
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     endpoints: EndpointsConfig = Field(default_factory=EndpointsConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
 
     @classmethod
     def default_stages(cls) -> list[StageConfig]:

@@ -1,0 +1,208 @@
+"""The coordinator: admits requests, binds them to replicas, collects their outputs.
+
+It lives in the parent process. A request is bound once to one replica of
+every logical process (least-loaded or round-robin) and stays there across
+its stages; it completes when every terminal stage it did not skip has
+answered, and fails at once when a stage fails or a process it is bound to
+dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ..errors import OmniError
+from . import messages as m
+from .graph import StageGraph
+
+
+class Overloaded(OmniError):
+    """Admission is full: the API answers 429 at once instead of queueing."""
+
+
+class Unavailable(OmniError):
+    """The deployment cannot take requests now (stopping, or a process group failed): 503."""
+
+
+class RequestFailed(OmniError):
+    """A request failed in a stage or lost a process; the message says which.
+
+    ``client_error`` is true when a stage refused the request as invalid
+    (:class:`~omni_core.errors.RequestError`): the API answers 400, not 500.
+    """
+
+    def __init__(self, message: str, *, client_error: bool = False, **kw: object):
+        super().__init__(message, **kw)
+        self.client_error = client_error
+
+
+@dataclass
+class Event:
+    """One thing a request produced: a chunk or a final output of a terminal stage."""
+
+    stage: str
+    data: Any
+    final: bool
+
+
+@dataclass
+class RequestHandle:
+    """The caller's view of one request."""
+
+    request_id: str
+    binding: dict[str, int]
+    pending: set[str]
+    events: Any  # receive side of a memory stream of Event
+    _send: Any = field(repr=False, default=None)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    client_error: bool = False
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+    async def stream(self) -> AsyncIterator[Event]:
+        """Chunks and final outputs as they arrive; raises RequestFailed on failure."""
+        async for event in self.events:
+            yield event
+        if self.error:
+            raise RequestFailed(self.error, client_error=self.client_error)
+
+    async def result(self) -> dict[str, Any]:
+        """Wait for completion: the final output of every terminal stage."""
+        await self.done.wait()
+        if self.error:
+            raise RequestFailed(self.error, client_error=self.client_error)
+        return dict(self.outputs)
+
+
+class Coordinator:
+    """Request bookkeeping; the Runtime gives it a way to send envelopes."""
+
+    def __init__(
+        self,
+        graph: StageGraph,
+        replicas: dict[str, int],
+        *,
+        max_inflight: int,
+        binding: str = "least-loaded",
+    ):
+        self.graph = graph
+        self.replicas = replicas
+        self.max_inflight = max_inflight
+        self.binding_mode = binding
+        self.requests: dict[str, RequestHandle] = {}
+        self.load: dict[tuple[str, int], int] = {}
+        self.unavailable: dict[tuple[str, int], str] = {}
+        self.accepting = True
+        self._round_robin = {p: itertools.count() for p in replicas}
+        self.send: Any = None  # async (envelope, process-binding) -> None, set by the runtime
+        self.completed = 0
+        self.failed = 0
+
+    # -- admission and binding ---------------------------------------------
+    def _bind(self) -> dict[str, int]:
+        binding = {}
+        for process, count in self.replicas.items():
+            healthy = [r for r in range(count) if (process, r) not in self.unavailable]
+            if not healthy:
+                reason = self.unavailable[(process, 0)]
+                raise Unavailable(f"process {process!r} is not serving: {reason}")
+            if self.binding_mode == "round-robin":
+                start = next(self._round_robin[process])
+                order = [healthy[(start + i) % len(healthy)] for i in range(len(healthy))]
+                binding[process] = order[0]
+            else:
+                binding[process] = min(healthy, key=lambda r: (self.load.get((process, r), 0), r))
+        return binding
+
+    async def submit(
+        self, data: Any, params: dict[str, Any] | None = None, request_id: str | None = None
+    ) -> RequestHandle:
+        if not self.accepting:
+            raise Unavailable("the server is shutting down")
+        if len(self.requests) >= self.max_inflight:
+            raise Overloaded(
+                f"{len(self.requests)} requests in flight, the limit is {self.max_inflight}",
+                hint="retry later, add replicas, or raise runtime.max_inflight",
+            )
+        request_id = request_id or uuid.uuid4().hex
+        binding = self._bind()
+        send, receive = anyio.create_memory_object_stream[Event](math.inf)
+        handle = RequestHandle(request_id, binding, set(self.graph.terminals), receive, send)
+        self.requests[request_id] = handle
+        for key in binding.items():
+            self.load[key] = self.load.get(key, 0) + 1
+        envelope = m.Envelope(
+            m.DELIVER, request_id, self.graph.entry, "client", data, dict(params or {}), binding
+        )
+        try:
+            await self.send(envelope)
+        except Exception as exc:
+            self._finish(handle, f"could not reach stage {self.graph.entry!r}: {exc}")
+            raise RequestFailed(handle.error or "") from None
+        return handle
+
+    # -- what the stages report ---------------------------------------------
+    def on_envelope(self, env: m.Envelope) -> None:
+        handle = self.requests.get(env.request_id)
+        if handle is None:
+            return  # a late message of a request that already ended
+        if env.kind == m.OUTPUT_CHUNK:
+            _offer(handle, Event(env.source, env.data, final=False))
+        elif env.kind == m.OUTPUT:
+            handle.outputs[env.source] = env.data
+            _offer(handle, Event(env.source, env.data, final=True))
+            handle.pending.discard(env.source)
+            if not handle.pending:
+                self._finish(handle, None)
+        elif env.kind == m.SKIPPED:
+            handle.pending -= set(env.skipped)
+            if not handle.pending:
+                self._finish(handle, None)
+        elif env.kind == m.FAILED:
+            handle.client_error = env.client_error
+            message = env.error if env.client_error else f"stage {env.source!r} failed: {env.error}"
+            self._finish(handle, message)
+
+    def fail_process(self, logical: str, replica: int, reason: str) -> list[RequestHandle]:
+        """A process died: fail every request bound to it, at once."""
+        failed = [h for h in self.requests.values() if h.binding.get(logical) == replica]
+        for handle in failed:
+            self._finish(handle, reason)
+        return failed
+
+    def abort(self, handle: RequestHandle, reason: str) -> None:
+        if handle.request_id in self.requests:
+            self._finish(handle, reason)
+
+    def _finish(self, handle: RequestHandle, error: str | None) -> None:
+        if self.requests.pop(handle.request_id, None) is None:
+            return
+        for key in handle.binding.items():
+            self.load[key] -= 1
+        handle.error = error
+        if error:
+            self.failed += 1
+        else:
+            self.completed += 1
+        handle._send.close()
+        handle.done.set()
+
+    @property
+    def inflight(self) -> int:
+        return len(self.requests)
+
+
+def _offer(handle: RequestHandle, event: Event) -> None:
+    # The buffer is unbounded (a request's output is finite), so a slow reader
+    # never stalls the coordinator and never loses a chunk.
+    # A closed stream means the caller stopped listening; the request is being aborted.
+    with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+        handle._send.send_nowait(event)

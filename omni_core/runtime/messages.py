@@ -1,0 +1,35 @@
+"""What crosses between the coordinator and the stage processes.
+
+One small dataclass, pickled as a skeleton by the transports, whose ``data``
+may hold tensors, arrays and bytes that cross without being pickled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# kinds sent to a stage
+DELIVER = "deliver"  # the input of a stage (or one source's part of a fan-in)
+CHUNK = "chunk"  # one incremental chunk on a streaming edge
+END = "end"  # the end of a streaming edge
+ABORT = "abort"  # cancel the request everywhere
+# kinds sent to the coordinator
+OUTPUT = "output"  # a terminal stage's final result
+OUTPUT_CHUNK = "output_chunk"  # a terminal stage's incremental output
+FAILED = "failed"  # the request failed in a stage
+SKIPPED = "skipped"  # a routing decision skipped these stages
+
+
+@dataclass
+class Envelope:
+    kind: str
+    request_id: str
+    target: str = ""  # logical stage name; "" for the coordinator
+    source: str = ""  # logical stage (or "client")
+    data: Any = None
+    params: dict[str, Any] = field(default_factory=dict)
+    binding: dict[str, int] = field(default_factory=dict)  # logical process -> replica
+    skipped: frozenset[str] = frozenset()
+    error: str = ""
+    client_error: bool = False  # FAILED: the request itself was invalid (HTTP 400)

@@ -1,0 +1,123 @@
+"""Spawning, watching and stopping the child processes of a plan."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ..errors import OmniError
+from ..plan.model import ProcessPlan
+from .worker import ChildSpec, child_main
+
+SPAWN = multiprocessing.get_context("spawn")
+TERM_TIMEOUT = 5.0
+
+
+class StartupError(OmniError):
+    """A process did not become ready: its error, or a timeout, with its last log lines."""
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name} (exit status {code})"
+        except ValueError:
+            return f"exited with status {code}"
+    return f"exited with status {code}"
+
+
+def log_tail(path: str, lines: int = 20) -> str:
+    try:
+        with open(path, errors="replace") as handle:
+            tail = deque(handle, maxlen=lines)
+    except OSError:
+        return "(no log)"
+    return "".join(tail).rstrip() or "(empty log)"
+
+
+@dataclass
+class Child:
+    """One spawned process and what the supervisor knows of it."""
+
+    plan: ProcessPlan
+    log_path: str
+    proc: Any = None
+    conn: Any = None
+    state: str = "starting"  # starting, healthy, restarting, failed, stopped
+    restarts: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    started_at: float = 0.0
+    ready_seconds: float = 0.0
+    last_exit: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    def spawn(self, spec: ChildSpec) -> None:
+        parent_end, child_end = SPAWN.Pipe(duplex=False)
+        self.proc = SPAWN.Process(
+            target=child_main, args=(spec, child_end), name=f"omni:{self.name}", daemon=False
+        )
+        self.started_at = time.monotonic()
+        self.proc.start()
+        child_end.close()
+        self.conn = parent_end
+        self.state = "starting"
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Until the child says ready; StartupError on its failure, death or timeout."""
+        deadline = self.started_at + timeout
+        while True:
+            if self.conn.poll():
+                try:
+                    kind, detail = self.conn.recv()
+                except EOFError:
+                    kind, detail = "died", ""
+                if kind == "ready":
+                    self.timings = detail
+                    self.ready_seconds = time.monotonic() - self.started_at
+                    self.state = "healthy"
+                    return
+                if kind == "failed":
+                    raise StartupError(f"process {self.name} failed to start:\n{detail.rstrip()}")
+            if not self.proc.is_alive():
+                raise StartupError(
+                    f"process {self.name} {describe_exit(self.proc.exitcode)} while starting; "
+                    f"last log lines:\n{log_tail(self.log_path)}"
+                )
+            if time.monotonic() > deadline:
+                raise StartupError(
+                    f"process {self.name} did not become ready in {timeout:g} s; "
+                    f"last log lines:\n{log_tail(self.log_path)}",
+                    hint="raise runtime.startup_timeout if loading is just slow",
+                )
+            await anyio.sleep(0.02)
+
+    async def stop(self) -> None:
+        """SIGTERM, then SIGKILL after a timeout; reaps the process."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + TERM_TIMEOUT
+            while proc.is_alive() and time.monotonic() < deadline:
+                await anyio.sleep(0.02)
+            if proc.is_alive():
+                proc.kill()
+        await anyio.to_thread.run_sync(proc.join, 2.0)
+        if self.conn is not None:
+            self.conn.close()
+        self.state = "stopped"

@@ -1,0 +1,330 @@
+"""The runtime facade: launch a plan, supervise it, route requests through it.
+
+``async with Runtime(plan, config) as runtime: handle = await runtime.submit(data)``
+is all a caller needs (``omni serve``, ``omni run``, tests). Start-up goes
+wave by wave (weight-sharing leaders before followers); a failed start tears
+everything down. While serving, a process that dies fails the requests bound
+to it at once, and its group is restarted with back-off while the others keep
+serving. Closing stops admission, gives in-flight requests a grace period,
+stops the children (TERM, then KILL) and removes the runtime directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import anyio
+
+from ..errors import ConfigError
+from ..plan.model import DeploymentPlan
+from ..plugins import OmniPlugins, get_plugins
+from ..schema import PipelineConfig
+from ..transport import ChannelClosed
+from . import messages as m
+from .coordinator import Coordinator, RequestHandle
+from .graph import StageGraph
+from .processes import Child, StartupError, describe_exit
+from .routing_table import RoutingTable
+from .transport_choice import check_edges, default_transport
+from .worker import ChildSpec
+
+DEFAULT_INFLIGHT_PER_REPLICA = 64
+Progress = Callable[[str, str, dict[str, Any]], None]
+
+
+def admission_limit(config: PipelineConfig, replicas: dict[str, int]) -> int:
+    """From the engine stages' limits times their replicas; a default per replica otherwise."""
+    if config.runtime.max_inflight is not None:
+        return config.runtime.max_inflight
+    limits = []
+    for stage in config.stages:
+        count = replicas.get(config.process_of(stage), 1)
+        engine = getattr(stage, "engine", None)
+        per_replica = getattr(engine, "max_running_requests", None) if engine else None
+        if per_replica:
+            limits.append(per_replica * count)
+    if limits:
+        return min(limits)
+    return DEFAULT_INFLIGHT_PER_REPLICA * max(replicas.values(), default=1)
+
+
+class Runtime:
+    def __init__(
+        self,
+        plan: DeploymentPlan,
+        config: PipelineConfig,
+        *,
+        plugins: OmniPlugins | None = None,
+        plugin_modules: Iterable[str] = (),
+        on_progress: Progress | None = None,
+    ):
+        check_edges(config)
+        self.plan, self.config = plan, config
+        self.plugins = plugins or get_plugins()
+        self.plugin_modules = list(plugin_modules)
+        self.graph = StageGraph.of(config)
+        self.table = RoutingTable.of(plan, config)
+        self.coordinator = Coordinator(
+            self.graph,
+            self.table.replicas,
+            max_inflight=admission_limit(config, self.table.replicas),
+            binding=config.runtime.binding,
+        )
+        self.coordinator.send = self._send_from_coordinator
+        self.children = {
+            p.name: Child(p, os.path.join(plan.endpoints.runtime_dir, "logs", f"{p.name}.log"))
+            for p in plan.processes
+        }
+        self.on_progress = on_progress or (lambda *_: None)
+        self.transport_name = default_transport(config)
+        self.transport = self.plugins.transport(self.transport_name)
+        self.inbox: Any = None
+        self.outbound: dict[str, Any] = {}
+        self._tg: Any = None
+        self._stack: Any = None
+        self.started_at = 0.0
+
+    # -- lifecycle ----------------------------------------------------------
+    async def __aenter__(self) -> Runtime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        self.started_at = time.monotonic()
+        self._make_runtime_dir()
+        try:
+            self.inbox = self.transport.listen(self.table.coordinator)
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
+            self._tg.start_soon(self._receive)
+            for wave in self.plan.start_waves:
+                await self._start_wave([self.children[name] for name in wave])
+            self._tg.start_soon(self._monitor)
+        except BaseException:
+            await self.aclose(grace=0)
+            raise
+
+    async def _start_wave(self, children: list[Child]) -> None:
+        for child in children:
+            self.on_progress("loading", child.name, {"stages": list(child.plan.stages)})
+            child.spawn(self._spec(child))
+        errors: list[str] = []
+
+        async def wait(child: Child) -> None:
+            try:
+                await child.wait_ready(self.config.runtime.startup_timeout)
+                self.on_progress(
+                    "ready", child.name, {"seconds": child.ready_seconds, "stages": child.timings}
+                )
+            except StartupError as exc:
+                errors.append(exc.render())
+
+        async with anyio.create_task_group() as tg:
+            for child in children:
+                tg.start_soon(wait, child)
+        if errors:
+            raise StartupError("\n\n".join(errors))
+
+    def _spec(self, child: Child) -> ChildSpec:
+        return ChildSpec(
+            process=child.name,
+            plan=self.plan,
+            config=self.config,
+            parent_pid=os.getpid(),
+            log_path=child.log_path,
+            plugin_modules=self.plugin_modules,
+        )
+
+    def _make_runtime_dir(self) -> None:
+        path = self.plan.endpoints.runtime_dir
+        owner = os.path.join(path, "owner.pid")
+        if os.path.exists(owner):
+            try:
+                with open(owner) as handle:
+                    pid = int(handle.read().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _alive(pid):
+                raise ConfigError(
+                    f"another omni runtime (pid {pid}) is serving this deployment from {path}",
+                    hint="stop it first, or set endpoints.base_path to another directory",
+                )
+        shutil.rmtree(path, ignore_errors=True)  # a stale directory of a killed runtime
+        os.makedirs(os.path.join(path, "logs"), mode=0o700)
+        os.chmod(path, 0o700)
+        with open(owner, "w") as handle:
+            handle.write(str(os.getpid()))
+
+    async def aclose(self, grace: float | None = None) -> None:
+        """Stop admitting, let in-flight requests finish (grace), stop children, clean up."""
+        grace = self.config.runtime.grace_period if grace is None else grace
+        self.coordinator.accepting = False
+        with anyio.move_on_after(grace):
+            while self.coordinator.inflight:
+                await anyio.sleep(0.02)
+        for handle in list(self.coordinator.requests.values()):
+            await self._abort_everywhere(handle)
+            self.coordinator.abort(handle, "the server stopped before the request finished")
+        if self._tg is not None:  # first the monitor, so that nothing is restarted
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            self._tg = None
+        with anyio.CancelScope(shield=True):
+            for child in self.children.values():
+                await child.stop()
+            for channel in [*self.outbound.values(), *([self.inbox] if self.inbox else [])]:
+                await channel.aclose()
+            self.outbound.clear()
+            self.inbox = None
+        shutil.rmtree(self.plan.endpoints.runtime_dir, ignore_errors=True)
+
+    # -- requests -------------------------------------------------------------
+    async def submit(self, data: Any, params: dict[str, Any] | None = None) -> RequestHandle:
+        return await self.coordinator.submit(data, params)
+
+    async def abort(self, handle: RequestHandle, reason: str = "aborted by the client") -> None:
+        await self._abort_everywhere(handle)
+        self.coordinator.abort(handle, reason)
+
+    async def run(
+        self, data: Any, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Submit and wait; abort everywhere on timeout or cancellation."""
+        handle = await self.submit(data, params)
+        timeout = self.config.runtime.request_timeout if timeout is None else timeout
+        try:
+            with anyio.fail_after(timeout):
+                return await handle.result()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.abort(handle, "timed out or cancelled")
+            raise
+
+    async def _abort_everywhere(self, handle: RequestHandle) -> None:
+        envelope = m.Envelope(m.ABORT, handle.request_id)
+        for process in sorted({self.table.leaders[k] for k in handle.binding.items()}):
+            child = self.children[process]
+            if child.state == "healthy":
+                # A process that cannot be told is being restarted or is gone.
+                with contextlib.suppress(Exception):
+                    await self._send(self.table.endpoints[process], envelope)
+
+    async def _send_from_coordinator(self, envelope: m.Envelope) -> None:
+        await self._send(self.table.address_for(envelope.target, envelope.binding), envelope)
+
+    async def _send(self, address: str, envelope: m.Envelope) -> None:
+        for attempt in (1, 2):
+            channel = self.outbound.get(address)
+            if channel is None:
+                channel = self.outbound[address] = self.transport.connect(address)
+            try:
+                await channel.send(envelope)
+                return
+            except ChannelClosed:
+                # The process restarted since this channel last sent: reconnect once.
+                del self.outbound[address]
+                await channel.aclose()
+                if attempt == 2:
+                    raise
+
+    async def _receive(self) -> None:
+        while True:
+            envelope = await self.inbox.recv()
+            self.coordinator.on_envelope(envelope)
+
+    # -- supervision ----------------------------------------------------------
+    async def _monitor(self) -> None:
+        while True:
+            for child in self.children.values():
+                if child.state == "healthy" and not child.proc.is_alive():
+                    self._tg.start_soon(self._restart, child)
+            await anyio.sleep(0.05)
+
+    async def _restart(self, dead: Child) -> None:
+        reason = f"process {dead.name} {describe_exit(dead.proc.exitcode)}"
+        group = [
+            c
+            for c in self.children.values()
+            if (c.plan.logical, c.plan.replica) == (dead.plan.logical, dead.plan.replica)
+        ]
+        key = (dead.plan.logical, dead.plan.replica)
+        self.coordinator.unavailable[key] = reason
+        self.coordinator.fail_process(*key, reason)
+        self.on_progress("died", dead.name, {"reason": reason})
+        for child in group:
+            child.state = "restarting"
+            child.last_exit = reason
+            await child.stop()
+            child.state = "restarting"
+        attempts = self.config.runtime.restart_attempts
+        for attempt in range(1, attempts + 1):
+            await anyio.sleep(self.config.runtime.restart_backoff * 2 ** (attempt - 1))
+            try:
+                for child in group:
+                    child.restarts += 1
+                    child.spawn(self._spec(child))
+                    child.state = "restarting"
+                for child in group:
+                    await child.wait_ready(self.config.runtime.startup_timeout)
+            except StartupError as exc:
+                self.on_progress(
+                    "restart-failed", dead.name, {"attempt": attempt, "error": exc.message}
+                )
+                for child in group:
+                    await child.stop()
+                    child.state = "restarting"
+                continue
+            del self.coordinator.unavailable[key]
+            self.on_progress("restarted", dead.name, {"attempt": attempt})
+            return
+        for child in group:
+            child.state = "failed"
+        self.coordinator.unavailable[key] = (
+            f"{reason}; {attempts} restart attempt{'s' if attempts != 1 else ''} failed"
+        )
+        self.on_progress("failed", dead.name, {"reason": self.coordinator.unavailable[key]})
+
+    # -- state ----------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        groups = {}
+        for child in self.children.values():
+            groups[child.name] = {
+                "state": child.state,
+                "stages": list(child.plan.stages),
+                "restarts": child.restarts,
+                "last_exit": child.last_exit or None,
+                "cold_start_seconds": child.timings,
+            }
+        states = {g["state"] for g in groups.values()}
+        if not self.coordinator.accepting:
+            status = "stopping"
+        elif states <= {"healthy"}:
+            status = "healthy"
+        elif "failed" in states:
+            status = "unhealthy"
+        else:
+            status = "degraded"
+        return {
+            "status": status,
+            "inflight": self.coordinator.inflight,
+            "max_inflight": self.coordinator.max_inflight,
+            "processes": groups,
+        }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,388 @@
+"""The child process: build this process's stages, then serve its inbox.
+
+Every stage of the process runs on one anyio event loop; a request's parts
+move between them as Python objects, and to other processes through the
+edge's transport. One task per (request, stage): a stage that batches sees
+its concurrent calls and serves them together.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import importlib
+import inspect
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ..errors import RequestError
+from ..factory import StageContext, import_object
+from ..plan.model import DeploymentPlan
+from ..plugins import OmniPlugins
+from ..schema import PipelineConfig
+from ..transport import ChannelClosed
+from . import messages as m
+from .graph import StageGraph
+from .routing_table import RoutingTable
+from .stage_api import StageRequest, as_stage
+from .transport_choice import address_for, default_transport, edge_transport, incoming_transports
+
+
+@dataclass
+class ChildSpec:
+    """Everything a child needs; pickled by the spawn start method."""
+
+    process: str
+    plan: DeploymentPlan
+    config: PipelineConfig
+    parent_pid: int
+    log_path: str
+    plugin_modules: list[str] = field(default_factory=list)
+
+
+def child_main(spec: ChildSpec, conn: Any) -> None:
+    """Entry point of a spawned stage process."""
+    _die_with_parent(spec.parent_pid)
+    _redirect_output(spec.log_path)
+    process = spec.plan.process(spec.process)
+    for key, value in process.env.items():
+        os.environ.setdefault(key, value)  # the user's environment always wins
+    try:
+        anyio.run(_run_child, spec, conn)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+async def _run_child(spec: ChildSpec, conn: Any) -> None:
+    worker = Worker(spec)
+    try:
+        timings = await worker.build()
+        await worker.listen()
+    except BaseException:
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)
+        conn.send(("failed", text))
+        await worker.aclose()
+        return
+    conn.send(("ready", timings))
+    print(f"process {spec.process} ready: {timings}", flush=True)
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with anyio.create_task_group() as tg:
+            worker.tg = tg
+            tg.start_soon(worker.serve)
+
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    return
+
+            tg.start_soon(stop_on_signal)
+    await worker.aclose()
+
+
+class Worker:
+    """The stages of one process and the requests they are working on."""
+
+    def __init__(self, spec: ChildSpec):
+        self.spec = spec
+        self.plan, self.config = spec.plan, spec.config
+        self.graph = StageGraph.of(spec.config)
+        self.table = RoutingTable.of(spec.plan, spec.config)
+        self.plugins = OmniPlugins()
+        for name in spec.plugin_modules:
+            if name not in self.plugins.records:
+                self.plugins.register(importlib.import_module(name), name=name)
+        self.process = spec.plan.process(spec.process)
+        self.stages: dict[str, Any] = {}
+        self.inboxes: list[Any] = []
+        self.outbound: dict[tuple[str, str], Any] = {}
+        self.tg: TaskGroup | None = None
+        self.scopes: dict[str, set[anyio.CancelScope]] = {}
+        self.fanin: dict[tuple[str, str], dict[str, Any]] = {}
+        self.streams: dict[tuple[str, str], Any] = {}
+        self._imports: dict[str, Callable[..., Any]] = {}
+
+    # -- start-up -----------------------------------------------------------
+    async def build(self) -> dict[str, float]:
+        """Build the stages in declaration order; construction on a GPU holds its lock."""
+        timings: dict[str, float] = {}
+        for instance in self.process.stages:
+            placement = self.plan.stage(instance)
+            stage = self.config.stage(placement.stage)
+            context = StageContext(
+                instance=instance,
+                process=self.process.name,
+                replica=placement.replica,
+                tp_rank=self.process.tp_rank or 0,
+                tp_size=placement.tp_size,
+                gpu_ids=tuple(placement.gpus),
+                gpu_memory_fraction=placement.memory_fraction,
+                total_reserve_bytes=placement.reserve_bytes,
+            )
+            started = time.perf_counter()
+            with _gpu_locks(self.plan.endpoints.runtime_dir, placement.gpus):
+                built = self.plugins.build_stage(stage, self.config, context)
+                obj = as_stage(built, name=stage.name)
+                start = getattr(obj, "start", None)
+                if start is not None:
+                    result = start()
+                    if inspect.isawaitable(result):
+                        await result
+            timings[stage.name] = round(time.perf_counter() - started, 4)
+            self.stages[stage.name] = obj
+        return timings
+
+    async def listen(self) -> None:
+        default = default_transport(self.config)
+        for name in sorted(incoming_transports(self.config, list(self.stages))):
+            transport = self.plugins.transport(name)
+            address = address_for(self.table.endpoints[self.process.name], name, default)
+            self.inboxes.append(transport.listen(address))
+
+    # -- serving ------------------------------------------------------------
+    async def serve(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for inbox in self.inboxes:
+                tg.start_soon(self._serve_inbox, inbox)
+
+    async def _serve_inbox(self, inbox: Any) -> None:
+        while True:
+            envelope = await inbox.recv()
+            await self.dispatch(envelope)
+
+    async def dispatch(self, env: m.Envelope) -> None:
+        if env.kind == m.ABORT:
+            self._abort(env.request_id)
+        elif env.kind == m.DELIVER:
+            await self._deliver(env)
+        elif env.kind in (m.CHUNK, m.END):
+            await self._stream(env)
+
+    async def _deliver(self, env: m.Envelope) -> None:
+        stage = self.config.stage(env.target)
+        if not stage.wait_for:
+            self._start(env.target, env, env.data, None)
+            return
+        key = (env.request_id, env.target)
+        parts = self.fanin.setdefault(key, {})
+        parts[env.source] = env.data
+        expected = self.graph.expected_sources(env.target, env.skipped)
+        if expected <= parts.keys():
+            del self.fanin[key]
+            merge = self._import(stage.merge_fn, f"stage {stage.name!r} merge_fn")
+            self._start(env.target, env, merge({k: parts[k] for k in sorted(expected)}), None)
+
+    async def _stream(self, env: m.Envelope) -> None:
+        key = (env.request_id, env.target)
+        sender = self.streams.get(key)
+        if sender is None:
+            sender, receiver = anyio.create_memory_object_stream[Any](64)
+            self.streams[key] = sender
+            self._start(env.target, env, None, _iterate(receiver))
+        if env.kind == m.CHUNK:
+            await sender.send(env.data)
+        else:
+            del self.streams[key]
+            await sender.aclose()
+
+    def _start(self, stage: str, env: m.Envelope, data: Any, stream: Any) -> None:
+        assert self.tg is not None
+        self.tg.start_soon(self._run, stage, env, data, stream)
+
+    async def _run(self, name: str, env: m.Envelope, data: Any, stream: Any) -> None:
+        stage = self.config.stage(name)
+        scope = anyio.CancelScope()
+        self.scopes.setdefault(env.request_id, set()).add(scope)
+        emit = self._emitter(name, env) if stage.stream_to or stage.terminal else None
+        request = StageRequest(env.request_id, data, env.params, stream, emit)
+        try:
+            with scope:
+                try:
+                    result = await self.stages[name].run(request)
+                    await self._forward(name, env, result)
+                except Exception as exc:  # fails this request only, never the process
+                    await self._fail(env, name, exc)
+        finally:
+            scopes = self.scopes.get(env.request_id)
+            if scopes is not None:
+                scopes.discard(scope)
+                if not scopes:
+                    del self.scopes[env.request_id]
+
+    def _emitter(self, name: str, env: m.Envelope) -> Callable[[Any], Any]:
+        stage = self.config.stage(name)
+
+        async def emit(chunk: Any) -> None:
+            for target in stage.stream_to:
+                await self._send(
+                    m.Envelope(
+                        m.CHUNK,
+                        env.request_id,
+                        target,
+                        name,
+                        chunk,
+                        env.params,
+                        env.binding,
+                        env.skipped,
+                    )
+                )
+            if stage.terminal:
+                await self._send(m.Envelope(m.OUTPUT_CHUNK, env.request_id, "", name, chunk))
+
+        return emit
+
+    async def _forward(self, name: str, env: m.Envelope, result: Any) -> None:
+        stage = self.config.stage(name)
+        if stage.terminal:
+            await self._send(m.Envelope(m.OUTPUT, env.request_id, "", name, result))
+            return
+        chosen = stage.targets
+        if stage.route_fn:
+            route = self._import(stage.route_fn, f"stage {name!r} route_fn")
+            chosen = list(route(result))
+            undeclared = [t for t in chosen if t not in stage.targets]
+            if undeclared:
+                raise RuntimeError(
+                    f"route function of stage {name!r} returned {undeclared}, which are not "
+                    f"declared targets ({', '.join(stage.targets)})"
+                )
+        skipped = self.graph.skip_closure(env.skipped | (set(stage.targets) - set(chosen)))
+        if skipped != env.skipped:
+            await self._send(m.Envelope(m.SKIPPED, env.request_id, "", name, skipped=skipped))
+        for target in chosen:
+            kind, data = (m.END, None) if target in stage.stream_to else (m.DELIVER, result)
+            await self._send(
+                m.Envelope(
+                    kind, env.request_id, target, name, data, env.params, env.binding, skipped
+                )
+            )
+
+    async def _fail(self, env: m.Envelope, name: str, exc: BaseException) -> None:
+        text = exc.render() if isinstance(exc, RequestError) else f"{type(exc).__name__}: {exc}"
+        print(
+            f"request {env.request_id} failed in stage {name}:\n{traceback.format_exc()}",
+            file=sys.stderr,
+            flush=True,
+        )
+        await self._send(
+            m.Envelope(
+                m.FAILED,
+                env.request_id,
+                "",
+                name,
+                error=text,
+                client_error=isinstance(exc, RequestError),
+            )
+        )
+
+    def _abort(self, request_id: str) -> None:
+        for scope in self.scopes.pop(request_id, set()):
+            scope.cancel()
+        for key in [k for k in self.fanin if k[0] == request_id]:
+            del self.fanin[key]
+        for key in [k for k in self.streams if k[0] == request_id]:
+            self.streams.pop(key).close()
+
+    # -- sending ------------------------------------------------------------
+    async def _send(self, env: m.Envelope) -> None:
+        if env.target and env.target in self.stages:
+            await self.dispatch(env)
+            return
+        default = default_transport(self.config)
+        if env.target:
+            transport = edge_transport(self.config, env.source, env.target)
+            base = self.table.address_for(env.target, env.binding)
+            address = address_for(base, transport, default)
+        else:
+            transport, address = default, self.table.coordinator
+        key = (transport, address)
+        for attempt in (1, 2):
+            channel = self.outbound.get(key)
+            if channel is None:
+                channel = self.outbound[key] = self.plugins.transport(transport).connect(address)
+            try:
+                await channel.send(env)
+                return
+            except ChannelClosed:
+                # The receiver restarted since this channel last sent: reconnect once.
+                del self.outbound[key]
+                await channel.aclose()
+                if attempt == 2:
+                    raise
+
+    def _import(self, path: str | None, what: str) -> Callable[..., Any]:
+        assert path is not None
+        if path not in self._imports:
+            self._imports[path] = import_object(path, what=what)
+        return self._imports[path]
+
+    async def aclose(self) -> None:
+        for stage in self.stages.values():
+            close = getattr(stage, "aclose", None)
+            if close is not None:
+                with anyio.CancelScope(shield=True):
+                    await close()
+        for channel in [*self.outbound.values(), *self.inboxes]:
+            with anyio.CancelScope(shield=True):
+                await channel.aclose()
+
+
+async def _iterate(receiver: Any):
+    async with receiver:
+        async for item in receiver:
+            yield item
+
+
+@contextmanager
+def _gpu_locks(runtime_dir: str, gpus: tuple[int, ...]):
+    """Serialise stage construction per GPU across processes (memory sizing races)."""
+    handles = []
+    try:
+        for gpu in sorted(gpus):
+            handle = open(os.path.join(runtime_dir, f"gpu{gpu}.lock"), "a")  # noqa: SIM115
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            handles.append(handle)
+        yield
+    finally:
+        for handle in reversed(handles):
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """No orphan survives the parent, even a SIGKILLed one."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:  # the portable fallback
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _redirect_output(path: str) -> None:
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)

@@ -1,0 +1,265 @@
+"""Small pipelines of simple stages, for runtime tests (a plugin module).
+
+Registered in-process by the tests and, by module name, in the child
+processes the runtime spawns. Every stage runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import anyio
+
+from omni_core import PipelineConfig, StageConfig, hookimpl
+
+HERE = "omni_test_pipelines"
+
+
+class Append:
+    """Adds ``tag`` (and the pid that ran it) to the request's trail."""
+
+    def __init__(self, tag: str, delay: float = 0.0):
+        self.tag, self.delay = tag, delay
+
+    async def run(self, request):
+        data = request.data or {}
+        if data.get("fail_at") == self.tag:
+            raise ValueError(f"asked to fail at {self.tag}")
+        delay = float(data.get("delay", {}).get(self.tag, self.delay))
+        if delay:
+            await anyio.sleep(delay)
+        return {**data, "trail": [*data.get("trail", []), f"{self.tag}:{os.getpid()}"]}
+
+
+def create_append(tag: str, delay: float = 0.0) -> Append:
+    return Append(tag, delay)
+
+
+class Producer:
+    """Streams ``n`` chunks downstream, then returns how many it sent."""
+
+    async def run(self, request):
+        n = int(request.data.get("n", 3))
+        for i in range(n):
+            await request.emit({"index": i})
+        return {"sent": n}
+
+
+def create_producer() -> Producer:
+    return Producer()
+
+
+class Doubler:
+    """Consumes a stream; emits each chunk doubled to the client; returns the count."""
+
+    async def run(self, request):
+        count = 0
+        async for chunk in request.stream:
+            await request.emit(chunk["index"] * 2)
+            count += 1
+        return {"received": count}
+
+
+def create_doubler() -> Doubler:
+    return Doubler()
+
+
+def route_media(data: dict[str, Any]) -> list[str]:
+    return [
+        *(["images"] if data.get("images") else []),
+        *(["audio"] if data.get("audio") else []),
+        "join",
+    ]
+
+
+def route_bad(data: dict[str, Any]) -> list[str]:
+    return ["nowhere"]
+
+
+def merge_parts(parts: dict[str, Any]) -> dict[str, Any]:
+    return {"sources": sorted(parts), "trails": {k: v["trail"] for k, v in parts.items()}}
+
+
+def _stage(name: str, tag: str | None = None, **kw: Any) -> StageConfig:
+    kw.setdefault("process", "p")
+    return StageConfig(
+        name=name,
+        factory_path=f"{HERE}:create_append",
+        author_kwargs={"tag": tag or name},
+        **kw,
+    )
+
+
+def _pipeline(
+    class_name: str, name: str, stages: list[StageConfig], entry: str
+) -> type[PipelineConfig]:
+    """A pipeline class named ``class_name`` in this module, so that it pickles."""
+
+    def default_stages(cls) -> list[StageConfig]:
+        return [s.model_copy(deep=True) for s in stages]
+
+    return type(
+        class_name,
+        (PipelineConfig,),
+        {
+            "__module__": __name__,
+            "pipeline_name": name,
+            "entry_stage": entry,
+            "description": f"test pipeline {name}",
+            "default_stages": classmethod(default_stages),
+            "__annotations__": {},
+        },
+    )
+
+
+LinearPipeline = _pipeline(
+    "LinearPipeline",
+    "t-linear",
+    [_stage("a", next="b"), _stage("b", next="c"), _stage("c", terminal=True)],
+    "a",
+)
+TwoProcessPipeline = _pipeline(
+    "TwoProcessPipeline",
+    "t-two-process",
+    [_stage("a", next="b", process="first"), _stage("b", terminal=True, process="second")],
+    "a",
+)
+FanInPipeline = _pipeline(
+    "FanInPipeline",
+    "t-fan-in",
+    [
+        _stage("pre", next=["images", "audio", "join"], route_fn=f"{HERE}:route_media"),
+        _stage("images", next="join", process="enc"),
+        _stage("audio", next="join", process="enc"),
+        StageConfig(
+            name="join",
+            factory_path=f"{HERE}:create_append",
+            author_kwargs={"tag": "join"},
+            wait_for=["pre", "images", "audio"],
+            merge_fn=f"{HERE}:merge_parts",
+            terminal=True,
+            process="p",
+        ),
+    ],
+    "pre",
+)
+StreamPipeline = _pipeline(
+    "StreamPipeline",
+    "t-stream",
+    [
+        StageConfig(
+            name="producer",
+            factory_path=f"{HERE}:create_producer",
+            next="doubler",
+            stream_to=["doubler"],
+            process="p",
+        ),
+        StageConfig(
+            name="doubler", factory_path=f"{HERE}:create_doubler", terminal=True, process="q"
+        ),
+    ],
+    "producer",
+)
+TwoTerminalPipeline = _pipeline(
+    "TwoTerminalPipeline",
+    "t-two-terminals",
+    [
+        _stage("a", next=["left", "right"]),
+        _stage("left", terminal=True),
+        _stage("right", terminal=True, process="r"),
+    ],
+    "a",
+)
+ReplicaPipeline = _pipeline(
+    "ReplicaPipeline",
+    "t-replicas",
+    [
+        _stage("front", next="mid", process="front"),
+        _stage("mid", next="back", process="work"),
+        _stage("back", terminal=True, process="work"),
+    ],
+    "front",
+)
+BadRoutePipeline = _pipeline(
+    "BadRoutePipeline",
+    "t-bad-route",
+    [
+        _stage("a", next=["b", "c"], route_fn=f"{HERE}:route_bad"),
+        _stage("b", terminal=True),
+        _stage("c", terminal=True),
+    ],
+    "a",
+)
+
+PIPELINES = [
+    LinearPipeline,
+    TwoProcessPipeline,
+    FanInPipeline,
+    StreamPipeline,
+    TwoTerminalPipeline,
+    ReplicaPipeline,
+    BadRoutePipeline,
+]
+
+
+@hookimpl
+def omni_register_pipelines() -> list[type[PipelineConfig]]:
+    return list(PIPELINES)
+
+
+class Broken:
+    async def run(self, request):  # pragma: no cover - never built
+        return None
+
+
+def create_broken(message: str = "no weights here") -> Broken:
+    raise RuntimeError(message)
+
+
+def create_sleepy(seconds: float = 60.0) -> Broken:
+    import time
+
+    time.sleep(seconds)
+    return Broken()
+
+
+class EnvReporter:
+    async def run(self, request):
+        return {name: os.environ.get(name) for name in request.data["names"]}
+
+
+def create_env_reporter() -> EnvReporter:
+    return EnvReporter()
+
+
+BrokenPipeline = _pipeline(
+    "BrokenPipeline",
+    "t-broken",
+    [
+        _stage("ok", next="bad", process="good"),
+        StageConfig(name="bad", factory_path=f"{HERE}:create_broken", terminal=True, process="bad"),
+    ],
+    "ok",
+)
+SlowStartPipeline = _pipeline(
+    "SlowStartPipeline",
+    "t-slow-start",
+    [StageConfig(name="slow", factory_path=f"{HERE}:create_sleepy", terminal=True, process="p")],
+    "slow",
+)
+EnvPipeline = _pipeline(
+    "EnvPipeline",
+    "t-env",
+    [
+        StageConfig(
+            name="env",
+            factory_path=f"{HERE}:create_env_reporter",
+            terminal=True,
+            process="p",
+            env={"OMNI_TEST_DEFAULT": "from-stage", "OMNI_TEST_USER": "stage"},
+        )
+    ],
+    "env",
+)
+PIPELINES += [BrokenPipeline, SlowStartPipeline, EnvPipeline]
