@@ -10,7 +10,7 @@ Which process calls which hook:
 
 * parent (``omni plugins list``, ``omni config``, ``omni plan``, ``omni serve``):
   :func:`omni_register_pipelines`, :func:`omni_register_placement_policies`,
-  :func:`omni_register_transports`;
+  :func:`omni_register_transports`, :func:`omni_estimate_memory`;
 * the child process that runs a stage: :func:`omni_build_stage` (and
   :func:`omni_register_transports`, to open the transports of its edges).
 
@@ -28,6 +28,7 @@ import pluggy
 if TYPE_CHECKING:
     from .factory import StageContext
     from .placement import PlacementPolicy
+    from .plan.model import MemoryEstimate
     from .schema import PipelineConfig, StageConfig
     from .transport import Transport
 
@@ -80,6 +81,28 @@ def omni_register_placement_policies() -> list[PlacementPolicy]:
     plugins registering one name is an error naming both.
 
     Called in the parent process, when a deployment is planned or listed.
+    """
+
+
+@hookspec(firstresult=True)
+def omni_estimate_memory(pipeline: PipelineConfig) -> dict[str, MemoryEstimate] | None:
+    """Estimate the GPU memory each stage of ``pipeline`` needs.
+
+    Return a dict from stage name to
+    :class:`~omni_core.plan.model.MemoryEstimate` (weights by the dtype the
+    stage loads in, the engine's KV budget, activations), summed over the
+    stage's tensor-parallel ranks, for the stages you can estimate; or None
+    when ``pipeline`` is not yours. The first non-None answer wins
+    (``firstresult``), so a plugin may estimate another plugin's pipeline
+    (a quantised checkpoint, say) by registering ``tryfirst=True``.
+
+    Estimate from facts, not by loading anything: known architectures'
+    parameter counts, or the checkpoint's ``config.json`` when ``model_path``
+    is a local directory. :mod:`omni_core.plan.estimates` has the arithmetic.
+    A stage left out makes the ``auto`` placement policy refuse, naming it.
+
+    Called in the parent process, only when the chosen placement policy sizes
+    stages itself (``PlacementPolicy.uses_estimates``); must not import torch.
     """
 
 

@@ -21,10 +21,21 @@ class PlacementPolicy(ABC):
     Subclasses set :attr:`name` and :attr:`description` and implement
     :meth:`place`. ``place`` must be a pure function of its request: no I/O,
     no clock, no randomness, so that ``omni plan`` is deterministic.
+
+    A policy that sizes stages itself sets :attr:`uses_estimates`; the planner
+    then asks the model plugins for per-stage memory estimates
+    (``omni_estimate_memory``) and puts them in ``request.estimates``. Others
+    never pay for estimating.
+
+    Whatever ``place`` returns is then checked by the planner, whichever policy
+    made it: GPU ids within the inventory, one GPU per process, memory shares
+    within ``[placement] memory_limit``, no two processes racing for unpromised
+    memory on one GPU.
     """
 
     name: str = ""
     description: str = ""
+    uses_estimates: bool = False
 
     @abstractmethod
     def place(self, request: PlacementRequest) -> PlacementResult:

@@ -5,18 +5,55 @@ stages share a process, ``shm`` between processes of one host, ``socket``
 across hosts; a deploy file may override the choice. A transport plugin
 registers instances of :class:`Transport` through the
 ``omni_register_transports`` hook.
+
+The contract, kept httpx-small:
+
+* ``transport.listen(address)`` returns the *receiving* end of an edge. It binds
+  at once (so a bad or busy address fails where it is written, not at the first
+  message) and owns what it bound: closing it removes the socket file.
+  Any number of senders may connect to one receiver, and come and go (a
+  restarted process reconnects); messages of one sender arrive in send order.
+* ``transport.connect(address)`` returns the *sending* end. It does no I/O:
+  the connection is made by the first ``send``, which waits (bounded) for the
+  receiver to appear, so processes may start in any order.
+* ``transport.check_address(address)`` validates and normalises an address
+  without binding anything, so the planner can refuse a bad one before any
+  child process starts.
+* ``Channel.send`` / ``Channel.recv`` move one message; ``Channel.aclose``
+  releases what the channel holds. A channel is an async context manager.
+
+Errors: :class:`AddressError` for a malformed or unusable address;
+:class:`ChannelClosed` when the channel itself was closed, or a send found no
+live receiver (the message was not delivered).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from types import TracebackType
 from typing import Any, Literal
+
+from .errors import OmniError
 
 Scope = Literal["process", "host", "network"]
 
 
+class AddressError(OmniError, ValueError):
+    """An address a transport cannot use: malformed, or already taken."""
+
+
+class ChannelClosed(Exception):
+    """The channel was closed, or its peer is gone; the message did not cross."""
+
+
 class Channel(ABC):
-    """One direction of one edge: ``send`` on one side, ``recv`` on the other."""
+    """One direction of one edge: ``send`` on one side, ``recv`` on the other.
+
+    ``address`` is where the receiver listens, as bound (a TCP port of 0 is
+    replaced by the port the system chose), so a receiver can tell its senders.
+    """
+
+    address: str = ""
 
     @abstractmethod
     async def send(self, message: Any) -> None:
@@ -24,10 +61,21 @@ class Channel(ABC):
 
     @abstractmethod
     async def recv(self) -> Any:
-        """The next message, in send order."""
+        """The next message, in send order (per sender); waits without polling."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional for in-memory channels
         """Release what the channel holds (sockets, shared memory)."""
+
+    async def __aenter__(self) -> Channel:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
 
 class Transport(ABC):
@@ -48,3 +96,7 @@ class Transport(ABC):
     @abstractmethod
     def connect(self, address: str) -> Channel:
         """The sending end of an edge whose receiver listens at ``address``."""
+
+    def check_address(self, address: str) -> str:
+        """``address`` normalised, or :class:`AddressError` saying what is wrong."""
+        return address

@@ -1,4 +1,4 @@
-"""Entry point of omni-moss-tts: registers its pipeline with omni."""
+"""Entry point of omni-moss-tts: registers its pipeline with omni and estimates its memory."""
 
 from __future__ import annotations
 
@@ -10,3 +10,14 @@ def omni_register_pipelines():
     from .pipeline import MossTTSPipeline
 
     return [MossTTSPipeline]
+
+
+@hookimpl
+def omni_estimate_memory(pipeline):
+    from .pipeline import MossTTSPipeline
+
+    if not isinstance(pipeline, MossTTSPipeline):
+        return None
+    from .memory import estimate
+
+    return estimate(pipeline)

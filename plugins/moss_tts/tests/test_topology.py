@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_moss_tts.pipeline import MossTTSPipeline
-
 from omni_core import EngineStageConfig, OmniPlugins, StageConfig
 from omni_core.factory import import_object
+from omni_moss_tts.pipeline import MossTTSPipeline
 
 
 def wiring(stage: StageConfig) -> dict[str, Any]:

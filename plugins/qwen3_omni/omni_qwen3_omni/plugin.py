@@ -1,4 +1,5 @@
-"""Entry point of omni-qwen3-omni: registers its three pipelines with omni."""
+"""Entry point of omni-qwen3-omni: registers its three pipelines with omni
+and estimates their memory."""
 
 from __future__ import annotations
 
@@ -14,3 +15,15 @@ def omni_register_pipelines():
     )
 
     return [Qwen3OmniSpeechPipeline, Qwen3OmniColocatedPipeline, Qwen3OmniTextPipeline]
+
+
+@hookimpl
+def omni_estimate_memory(pipeline):
+    from .pipeline import Qwen3OmniColocatedPipeline, Qwen3OmniSpeechPipeline, Qwen3OmniTextPipeline
+
+    owned = (Qwen3OmniSpeechPipeline, Qwen3OmniColocatedPipeline, Qwen3OmniTextPipeline)
+    if not isinstance(pipeline, owned):
+        return None
+    from .memory import estimate
+
+    return estimate(pipeline)

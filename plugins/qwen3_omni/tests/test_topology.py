@@ -6,6 +6,9 @@ import itertools
 from typing import Any
 
 import pytest
+
+from omni_core import EngineStageConfig, OmniPlugins, PipelineConfig, StageConfig
+from omni_core.factory import import_object
 from omni_qwen3_omni.pipeline import (
     Qwen3OmniColocatedPipeline,
     Qwen3OmniSpeechPipeline,
@@ -16,9 +19,6 @@ from omni_qwen3_omni.routing import (
     route_to_aggregate,
     route_to_thinker,
 )
-
-from omni_core import EngineStageConfig, OmniPlugins, PipelineConfig, StageConfig
-from omni_core.factory import import_object
 
 ROUTING = "omni_qwen3_omni.routing"
 SPEECH_STAGES = [

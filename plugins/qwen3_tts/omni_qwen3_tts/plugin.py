@@ -1,4 +1,4 @@
-"""Entry point of omni-qwen3-tts: registers its pipeline with omni."""
+"""Entry point of omni-qwen3-tts: registers its pipeline with omni and estimates its memory."""
 
 from __future__ import annotations
 
@@ -10,3 +10,14 @@ def omni_register_pipelines():
     from .pipeline import Qwen3TTSPipeline
 
     return [Qwen3TTSPipeline]
+
+
+@hookimpl
+def omni_estimate_memory(pipeline):
+    from .pipeline import Qwen3TTSPipeline
+
+    if not isinstance(pipeline, Qwen3TTSPipeline):
+        return None
+    from .memory import estimate
+
+    return estimate(pipeline)

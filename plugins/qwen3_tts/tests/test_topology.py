@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
-
 from omni_core import EngineStageConfig, OmniPlugins, StageConfig
 from omni_core.factory import import_object
+from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
 
 
 def wiring(stage: StageConfig) -> dict[str, Any]:

@@ -1,0 +1,189 @@
+"""Memory estimates: the arithmetic model plugins share, and how the planner asks.
+
+A model plugin knows its architectures; the core knows how transformer
+weights and KV caches are sized. Plugins describe their stages with these
+helpers in their own ``memory.py`` and answer the ``omni_estimate_memory``
+hook. Everything here is arithmetic on numbers from a config: nothing loads a
+checkpoint or imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import ConfigError, PluginError
+from .model import MemoryEstimate
+
+GiB = 1024**3
+MiB = 1024**2
+
+DTYPE_BYTES: Mapping[str, float] = {
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "float8": 1,
+    "fp8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+    "int4": 0.5,
+}
+
+
+def dtype_bytes(dtype: str, *, what: str = "dtype") -> float:
+    """Bytes per element of ``dtype`` (``torch.`` prefix accepted)."""
+    key = str(dtype).lower().removeprefix("torch.")
+    if key in ("auto", ""):
+        key = "bfloat16"
+    if key not in DTYPE_BYTES:
+        raise ConfigError(
+            f"{what}: unknown dtype {dtype!r}",
+            hint=f"known dtypes: {', '.join(sorted(DTYPE_BYTES))}",
+        )
+    return DTYPE_BYTES[key]
+
+
+def attention_params(hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
+    """q, k, v and o projections (no biases; they are noise at this scale)."""
+    return hidden * head_dim * (2 * heads + 2 * kv_heads)
+
+
+def decoder_params(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int = 0,
+    vocab: int = 0,
+    tied_embeddings: bool = True,
+    experts: int = 0,
+    moe_intermediate: int = 0,
+    shared_expert_intermediate: int = 0,
+) -> int:
+    """Parameters of a decoder-only transformer with SwiGLU MLPs (dense or MoE).
+
+    A dense layer has one MLP of ``intermediate``; an MoE layer has
+    ``experts`` MLPs of ``moe_intermediate``, a router, and optionally a
+    shared expert. Norms are ignored (thousands of parameters among billions).
+    """
+    mlp = 3 * hidden * intermediate
+    if experts:
+        mlp = experts * 3 * hidden * moe_intermediate + hidden * experts
+        mlp += 3 * hidden * shared_expert_intermediate
+    per_layer = attention_params(hidden, heads, kv_heads, head_dim) + mlp
+    embeddings = vocab * hidden * (1 if tied_embeddings else 2)
+    return layers * per_layer + embeddings
+
+
+def encoder_params(*, layers: int, hidden: int, intermediate: int) -> int:
+    """A ViT/Whisper-style encoder: full attention plus a two-matrix MLP per layer."""
+    return layers * (4 * hidden * hidden + 2 * hidden * intermediate)
+
+
+def kv_bytes_per_token(
+    *, layers: int, kv_heads: int, head_dim: int, dtype: str = "bfloat16"
+) -> int:
+    """Keys and values of one token across all layers."""
+    return int(2 * layers * kv_heads * head_dim * dtype_bytes(dtype))
+
+
+def weights_bytes(params: int, dtype: str, *, what: str = "dtype") -> int:
+    return int(params * dtype_bytes(dtype, what=what))
+
+
+def engine_tokens(stage: Any, default: int) -> int:
+    """The engine's KV budget in tokens: ``engine.max_total_tokens`` or ``default``."""
+    engine = getattr(stage, "engine", None)
+    value = getattr(engine, "max_total_tokens", None) if engine is not None else None
+    return int(value) if value else default
+
+
+def factory_dtype(stage: Any, default: str = "bfloat16") -> str:
+    """The dtype a stage's factory loads in (``factory.dtype``), if it has one."""
+    return str(getattr(stage.factory, "dtype", None) or default)
+
+
+def read_local_config(model_path: str, name: str = "config.json") -> dict[str, Any] | None:
+    """The checkpoint's ``config.json`` when ``model_path`` is a local directory.
+
+    A hub id (``Qwen/…``) or a missing file gives None: estimates then fall
+    back to the known architectures. A file that is there but unreadable is a
+    ConfigError naming it, since the deployment would fail on it later anyway.
+    """
+    if not model_path or not os.path.isdir(model_path):
+        return None
+    path = os.path.join(model_path, name)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model_path: cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"model_path: {path} is not a JSON object")
+    return data
+
+
+def collect_estimates(config: Any, plugins: Any) -> dict[str, MemoryEstimate]:
+    """Ask the model plugins (``omni_estimate_memory``) for ``config``'s stages."""
+    try:
+        answer = plugins.pm.hook.omni_estimate_memory(pipeline=config)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"estimating the memory of pipeline {type(config).pipeline_name!r} failed: "
+            f"{type(exc).__name__}: {exc}",
+            hint="declare gpu_memory_fraction for the GPU stages, or use placement policy declared",
+        ) from exc
+    if answer is None:
+        return {}
+    names = set(config.stage_names)
+    return {k: v for k, v in answer.items() if k in names and isinstance(v, MemoryEstimate)}
+
+
+_HF_KEYS: Mapping[str, tuple[str, ...]] = {
+    "layers": ("num_hidden_layers", "num_layers", "encoder_layers", "depth", "n_layers"),
+    "hidden": ("hidden_size", "d_model", "embed_dim"),
+    "heads": ("num_attention_heads", "encoder_attention_heads", "num_heads"),
+    "kv_heads": ("num_key_value_heads",),
+    "head_dim": ("head_dim",),
+    "intermediate": ("intermediate_size", "encoder_ffn_dim", "dim_feedforward"),
+    "vocab": ("vocab_size",),
+    "experts": ("num_experts", "num_local_experts"),
+    "moe_intermediate": ("moe_intermediate_size",),
+    "shared_expert_intermediate": ("shared_expert_intermediate_size",),
+}
+
+
+def shape_from_config(
+    config: Mapping[str, Any] | None, fallback: Mapping[str, int]
+) -> dict[str, int]:
+    """An architecture's numbers from a Hugging Face config section, else ``fallback``.
+
+    Only the keys of ``fallback`` are read, under their common spellings
+    (``num_experts`` or ``num_local_experts`` …). ``head_dim`` defaults to
+    ``hidden / heads`` when a config gives neither.
+    """
+    shape = dict(fallback)
+    for key in fallback:
+        for spelling in _HF_KEYS.get(key, (key,)):
+            value = (config or {}).get(spelling)
+            if isinstance(value, int) and not isinstance(value, bool):
+                shape[key] = value
+                break
+    derive = config and "head_dim" in shape and "head_dim" not in config and "hidden" in shape
+    if derive and any(s in config for s in _HF_KEYS["hidden"]):  # type: ignore[operator]
+        shape["head_dim"] = shape["hidden"] // max(shape.get("heads", 1), 1)
+    return shape

@@ -1,0 +1,96 @@
+"""Process groups: which stage instances share an OS process, and on which GPU.
+
+Stages with one ``process`` name share one OS process and one event loop:
+payloads pass as Python objects, but one stage's crash takes the process
+down and GPU start-up inside it is serialised. A tensor-parallel stage gets
+one process per rank (``<process>_tp<rank>``, rank 0 leads). A process has one
+environment, so its stages' ``env`` defaults must agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..schema import StageConfig
+from .expand import Expansion, tp_process_name
+from .model import Assignment, ProcessPlan, Refusal, StagePlacement, round_fraction
+
+
+def merged_env(process: str, stages: list[StageConfig], problems: list[Refusal]) -> dict[str, str]:
+    """The env defaults of a process; two stages disagreeing on a key is a problem."""
+    env: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    for stage in stages:
+        for key, value in stage.env.items():
+            if key in env and env[key] != value:
+                problems.append(
+                    Refusal(
+                        f"process {process!r}: stages {owner[key]!r} and {stage.name!r} set env "
+                        f"default {key} to different values ({env[key]!r}, {value!r}); "
+                        "one process has one environment",
+                        stage=stage.name,
+                        fix=f"give {key} one value in both stages' env, or put them in "
+                        "different processes",
+                    )
+                )
+                continue
+            env[key] = value
+            owner.setdefault(key, stage.name)
+    return env
+
+
+def build_processes(
+    expansion: Expansion, assignments: Mapping[str, Assignment]
+) -> tuple[list[ProcessPlan], list[StagePlacement], list[Refusal]]:
+    """Processes in order of first appearance, and where each stage instance ended up."""
+    problems: list[Refusal] = []
+    envs = {p: merged_env(p, stages, problems) for p, stages in expansion.members.items()}
+    processes: dict[str, ProcessPlan] = {}
+    members: dict[str, list[str]] = {}
+    placements: list[StagePlacement] = []
+    for instance in expansion.instances:
+        assignment = assignments[instance.name]
+        ranks = instance.tp_size if instance.tp_size > 1 else 0
+        names = [tp_process_name(instance.process, r) for r in range(ranks)] or [instance.process]
+        for rank, name in enumerate(names):
+            plan = processes.get(name)
+            if plan is None:
+                plan = processes[name] = ProcessPlan(
+                    name=name,
+                    logical=instance.logical_process,
+                    stages=(),
+                    gpu=None,
+                    replica=instance.replica,
+                    num_replicas=instance.num_replicas,
+                    tp_rank=rank if ranks else None,
+                    tp_size=instance.tp_size,
+                    env=dict(envs[instance.logical_process]),
+                )
+                members[name] = []
+            members[name].append(instance.name)
+            if assignment.gpus:
+                plan.gpu = assignment.gpus[rank]
+                if assignment.memory_fraction is not None:
+                    plan.memory_fraction = (
+                        plan.memory_fraction or 0.0
+                    ) + assignment.memory_fraction
+                if assignment.reserve_bytes is not None:
+                    plan.reserve_bytes = (plan.reserve_bytes or 0) + assignment.reserve_bytes
+        placements.append(
+            StagePlacement(
+                instance=instance.name,
+                stage=instance.stage,
+                process=names[0],
+                replica=instance.replica,
+                tp_size=instance.tp_size,
+                gpus=assignment.gpus,
+                memory_fraction=assignment.memory_fraction,
+                reserve_bytes=assignment.reserve_bytes,
+                share_source=assignment.share_source,
+                tp_processes=tuple(names) if ranks else (),
+            )
+        )
+    for name, plan in processes.items():
+        plan.stages = tuple(members[name])
+        plan.memory_fraction = round_fraction(plan.memory_fraction)
+    return list(processes.values()), placements, problems

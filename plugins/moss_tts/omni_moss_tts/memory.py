@@ -1,0 +1,77 @@
+"""GPU memory estimates for MOSS-TTS, for the ``auto`` placement policy.
+
+The engine is a Qwen3 backbone (8B shapes below, or the checkpoint's
+``config.json`` when ``model_path`` is a local directory) with 32 audio
+codebook embeddings and heads; the vocoder loads the MOSS audio tokenizer
+(about 1.6B parameters, encoder and decoder, published as float32). Weights
+by the stage's ``factory.dtype``; the engine adds a KV budget of
+``engine.max_total_tokens`` tokens. Approximate by design; declare
+``total_reserve_bytes`` on a stage to replace its estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omni_core.plan.estimates import (
+    GiB,
+    decoder_params,
+    engine_tokens,
+    factory_dtype,
+    kv_bytes_per_token,
+    read_local_config,
+    shape_from_config,
+    weights_bytes,
+)
+from omni_core.plan.model import MemoryEstimate
+
+BACKBONE = dict(
+    layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936
+)
+AUDIO_CODEBOOKS = 32
+AUDIO_VOCAB = 1025  # 1024 entries + pad
+CODEC_PARAMS = 1_600_000_000
+DEFAULT_KV_TOKENS = 32768
+ENGINE_OVERHEAD = 2 * GiB
+VOCODER_OVERHEAD = 1 * GiB
+
+
+def backbone_shape(model_path: str) -> tuple[dict[str, int], str]:
+    config = read_local_config(model_path)
+    if config is None:
+        return dict(BACKBONE), "MOSS-TTS 8B architecture"
+    section = config.get("language_config") or config.get("text_config") or config
+    if not isinstance(section, Mapping):
+        section = config
+    return shape_from_config(section, BACKBONE), f"{model_path}/config.json"
+
+
+def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
+    """Estimates for the GPU stages of a MOSS-TTS deployment (by stage name)."""
+    estimates: dict[str, MemoryEstimate] = {}
+    for stage in pipeline.stages:
+        if stage.name == "tts_engine":
+            shape, source = backbone_shape(pipeline.model_path)
+            dtype = factory_dtype(stage)
+            tokens = engine_tokens(stage, DEFAULT_KV_TOKENS)
+            params = decoder_params(**shape, tied_embeddings=False)
+            params += 2 * AUDIO_CODEBOOKS * AUDIO_VOCAB * shape["hidden"]  # embeddings + heads
+            kv = kv_bytes_per_token(
+                layers=shape["layers"], kv_heads=shape["kv_heads"], head_dim=shape["head_dim"]
+            )
+            estimates[stage.name] = MemoryEstimate(
+                weights_bytes(params, dtype),
+                kv * tokens,
+                ENGINE_OVERHEAD,
+                f"{source}, {dtype}, KV for {tokens} tokens",
+            )
+        elif stage.name == "vocoder":
+            dtype = factory_dtype(stage, "float32")
+            estimates[stage.name] = MemoryEstimate(
+                weights_bytes(CODEC_PARAMS, dtype),
+                0,
+                VOCODER_OVERHEAD,
+                f"MOSS audio tokenizer (1.6B), {dtype}",
+            )
+    return estimates

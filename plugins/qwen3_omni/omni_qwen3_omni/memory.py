@@ -1,0 +1,149 @@
+"""GPU memory estimates for the Qwen3-Omni pipelines, for the ``auto`` placement policy.
+
+Each GPU stage loads one part of the checkpoint (``thinker.`` model and
+towers, ``talker.``, ``code2wav.``), so each is sized from its own
+architecture: the checkpoint's ``config.json`` sections when ``model_path``
+is a local directory, else the 30B-A3B shapes below. Weights by the stage's
+``factory.dtype``; engine stages add a KV budget of ``engine.max_total_tokens``
+tokens (defaults below). Approximate by design (norms, biases and small
+projections left out; overheads are round allowances). Declare
+``total_reserve_bytes`` on a stage to replace its estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omni_core.plan.estimates import (
+    GiB,
+    MiB,
+    decoder_params,
+    encoder_params,
+    engine_tokens,
+    factory_dtype,
+    kv_bytes_per_token,
+    read_local_config,
+    shape_from_config,
+    weights_bytes,
+)
+from omni_core.plan.model import MemoryEstimate
+
+THINKER = dict(
+    layers=48,
+    hidden=2048,
+    heads=32,
+    kv_heads=4,
+    head_dim=128,
+    experts=128,
+    moe_intermediate=768,
+    vocab=152064,
+)
+AUDIO_TOWER = dict(layers=32, hidden=1280, intermediate=5120)
+AUDIO_OUT = 2048
+VISION_TOWER = dict(layers=27, hidden=1152, intermediate=4304)
+VISION_MERGE = 4  # spatial merge 2x2
+DEEPSTACK_MERGERS = 3
+TALKER = dict(
+    layers=20,
+    hidden=1024,
+    heads=16,
+    kv_heads=2,
+    head_dim=128,
+    experts=128,
+    moe_intermediate=384,
+    shared_expert_intermediate=768,
+    vocab=3072,
+)
+PREDICTOR = dict(layers=5, hidden=1024, heads=16, kv_heads=8, head_dim=128, intermediate=3072)
+CODEBOOKS = 16
+CODEBOOK_SIZE = 2048
+CODE2WAV_PARAMS = 200_000_000
+THINKER_KV_TOKENS = 65536
+TALKER_KV_TOKENS = 32768
+ENGINE_OVERHEAD = 2 * GiB
+ENCODER_OVERHEAD = 1 * GiB
+CODE2WAV_OVERHEAD = 512 * MiB
+AGGREGATE_OVERHEAD = 256 * MiB  # mm_aggregate holds no weights, only merged embeddings
+SOURCE = "Qwen3-Omni-30B-A3B architecture"
+
+
+def _section(config: Mapping[str, Any] | None, *path: str) -> Mapping[str, Any] | None:
+    for key in path:
+        if not isinstance(config, Mapping):
+            return None
+        config = config.get(key)
+    return config if isinstance(config, Mapping) else None
+
+
+def _vision_params(shape: dict[str, int], out: int) -> int:
+    merged = shape["hidden"] * VISION_MERGE
+    merger = merged * merged + merged * out
+    return encoder_params(**shape) + (1 + DEEPSTACK_MERGERS) * merger
+
+
+def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
+    """Estimates for the GPU stages of a Qwen3-Omni deployment (by stage name)."""
+    config = read_local_config(pipeline.model_path)
+    source = f"{pipeline.model_path}/config.json" if config else SOURCE
+    thinker = shape_from_config(_section(config, "thinker_config", "text_config"), THINKER)
+    audio = shape_from_config(_section(config, "thinker_config", "audio_config"), AUDIO_TOWER)
+    vision = shape_from_config(_section(config, "thinker_config", "vision_config"), VISION_TOWER)
+    talker = shape_from_config(_section(config, "talker_config", "text_config"), TALKER)
+    predictor = shape_from_config(
+        _section(config, "talker_config", "code_predictor_config"), PREDICTOR
+    )
+    out = thinker["hidden"]
+
+    def kv(shape: dict[str, int]) -> int:
+        return kv_bytes_per_token(
+            layers=shape["layers"], kv_heads=shape["kv_heads"], head_dim=shape["head_dim"]
+        )
+
+    estimates: dict[str, MemoryEstimate] = {}
+    for stage in pipeline.stages:
+        dtype = factory_dtype(stage)
+        if stage.name == "thinker":
+            tokens = engine_tokens(stage, THINKER_KV_TOKENS)
+            params = decoder_params(**thinker, tied_embeddings=False)
+            estimates[stage.name] = MemoryEstimate(
+                weights_bytes(params, dtype),
+                kv(thinker) * tokens,
+                ENGINE_OVERHEAD,
+                f"{source}, {dtype}, KV for {tokens} tokens",
+            )
+        elif stage.name == "talker_ar":
+            tokens = engine_tokens(stage, TALKER_KV_TOKENS)
+            params = decoder_params(**talker, tied_embeddings=False)
+            params += 2 * (out * out + out * talker["hidden"])  # text and hidden projections
+            params += decoder_params(**predictor)
+            params += 2 * (CODEBOOKS - 1) * CODEBOOK_SIZE * predictor["hidden"]
+            estimates[stage.name] = MemoryEstimate(
+                weights_bytes(params, dtype),
+                kv(talker) * tokens,
+                ENGINE_OVERHEAD,
+                f"{source}, {dtype}, KV for {tokens} tokens",
+            )
+        elif stage.name == "audio_encoder":
+            params = encoder_params(**audio) + audio["hidden"] * out
+            estimates[stage.name] = MemoryEstimate(
+                weights_bytes(params, dtype), 0, ENCODER_OVERHEAD, f"{source}, {dtype}"
+            )
+        elif stage.name == "image_encoder":
+            estimates[stage.name] = MemoryEstimate(
+                weights_bytes(_vision_params(vision, out), dtype),
+                0,
+                ENCODER_OVERHEAD,
+                f"{source}, {dtype}",
+            )
+        elif stage.name == "mm_aggregate":
+            estimates[stage.name] = MemoryEstimate(0, 0, AGGREGATE_OVERHEAD, "no weights")
+        elif stage.name == "code2wav":
+            dtype = factory_dtype(stage, "float32")
+            estimates[stage.name] = MemoryEstimate(
+                weights_bytes(CODE2WAV_PARAMS, dtype),
+                0,
+                CODE2WAV_OVERHEAD,
+                f"code2wav decoder, {dtype}",
+            )
+    return estimates

@@ -1,0 +1,106 @@
+"""GPU memory estimates for Qwen3-TTS, for the ``auto`` placement policy.
+
+Weights are counted from the architecture (the checkpoint's ``config.json``
+when ``model_path`` is a local directory, else the known 0.6B / 1.7B shapes
+picked by the model name) and sized by the stage's ``factory.dtype``. The
+engine's KV budget is ``engine.max_total_tokens`` tokens (default below) of
+the talker's cache; the code predictor's cache is rebuilt every frame and is
+counted in the overhead. Approximate by design: norms and biases are left
+out, and the overhead figures are round allowances for activations and CUDA
+graphs. Declare ``total_reserve_bytes`` on a stage to replace its estimate.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from omni_core.plan.estimates import (
+    GiB,
+    MiB,
+    decoder_params,
+    engine_tokens,
+    factory_dtype,
+    kv_bytes_per_token,
+    read_local_config,
+    shape_from_config,
+    weights_bytes,
+)
+from omni_core.plan.model import MemoryEstimate
+
+TALKERS: dict[str, dict[str, int]] = {
+    "0.6B": dict(
+        layers=28, hidden=1024, heads=16, kv_heads=8, head_dim=128, intermediate=3072, vocab=3072
+    ),
+    "1.7B": dict(
+        layers=28, hidden=2048, heads=16, kv_heads=8, head_dim=128, intermediate=6144, vocab=3072
+    ),
+}
+PREDICTOR = dict(
+    layers=5, hidden=1024, heads=16, kv_heads=8, head_dim=128, intermediate=3072, vocab=2048
+)
+TEXT_VOCAB = 151936
+TEXT_HIDDEN = 2048
+CODEBOOKS = 16
+SPEECH_TOKENIZER_PARAMS = 170_000_000  # ~682 MB of float32 safetensors
+DEFAULT_KV_TOKENS = 32768
+ENGINE_OVERHEAD = 1 * GiB
+VOCODER_OVERHEAD = 512 * MiB
+
+_SIZE = re.compile(r"(0\.6B|1\.7B)", re.IGNORECASE)
+
+
+def talker_shapes(model_path: str) -> tuple[dict[str, int], dict[str, int], str] | None:
+    """(talker, code predictor, source) from a local config or the model name."""
+    config = read_local_config(model_path)
+    size = _SIZE.search(model_path or "")
+    fallback = TALKERS[size.group(1).upper()] if size else None
+    if config is not None:
+        talker_cfg = config.get("talker_config", config)
+        base = fallback or TALKERS["0.6B"]
+        talker = shape_from_config(talker_cfg, base)
+        predictor = shape_from_config(talker_cfg.get("code_predictor_config"), PREDICTOR)
+        return talker, predictor, f"{model_path}/config.json"
+    if fallback is None:
+        return None
+    return dict(fallback), dict(PREDICTOR), f"Qwen3-TTS {size.group(1).upper()} architecture"  # type: ignore[union-attr]
+
+
+def engine_params(talker: dict[str, int], predictor: dict[str, int]) -> int:
+    """Talker (with its codec embedding and head), text path, and code predictor."""
+    params = decoder_params(**talker, tied_embeddings=False)
+    params += TEXT_VOCAB * TEXT_HIDDEN + TEXT_HIDDEN * TEXT_HIDDEN + TEXT_HIDDEN * talker["hidden"]
+    predictor_layers = decoder_params(**{**predictor, "vocab": 0})
+    heads_and_embeddings = 2 * (CODEBOOKS - 1) * predictor["vocab"] * predictor["hidden"]
+    params += predictor_layers + heads_and_embeddings
+    if talker["hidden"] != predictor["hidden"]:
+        params += talker["hidden"] * predictor["hidden"]  # small_to_mtp_projection
+    return params
+
+
+def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
+    """Estimates for the GPU stages of a Qwen3-TTS deployment (by stage name)."""
+    estimates: dict[str, MemoryEstimate] = {}
+    shapes = talker_shapes(pipeline.model_path)
+    for stage in pipeline.stages:
+        if stage.name == "tts_engine" and shapes is not None:
+            talker, predictor, source = shapes
+            dtype = factory_dtype(stage)
+            tokens = engine_tokens(stage, DEFAULT_KV_TOKENS)
+            kv = kv_bytes_per_token(
+                layers=talker["layers"], kv_heads=talker["kv_heads"], head_dim=talker["head_dim"]
+            )
+            estimates[stage.name] = MemoryEstimate(
+                weights_bytes=weights_bytes(engine_params(talker, predictor), dtype),
+                kv_bytes=kv * tokens,
+                overhead_bytes=ENGINE_OVERHEAD,
+                source=f"{source}, {dtype}, KV for {tokens} tokens",
+            )
+        elif stage.name == "vocoder":
+            dtype = factory_dtype(stage, "float32")
+            estimates[stage.name] = MemoryEstimate(
+                weights_bytes=weights_bytes(SPEECH_TOKENIZER_PARAMS, dtype),
+                overhead_bytes=VOCODER_OVERHEAD,
+                source=f"12 Hz speech tokenizer, {dtype}",
+            )
+    return estimates

@@ -1,0 +1,156 @@
+"""Memory estimates: the core arithmetic and the model plugins' hook."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from omni_core import EngineArgs
+from omni_core.errors import ConfigError
+from omni_core.plan.estimates import (
+    collect_estimates,
+    decoder_params,
+    dtype_bytes,
+    kv_bytes_per_token,
+    read_local_config,
+    shape_from_config,
+)
+from omni_core.plan.model import MemoryEstimate
+from omni_moss_tts.pipeline import MossTTSPipeline
+from omni_qwen3_omni.pipeline import Qwen3OmniSpeechPipeline, Qwen3OmniTextPipeline
+from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
+
+GiB = 1024**3
+
+
+def test_dtype_bytes():
+    assert dtype_bytes("bfloat16") == 2
+    assert dtype_bytes("torch.float32") == 4
+    assert dtype_bytes("auto") == 2
+    with pytest.raises(ConfigError, match="unknown dtype 'float13'"):
+        dtype_bytes("float13")
+
+
+def test_dense_and_moe_parameter_counts():
+    # Qwen3-8B-like: about 8.2B parameters with untied embeddings
+    dense = decoder_params(
+        layers=36,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=12288,
+        vocab=151936,
+        tied_embeddings=False,
+    )
+    assert 8.0e9 < dense < 8.4e9
+    # Qwen3-30B-A3B-like thinker: about 30.5B parameters
+    moe = decoder_params(
+        layers=48,
+        hidden=2048,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        experts=128,
+        moe_intermediate=768,
+        vocab=152064,
+        tied_embeddings=False,
+    )
+    assert 30.0e9 < moe < 31.0e9
+
+
+def test_kv_bytes_per_token():
+    assert kv_bytes_per_token(layers=48, kv_heads=4, head_dim=128) == 2 * 48 * 4 * 128 * 2
+
+
+def test_shape_from_config_spellings():
+    base = {"layers": 1, "hidden": 64, "heads": 4, "kv_heads": 4, "head_dim": 16, "experts": 0}
+    shape = shape_from_config(
+        {
+            "num_hidden_layers": 3,
+            "hidden_size": 256,
+            "num_attention_heads": 8,
+            "num_local_experts": 16,
+        },
+        base,
+    )
+    assert shape == {
+        "layers": 3,
+        "hidden": 256,
+        "heads": 8,
+        "kv_heads": 4,
+        "head_dim": 32,
+        "experts": 16,
+    }
+
+
+def test_read_local_config(tmp_path):
+    assert read_local_config("Qwen/Qwen3-TTS-12Hz-0.6B-Base") is None
+    assert read_local_config(str(tmp_path)) is None
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_local_config(str(tmp_path))
+
+
+def test_every_shipped_gpu_stage_is_estimated(plugins):
+    for cls in (Qwen3TTSPipeline, MossTTSPipeline, Qwen3OmniSpeechPipeline, Qwen3OmniTextPipeline):
+        config = cls()
+        estimates = collect_estimates(config, plugins)
+        gpu_stages = {s.name for s in config.stages if s.gpu is not None}
+        assert set(estimates) == gpu_stages, cls.pipeline_name
+        assert all(isinstance(e, MemoryEstimate) for e in estimates.values())
+
+
+def test_qwen3_tts_sizes_and_settings(plugins, configure):
+    small = collect_estimates(Qwen3TTSPipeline(), plugins)["tts_engine"]
+    large = collect_estimates(
+        Qwen3TTSPipeline(model_path="Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"), plugins
+    )["tts_engine"]
+    assert 1.5 * GiB < small.weights_bytes < 2.2 * GiB
+    assert large.weights_bytes > 1.8 * small.weights_bytes
+    engine = Qwen3TTSPipeline().stage("tts_engine")
+    fewer = configure(
+        Qwen3TTSPipeline, {"tts_engine": {"engine": EngineArgs(max_total_tokens=1024)}}
+    )
+    assert collect_estimates(fewer, plugins)["tts_engine"].kv_bytes == 1024 * 2 * 28 * 8 * 128 * 2
+    factory = engine.factory.model_copy(update={"dtype": "float32"})
+    fp32 = configure(Qwen3TTSPipeline, {"tts_engine": {"factory": factory}})
+    assert collect_estimates(fp32, plugins)["tts_engine"].weights_bytes == 2 * small.weights_bytes
+
+
+def test_unknown_checkpoint_is_not_estimated(plugins):
+    estimates = collect_estimates(Qwen3TTSPipeline(model_path="someone/custom-tts"), plugins)
+    assert "tts_engine" not in estimates
+    assert "vocoder" in estimates
+
+
+def test_local_config_json_is_read(plugins, tmp_path):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"talker_config": {"num_hidden_layers": 2, "hidden_size": 1024}})
+    )
+    tiny = collect_estimates(Qwen3TTSPipeline(model_path=str(tmp_path)), plugins)["tts_engine"]
+    full = collect_estimates(Qwen3TTSPipeline(), plugins)["tts_engine"]
+    assert tiny.weights_bytes < full.weights_bytes
+    assert str(tmp_path) in tiny.source
+
+
+def test_omni_estimates_follow_the_checkpoint_parts(plugins):
+    estimates = collect_estimates(Qwen3OmniSpeechPipeline(), plugins)
+    assert estimates["thinker"].weights_bytes > 55 * GiB
+    assert estimates["talker_ar"].kv_bytes > 0
+    assert estimates["audio_encoder"].kv_bytes == 0
+    assert estimates["code2wav"].total_bytes < 2 * GiB
+
+
+def test_estimate_hook_is_documented_and_listed(plugins):
+    from omni_core import hookspecs
+
+    assert "omni_estimate_memory" in (hookspecs.__doc__ or "")
+    assert hookspecs.omni_estimate_memory.__doc__
+    row = next(
+        r
+        for r in plugins.listing()
+        if "omni_qwen3_tts" in str(r["hooks"]) or r["name"] == "omni-qwen3-tts"
+    )
+    assert "omni_estimate_memory" in row["hooks"]
