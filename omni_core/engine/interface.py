@@ -1,0 +1,114 @@
+"""The contract between an engine backend and the model it drives.
+
+A model implements :class:`StepModel`: how many cache positions a prompt
+takes, and two batched steps (``prefill`` for sequences that just joined,
+``decode`` for running ones) that read and write a :class:`SlotKVCache`.
+The backend owns everything else: which sequences run together (continuous
+batching: new requests join between steps), which cache slot each holds,
+per-request sampling state (seeded generators), streaming each step's output
+to its request, finishing and aborting.
+
+Nothing here imports torch at module import time; the types are referenced
+lazily so that planning can read :class:`EngineSettings` without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineSettings(BaseModel):
+    """The ``engine.*`` keys the PyTorch backend accepts (unknown keys are refused).
+
+    Planning validates a stage's ``engine`` group against this model, so a typo
+    fails before any process starts, naming the key and the accepted ones.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = Field(default="torch", description="engine backend: torch (sglang later)")
+    max_running_requests: int = Field(default=8, ge=1, description="sequences decoded together")
+    max_total_tokens: int = Field(
+        default=16384, ge=1, description="KV-cache positions across all running sequences"
+    )
+    max_prefill_tokens: int = Field(default=8192, ge=1, description="prompt tokens per step")
+    mem_fraction_static: float | None = Field(
+        default=None, gt=0, le=1, description="GPU memory share for weights and KV cache"
+    )
+    device: str | None = Field(default=None, description="cpu, cuda or cuda:N; placement decides")
+    dtype: str | None = Field(default=None, description="float32, bfloat16, float16")
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling; defaults are the model's (e.g. Qwen3-TTS: top-k 50, T 0.9)."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_new_tokens: int = 2048  # steps (for TTS: frames)
+
+
+@dataclass
+class Sequence:
+    """One request inside the engine.
+
+    ``prompt`` is model-specific (token ids, embeddings, reference codes).
+    ``slot`` is the cache slot the backend assigned; ``cached`` how many
+    positions of that slot are filled (the model advances it). ``generator``
+    is a ``torch.Generator`` seeded from ``sampling.seed`` so that one request
+    samples the same whether it runs alone or batched. ``state`` is the
+    model's own per-sequence scratch space.
+    """
+
+    request_id: str
+    prompt: Any
+    sampling: SamplingParams
+    slot: int = -1
+    cached: int = 0
+    steps: int = 0
+    generator: Any = None
+    state: dict[str, Any] = field(default_factory=dict)
+    finished: bool = False
+
+
+@dataclass
+class StepResult:
+    """What one step produced for one sequence: streamed to the request as it is."""
+
+    output: Any
+    finished: bool = False
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """The shape of the KV cache a model needs per position."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: Any  # torch.dtype
+    device: Any  # torch.device
+
+
+class StepModel(Protocol):
+    """What a model gives the engine backend."""
+
+    def cache_layout(self) -> CacheLayout: ...
+
+    def prompt_length(self, prompt: Any) -> int:
+        """Cache positions the prompt takes (for admission against the token budget)."""
+        ...
+
+    def prefill(self, sequences: list[Sequence], cache: Any) -> list[StepResult]:
+        """Run the prompts of newly joined sequences; return each one's first output."""
+        ...
+
+    def decode(self, sequences: list[Sequence], cache: Any) -> list[StepResult]:
+        """One step for every running sequence; return each one's next output."""
+        ...
