@@ -114,12 +114,12 @@ class Coordinator:
             if not healthy:
                 reason = self.unavailable[(process, 0)]
                 raise Unavailable(f"process {process!r} is not serving: {reason}")
+            start = next(self._round_robin[process])
+            order = [healthy[(start + i) % len(healthy)] for i in range(len(healthy))]
             if self.binding_mode == "round-robin":
-                start = next(self._round_robin[process])
-                order = [healthy[(start + i) % len(healthy)] for i in range(len(healthy))]
                 binding[process] = order[0]
-            else:
-                binding[process] = min(healthy, key=lambda r: (self.load.get((process, r), 0), r))
+            else:  # least-loaded; ties go round-robin so idle replicas share the work
+                binding[process] = min(order, key=lambda r: self.load.get((process, r), 0))
         return binding
 
     async def submit(

@@ -1,0 +1,1 @@
+"""omni-hello: the plugin written step by step in CONTRIBUTING.md."""
