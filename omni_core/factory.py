@@ -5,7 +5,8 @@
 
 Per key the config channel wins. Standard kwargs (``model_path``, ``gpu_id``,
 ``gpu_ids``, ``gpu_memory_fraction``, ``total_reserve_bytes``, ``tp_rank``,
-``tp_size``, ``replica``) are injected only where the factory's signature
+``tp_size``, ``replica``, and for engine stages ``engine_args``: the
+``engine.*`` group as a dict) are injected only where the factory's signature
 declares them, so a factory asks for exactly what it uses. A configured key
 the factory does not accept is refused by name at construction.
 """
@@ -92,6 +93,14 @@ def factory_kwargs(
     return kwargs
 
 
+def _engine_kwargs(stage: Any) -> dict[str, Any]:
+    """An engine stage's ``engine.*`` group, for factories that declare ``engine_args``."""
+    engine = getattr(stage, "engine", None)
+    if engine is None:
+        return {}
+    return {"engine_args": {k: v for k, v in engine.model_dump().items() if v is not None}}
+
+
 def build_from_factory(stage: Any, pipeline: Any, context: StageContext) -> Any:
     """The default construction: import the stage's factory and call it."""
     factory = import_object(stage.factory_path, what=f"stage {stage.name!r} factory")
@@ -110,6 +119,6 @@ def build_from_factory(stage: Any, pipeline: Any, context: StageContext) -> Any:
         factory_path=stage.factory_path,
         author={**declared_defaults, **stage.author_kwargs},
         config=config,
-        standard=context.standard_kwargs(pipeline.model_path),
+        standard={**context.standard_kwargs(pipeline.model_path), **_engine_kwargs(stage)},
     )
     return factory(**kwargs)

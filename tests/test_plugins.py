@@ -14,6 +14,8 @@ import pytest
 
 from omni_core import (
     ConfigError,
+    EngineArgs,
+    EngineStageConfig,
     FactoryArgs,
     NotImplementedYet,
     OmniPlugins,
@@ -309,6 +311,9 @@ def make_vocoder(model_path, gpu_id, chunk_frames=12, flavour="default"):
 
 def make_any(**kwargs):
     return kwargs
+
+def make_engine(model_path, engine_args):
+    return {"model_path": model_path, "engine_args": engine_args}
 '''
 
 
@@ -376,6 +381,23 @@ def test_standard_kwargs_are_injected_only_where_declared(
     assert set(built) == {"model_path", "gpu_id", "chunk_frames", "flavour"}
     # A factory taking **kwargs declares no standard kwarg by name, so it gets none.
     assert build(plugins, make_stage(f"{factories}:make_any", FactoryArgs(depth=2))) == {"depth": 2}
+
+
+def test_an_engine_stage_factory_receives_its_engine_group_when_it_asks(
+    plugins: OmniPlugins, factories: str
+) -> None:
+    stage = EngineStageConfig(
+        name="vocoder",
+        factory_path=f"{factories}:make_engine",
+        terminal=True,
+        process="pipeline",
+        engine=EngineArgs(max_running_requests=4, cuda_graph_max_bs=8),
+    )
+    built = build(plugins, stage)
+    assert built["engine_args"] == {"max_running_requests": 4, "cuda_graph_max_bs": 8}
+    # A plain stage never gets one, even if its factory asks.
+    with pytest.raises(TypeError, match="engine_args"):
+        build(plugins, make_stage(f"{factories}:make_engine", FactoryArgs()))
 
 
 def test_an_unknown_factory_key_is_refused_by_name(plugins: OmniPlugins, factories: str) -> None:
