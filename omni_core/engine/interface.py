@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..errors import OmniError, RequestError
+
 
 class EngineSettings(BaseModel):
     """The ``engine.*`` keys the PyTorch backend accepts (unknown keys are refused).
@@ -54,6 +56,27 @@ class SamplingParams:
     max_new_tokens: int = 2048  # steps (for TTS: frames)
 
 
+def check_sampling(params: SamplingParams) -> None:
+    """Refuse parameters no sampler can honour, as the client's error (HTTP 400).
+
+    Checked at submit, in the caller's task, so a bad request fails before it
+    takes a slot (and without torch: a preprocessing stage can call it too).
+    """
+    problems = []
+    if not params.temperature >= 0:
+        problems.append(f"temperature must be >= 0 (0: greedy), got {params.temperature}")
+    if params.top_k < 0:
+        problems.append(f"top_k must be >= 0 (0: off), got {params.top_k}")
+    if not 0 < params.top_p <= 1:
+        problems.append(f"top_p must be in (0, 1], got {params.top_p}")
+    if not params.repetition_penalty > 0:
+        problems.append(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
+    if params.max_new_tokens < 1:
+        problems.append(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    if problems:
+        raise RequestError("invalid sampling parameters: " + "; ".join(problems))
+
+
 @dataclass
 class Sequence:
     """One request inside the engine.
@@ -79,10 +102,34 @@ class Sequence:
 
 @dataclass
 class StepResult:
-    """What one step produced for one sequence: streamed to the request as it is."""
+    """What one step produced for one sequence: streamed to the request as it is.
+
+    A model that finds one row of a batch unusable returns that row with
+    ``error`` set (the other rows go on) instead of raising for the whole batch.
+    """
 
     output: Any
     finished: bool = False
+    error: BaseException | None = None
+
+
+class SequenceError(Exception):
+    """Raised by a step to say which sequences it failed for.
+
+    The backend fails only ``request_ids``; the model promises that the other
+    sequences of the batch are as they were before the step, so they are
+    stepped again. Any other exception from ``decode`` fails every sequence of
+    the batch (their state is unknown); one from ``prefill`` is retried one
+    sequence at a time to find the culprit (a prefill starts from scratch).
+    """
+
+    def __init__(self, request_ids: list[str], message: str):
+        self.request_ids = list(request_ids)
+        super().__init__(message)
+
+
+class EngineError(OmniError):
+    """A request failed inside the engine (a model step raised, or the engine closed)."""
 
 
 @dataclass(frozen=True)

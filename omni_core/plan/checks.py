@@ -10,11 +10,34 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..engine.backends import validate_engine_settings
+from ..errors import OmniError
+from ..schema import PipelineConfig
 from ..schema.sizes import format_bytes
 from .model import Assignment, GpuPlan, PlacementRequest, Refusal, StageInstance
 from .usage import process_on
 
 _EPSILON = 1e-9
+
+
+def check_engine_settings(config: PipelineConfig) -> list[Refusal]:
+    """Every engine stage's ``engine.*`` group is accepted by the backend it selects.
+
+    The schema lets the group hold any key (the backend, not the schema, knows
+    what it accepts); the backend's own declared settings refuse the rest here,
+    before any process starts. No torch: :mod:`omni_core.engine.backends` is light.
+    """
+    problems: list[Refusal] = []
+    for stage in config.stages:
+        engine = getattr(stage, "engine", None)
+        if not stage.is_engine or engine is None:
+            continue
+        written = {k: v for k, v in engine.model_dump(exclude_unset=True).items() if v is not None}
+        try:
+            validate_engine_settings(stage.name, written)
+        except OmniError as exc:
+            problems.append(Refusal(exc.message, stage=stage.name, fix=exc.hint))
+    return problems
 
 
 def check_assignments(

@@ -4,6 +4,8 @@ A pure function: no I/O (GPU detection happens before, in the caller; only
 ``auto`` may read a local checkpoint's ``config.json`` through the model
 plugins' estimates), no clock, no randomness. The steps:
 
+0. every engine stage's ``engine.*`` group is accepted by its backend's declared
+   settings (refused alone: no placement policy changes them);
 1. expand replicas (``<stage>@r<i>``, ``<process>@r<i>``), check replica_devices;
 2. the placement policy assigns devices and memory shares;
 3. the checks admit the result: GPU ids within the inventory, one GPU per
@@ -24,7 +26,7 @@ from ..errors import ConfigError
 from ..placement import PlacementPolicy
 from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
-from .checks import check_assignments, check_gpus, check_processes
+from .checks import check_assignments, check_engine_settings, check_gpus, check_processes
 from .endpoints import plan_endpoints
 from .estimates import collect_estimates
 from .expand import expand
@@ -73,6 +75,9 @@ def plan_deployment(
     plugins = plugins if plugins is not None else get_plugins()
     if inventory is None:
         inventory = inventory_from_cluster(config.cluster)
+    settings_problems = check_engine_settings(config)
+    if settings_problems:  # no placement policy changes these: report them alone
+        raise _settings_error(config, settings_problems)
     name = policy or effective_policy(config)
     chosen = plugins.policy(name)
     try:
@@ -161,6 +166,17 @@ def _alternatives(
             continue
         found.append(other)
     return found
+
+
+def _settings_error(config: PipelineConfig, refusals: list[Refusal]) -> ConfigError:
+    count = len(refusals)
+    lines = [
+        f"cannot plan pipeline {type(config).pipeline_name!r}: {count} engine setting"
+        f"{'s' if count != 1 else ''} refused"
+    ]
+    lines += [f"  - {r.message}" for r in refusals]
+    fixes = [r.fix for r in refusals if r.fix]
+    return ConfigError("\n".join(lines), hint="\n        ".join(fixes) or None)
 
 
 def _error(

@@ -1,0 +1,96 @@
+"""How many KV-cache slots, of how many positions, an engine allocates.
+
+The cache is allocated once, up front (no allocation per step), so its size is
+decided here from the settings, before the first request: ``max_running_requests``
+slots that split the token budget evenly. The token budget is
+``engine.max_total_tokens`` unless ``engine.mem_fraction_static`` and the
+device's memory are both known and ``max_total_tokens`` was not written: then
+it is what the memory share leaves after the weights already loaded, as
+SGLang sizes its pool. Pure arithmetic (no torch), so it is tested on any host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from .interface import CacheLayout, EngineSettings
+
+_DTYPE_BYTES = {
+    "float32": 4,
+    "float": 4,
+    "float64": 8,
+    "double": 8,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """The cache an engine allocates, and why it has that size (for logs and errors)."""
+
+    num_slots: int
+    slot_len: int
+    source: str  # "max_total_tokens" or "memory"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.num_slots * self.slot_len
+
+
+def dtype_bytes(dtype: object) -> int:
+    """Bytes per element of a torch dtype (or its name), without importing torch."""
+    size = getattr(dtype, "itemsize", None)  # torch >= 2.1 dtypes carry it
+    if isinstance(size, int):
+        return size
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return _DTYPE_BYTES[name]
+
+
+def bytes_per_token(layout: CacheLayout) -> int:
+    """Cache bytes one position costs: keys and values of every layer."""
+    return 2 * layout.num_layers * layout.num_kv_heads * layout.head_dim * dtype_bytes(layout.dtype)
+
+
+def plan_slots(
+    settings: EngineSettings,
+    layout: CacheLayout,
+    *,
+    device_memory: int | None = None,
+    used_memory: int = 0,
+) -> SlotPlan:
+    """Slots and positions per slot for ``settings``.
+
+    ``device_memory`` is the device's total memory in bytes (None on CPU or when
+    unknown); ``used_memory`` what the process already holds there (weights).
+    """
+    slots = settings.max_running_requests
+    total = settings.max_total_tokens
+    source = "max_total_tokens"
+    explicit = "max_total_tokens" in settings.model_fields_set
+    if settings.mem_fraction_static is not None and device_memory and not explicit:
+        budget = int(device_memory * settings.mem_fraction_static) - used_memory
+        per_token = bytes_per_token(layout)
+        if budget < per_token * slots:
+            raise ConfigError(
+                f"engine.mem_fraction_static = {settings.mem_fraction_static} of "
+                f"{device_memory} bytes leaves {max(budget, 0)} bytes for the KV cache after "
+                f"{used_memory} bytes already in use: not one position per running request "
+                f"({per_token} bytes each)",
+                hint="raise engine.mem_fraction_static, or set engine.max_total_tokens",
+            )
+        total, source = budget // per_token, "memory"
+    slot_len = total // slots
+    if slot_len < 1:
+        raise ConfigError(
+            f"engine.max_total_tokens = {total} cannot give each of "
+            f"engine.max_running_requests = {slots} slots one position",
+            hint="raise engine.max_total_tokens or lower engine.max_running_requests",
+        )
+    return SlotPlan(num_slots=slots, slot_len=slot_len, source=source)

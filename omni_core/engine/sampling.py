@@ -1,0 +1,142 @@
+"""Batched next-token sampling with per-row parameters and per-row random generators.
+
+A batch mixes requests with different temperatures, top-k, top-p, repetition
+penalties and seeds. Every row is filtered by its own parameters and draws its
+random number from its own ``torch.Generator``, and the path a row takes
+(greedy, plain, or sorted for top-k/top-p) depends only on that row's
+parameters. So a seeded request samples the same token whether it runs alone
+or batched with others: continuous batching does not change what a user gets.
+
+Order of the transformations (Hugging Face's): repetition penalty on the raw
+logits, temperature, top-k, top-p, then one draw by inverse CDF.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence as Seq
+
+import torch
+
+from .interface import SamplingParams, Sequence
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator on ``device`` seeded with ``seed`` (a random seed when None)."""
+    generator = torch.Generator(device=torch.device(device))
+    generator.manual_seed(seed if seed is not None else secrets.randbits(63))
+    return generator
+
+
+def apply_repetition_penalty(
+    logits: torch.Tensor, penalties: Seq[float], previous: Seq[Seq[int] | torch.Tensor]
+) -> torch.Tensor:
+    """Penalise, in place, each row's previously generated ids (CTRL-style).
+
+    A positive logit is divided by the penalty, a negative one multiplied, so a
+    penalty > 1 always makes a repeat less likely. Repeated ids count once.
+    """
+    rows, ids = [], []
+    for row, (penalty, tokens) in enumerate(zip(penalties, previous, strict=True)):
+        if penalty == 1.0 or len(tokens) == 0:
+            continue
+        tokens = torch.as_tensor(tokens, dtype=torch.long, device=logits.device).flatten()
+        rows.append(torch.full_like(tokens, row))
+        ids.append(tokens)
+    if not rows:
+        return logits
+    seen = torch.zeros_like(logits, dtype=torch.bool)
+    seen[torch.cat(rows), torch.cat(ids)] = True
+    factor = torch.tensor(penalties, dtype=logits.dtype, device=logits.device).unsqueeze(1)
+    penalised = torch.where(logits > 0, logits / factor, logits * factor)
+    return logits.copy_(torch.where(seen, penalised, logits))
+
+
+def _draw(weights: torch.Tensor, generators: Seq[torch.Generator | None]) -> torch.Tensor:
+    """One index per row of non-negative ``weights`` [R, N], by inverse CDF."""
+    cdf = weights.cumsum(-1)
+    uniform = torch.stack(
+        [
+            torch.rand((), generator=g, device=g.device if g is not None else weights.device)
+            for g in generators
+        ]
+    ).to(device=weights.device, dtype=cdf.dtype)
+    target = (uniform * cdf[:, -1]).unsqueeze(1)
+    index = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return index.clamp_(max=weights.shape[-1] - 1)
+
+
+def _filtered_draw(
+    logits: torch.Tensor,
+    top_k: Seq[int],
+    top_p: Seq[float],
+    generators: Seq[torch.Generator | None],
+) -> torch.Tensor:
+    """Draw after top-k and top-p, in the sorted order (stable, so ties are deterministic)."""
+    rows, vocab = logits.shape
+    ordered, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    rank = torch.arange(vocab, device=logits.device).expand(rows, vocab)
+    k = torch.tensor([kk if kk > 0 else vocab for kk in top_k], device=logits.device)
+    ordered = ordered.masked_fill(rank >= k.unsqueeze(1), float("-inf"))
+    probs = ordered.softmax(-1)
+    p = torch.tensor(top_p, dtype=probs.dtype, device=logits.device).unsqueeze(1)
+    before = probs.cumsum(-1) - probs  # mass of the more likely tokens
+    probs = probs.masked_fill(before >= p, 0.0)  # smallest set reaching p; the first stays
+    picked = _draw(probs, generators)
+    return order.gather(1, picked.unsqueeze(1)).squeeze(1)
+
+
+def sample(
+    logits: torch.Tensor,
+    params: Seq[SamplingParams],
+    generators: Seq[torch.Generator | None],
+    previous: Seq[Seq[int] | torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Next token ids ``[B]`` (long) for logits ``[B, V]``, one row per request.
+
+    ``previous`` holds each row's already generated ids (for the repetition
+    penalty). Rows with temperature 0 are greedy and draw no random number.
+    """
+    if logits.dim() != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
+        raise ValueError(
+            f"sample needs logits [B, V] and B params and generators, got {tuple(logits.shape)}, "
+            f"{len(params)} params, {len(generators)} generators"
+        )
+    logits = logits.float().clone()
+    if previous is not None:
+        apply_repetition_penalty(logits, [p.repetition_penalty for p in params], previous)
+    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    greedy = [i for i, p in enumerate(params) if p.temperature == 0]
+    plain = [i for i, p in enumerate(params) if p.temperature > 0 and not _filters(p)]
+    filtered = [i for i, p in enumerate(params) if p.temperature > 0 and _filters(p)]
+    if greedy:
+        out[greedy] = logits[greedy].argmax(-1)
+    if plain:
+        scaled = _scaled(logits, params, plain)
+        out[plain] = _draw(scaled.softmax(-1), [generators[i] for i in plain])
+    if filtered:
+        out[filtered] = _filtered_draw(
+            _scaled(logits, params, filtered),
+            [params[i].top_k for i in filtered],
+            [params[i].top_p for i in filtered],
+            [generators[i] for i in filtered],
+        )
+    return out
+
+
+def _scaled(logits: torch.Tensor, params: Seq[SamplingParams], rows: list[int]) -> torch.Tensor:
+    temps = torch.tensor([params[i].temperature for i in rows], device=logits.device)
+    return logits[rows] / temps.unsqueeze(1)
+
+
+def _filters(params: SamplingParams) -> bool:
+    return params.top_k > 0 or params.top_p < 1.0
+
+
+def sample_sequences(
+    logits: torch.Tensor, sequences: Seq[Sequence], previous: Seq[Seq[int]] | None = None
+) -> torch.Tensor:
+    """:func:`sample` with each sequence's own parameters and generator."""
+    return sample(
+        logits, [s.sampling for s in sequences], [s.generator for s in sequences], previous
+    )

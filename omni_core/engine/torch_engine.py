@@ -1,0 +1,484 @@
+"""The PyTorch engine backend: continuous batching over a slot KV cache.
+
+One scheduler task owns every piece of state (waiting queue, running batch,
+free slots) and runs on the event loop; only the model's compute leaves it,
+one step at a time, for a worker thread (``anyio.to_thread.run_sync`` behind a
+one-seat limiter), so the event loop keeps serving while a step runs. Each
+iteration, between steps:
+
+1. drop aborted and finished sequences, freeing their slots;
+2. admit waiting requests in arrival order while a slot is free and the
+   step's prompt positions stay within ``engine.max_prefill_tokens``;
+3. in one worker-thread call, prefill the newcomers and decode the running
+   batch (the newcomers join the decode batch from the next step on);
+4. hand each result to its request's stream, and finish sequences that said
+   so, reached ``max_new_tokens``, or filled their slot.
+
+A request's outputs reach its consumer through an unbounded anyio memory
+stream as soon as the step that made them returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import secrets
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import torch
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ..errors import OmniError, RequestError
+from .budget import SlotPlan, plan_slots
+from .interface import (
+    EngineError,
+    EngineSettings,
+    SamplingParams,
+    Sequence,
+    SequenceError,
+    StepModel,
+    StepResult,
+    check_sampling,
+)
+from .kv_cache import SlotKVCache
+from .sampling import make_generator
+
+log = logging.getLogger(__name__)
+
+
+class EngineClosed(EngineError):
+    """The engine stopped before the request finished."""
+
+
+@dataclass(frozen=True)
+class _Failure:
+    error: BaseException
+
+
+@dataclass(eq=False)
+class _Request:
+    seq: Sequence
+    seed: int
+    length: int
+    send: MemoryObjectSendStream[Any]
+    stream: RequestStream
+    aborted: bool = False
+
+
+@dataclass
+class _StepOutcome:
+    """What one worker-thread call produced: a result or an error per request."""
+
+    results: list[tuple[_Request, StepResult]] = field(default_factory=list)
+    errors: list[tuple[_Request, BaseException]] = field(default_factory=list)
+
+
+class RequestStream:
+    """The outputs of one request, in step order; ends when the request finishes.
+
+    Iterate it with ``async for``. A failed request raises its error from the
+    iteration. ``aclose()`` (or leaving ``async with``) before the end aborts
+    the request, and so does cancelling the task that waits on it (a client
+    that went away must not keep a slot). ``finish_reason`` is ``stop`` (the
+    model said so), ``length`` (``max_new_tokens`` or a full slot), ``abort``,
+    or ``error``.
+    """
+
+    def __init__(self, engine: TorchEngine, request_id: str, receive: MemoryObjectReceiveStream):
+        self.request_id = request_id
+        self.finish_reason: str | None = None
+        self.steps = 0
+        self._engine, self._receive = engine, receive
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            item = await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        except anyio.get_cancelled_exc_class():
+            self._engine.abort(self.request_id)  # its consumer is gone: free the slot
+            raise
+        if isinstance(item, _Failure):
+            raise item.error
+        return item
+
+    async def aclose(self) -> None:
+        if self.finish_reason is None:
+            self._engine.abort(self.request_id)
+        self._receive.close()
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class TorchEngine:
+    """Continuous batching of a :class:`StepModel` on CPU or CUDA.
+
+    ``device_memory`` / ``used_memory`` (bytes) override what the device
+    reports, for sizing the cache from ``engine.mem_fraction_static`` (see
+    :mod:`omni_core.engine.budget`); on CUDA they are read from the device.
+    """
+
+    def __init__(
+        self,
+        model: StepModel,
+        settings: EngineSettings,
+        *,
+        device: str | torch.device | None = None,
+        device_memory: int | None = None,
+        used_memory: int | None = None,
+    ):
+        self.model, self.settings = model, settings
+        layout = model.cache_layout()
+        self.device = _resolve_device(settings.device, device, layout.device)
+        if device_memory is None and self.device.type == "cuda":
+            device_memory = torch.cuda.get_device_properties(self.device).total_memory
+            if used_memory is None:
+                used_memory = torch.cuda.memory_allocated(self.device)
+        self.plan: SlotPlan = plan_slots(
+            settings, layout, device_memory=device_memory, used_memory=used_memory or 0
+        )
+        self.cache = SlotKVCache(layout, self.plan.num_slots, self.plan.slot_len)
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._requests: dict[str, _Request] = {}
+        self._wake: anyio.Event | None = None
+        self._stopped: anyio.Event | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._task: Any = None
+        self._started = self._closing = False
+        self.steps = 0  # worker-thread calls made, for tests and figures
+
+    # -- lifecycle -----------------------------------------------------------
+    async def start(self) -> None:
+        """Start the scheduler (idempotent; ``submit`` starts it too)."""
+        self._ensure_started()
+
+    async def aclose(self) -> None:
+        """Stop after the step in flight; every unfinished request fails with EngineClosed."""
+        self._closing = True
+        if self._started and self._stopped is not None:
+            self._poke()
+            with anyio.CancelScope(shield=True):
+                await self._stopped.wait()
+        self._fail_all(EngineClosed("the engine was closed before the request finished"))
+
+    async def __aenter__(self) -> TorchEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- requests ------------------------------------------------------------
+    def submit(
+        self, request_id: str, prompt: Any, sampling: SamplingParams | None = None
+    ) -> RequestStream:
+        """Queue a request; its outputs stream from the returned iterator.
+
+        Refused here (RequestError) when its prompt could never be admitted or
+        its sampling parameters are invalid; EngineClosed after ``aclose()``.
+        """
+        if self._closing:
+            raise EngineClosed("the engine is closed")
+        if request_id in self._requests:
+            raise RequestError(f"request {request_id!r} is already in the engine")
+        sampling = sampling if sampling is not None else SamplingParams()
+        check_sampling(sampling)
+        length = self.model.prompt_length(prompt)
+        self._check_fits(request_id, length)
+        self._ensure_started()
+        seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
+        send, receive = anyio.create_memory_object_stream[Any](math.inf)
+        stream = RequestStream(self, request_id, receive)
+        request = _Request(Sequence(request_id, prompt, sampling), seed, length, send, stream)
+        self._requests[request_id] = request
+        self._waiting.append(request)
+        self._poke()
+        return stream
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request between steps and free its slot; False when it is not here.
+
+        Its stream ends at once (``finish_reason`` ``abort``); an output of a
+        step already in flight is dropped.
+        """
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        request.aborted = True
+        if request in self._waiting:
+            self._waiting.remove(request)
+        self._finish(request, "abort")
+        self._poke()
+        return True
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self.cache.free)
+
+    def _check_fits(self, request_id: str, length: int) -> None:
+        limits = []
+        if length > self.plan.slot_len:
+            limits.append(
+                f"a cache slot holds {self.plan.slot_len} (engine.max_total_tokens "
+                f"{self.plan.total_tokens} / engine.max_running_requests {self.plan.num_slots})"
+            )
+        if length > self.settings.max_prefill_tokens:
+            limits.append(f"engine.max_prefill_tokens is {self.settings.max_prefill_tokens}")
+        if limits:
+            raise RequestError(
+                f"request {request_id!r}: its prompt takes {length} cache positions, but "
+                + " and ".join(limits)
+                + "; it can never be admitted",
+                hint="shorten the prompt, or raise the engine limits named above",
+            )
+
+    # -- the scheduler -------------------------------------------------------
+    def _ensure_started(self) -> None:
+        if self._started:
+            return
+        self._task = _spawn(self._run)  # the task first runs at the caller's next await
+        self._started = True
+        self._wake, self._stopped = anyio.Event(), anyio.Event()
+        self._limiter = anyio.CapacityLimiter(1)
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        assert self._stopped is not None
+        try:
+            while not self._closing:
+                self._reap()
+                if not self._waiting and not self._running:
+                    self._wake = anyio.Event()
+                    await self._wake.wait()
+                    continue
+                newcomers = self._admit()
+                batch = list(self._running)
+                self._running += newcomers
+                outcome = await anyio.to_thread.run_sync(
+                    self._compute, newcomers, batch, limiter=self._limiter
+                )
+                self.steps += 1
+                self._deliver(outcome)
+        except BaseException as exc:  # a bug here must not leave consumers waiting forever
+            if not isinstance(exc, anyio.get_cancelled_exc_class()):
+                log.exception("the engine scheduler crashed")
+            self._closing = True
+            self._fail_all(EngineError(f"the engine scheduler stopped: {exc!r}"))
+            raise
+        finally:
+            self._stopped.set()
+
+    def _admit(self) -> list[_Request]:
+        admitted: list[_Request] = []
+        budget = self.settings.max_prefill_tokens
+        while self._waiting and self.cache.free:
+            request = self._waiting[0]
+            if request.length > budget:
+                break  # first come, first served: nobody overtakes the head of the queue
+            self._waiting.popleft()
+            budget -= request.length
+            request.seq.slot = self.cache.allocate()
+            admitted.append(request)
+        return admitted
+
+    def _reap(self) -> None:
+        keep = []
+        for request in self._running:
+            if request.stream.finish_reason is None and not request.aborted:
+                keep.append(request)
+            else:
+                self.cache.release(request.seq.slot)
+                request.seq.slot = -1
+        self._running = keep
+
+    def _deliver(self, outcome: _StepOutcome) -> None:
+        for request, error in outcome.errors:
+            if not request.aborted:
+                self._fail(request, error)
+        for request, result in outcome.results:
+            if request.aborted or request.stream.finish_reason is not None:
+                continue
+            seq = request.seq
+            seq.steps += 1
+            request.stream.steps = seq.steps
+            try:
+                request.send.send_nowait(result.output)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                request.aborted = True  # the consumer went away: stop computing for it
+                self._finish(request, "abort")
+                continue
+            if result.finished:
+                self._finish(request, "stop")
+            elif seq.steps >= seq.sampling.max_new_tokens or seq.cached >= self.plan.slot_len:
+                self._finish(request, "length")
+
+    def _finish(self, request: _Request, reason: str) -> None:
+        if request.stream.finish_reason is None:
+            request.stream.finish_reason = reason
+            request.seq.finished = True
+        request.send.close()
+        self._requests.pop(request.seq.request_id, None)
+
+    def _fail(self, request: _Request, error: BaseException) -> None:
+        if request.stream.finish_reason is None:
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                request.send.send_nowait(_Failure(error))
+        self._finish(request, "error")
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request in [*self._running, *self._waiting]:
+            self._fail(request, error)
+            if request.seq.slot >= 0:
+                self.cache.release(request.seq.slot)
+                request.seq.slot = -1
+        self._running, self._waiting = [], deque()
+
+    # -- in the worker thread ------------------------------------------------
+    def _compute(self, newcomers: list[_Request], batch: list[_Request]) -> _StepOutcome:
+        """Prefill ``newcomers`` and decode ``batch``: the only code off the event loop."""
+        outcome = _StepOutcome()
+        with torch.inference_mode():
+            if newcomers:
+                self._prefill(newcomers, outcome)
+            if batch:
+                self._step(self.model.decode, batch, outcome, retry=False)
+        return outcome
+
+    def _prefill(self, requests: list[_Request], outcome: _StepOutcome) -> None:
+        for request in requests:
+            _reset(request, self.device)
+        self._step(self.model.prefill, requests, outcome, retry=True)
+
+    def _step(
+        self,
+        step: Callable[[list[Sequence], Any], list[StepResult]],
+        requests: list[_Request],
+        outcome: _StepOutcome,
+        *,
+        retry: bool,
+    ) -> None:
+        try:
+            results = step([r.seq for r in requests], self.cache)
+            if len(results) != len(requests):
+                raise EngineError(
+                    f"the model's {step.__name__} returned {len(results)} results "
+                    f"for {len(requests)} sequences"
+                )
+        except Exception as exc:
+            self._failed(step.__name__, requests, exc, outcome, retry=retry)
+            return
+        for request, result in zip(requests, results, strict=True):
+            if result.error is not None:
+                outcome.errors.append((request, _wrap(result.error, request, step.__name__)))
+            else:
+                outcome.results.append((request, result))
+
+    def _failed(
+        self,
+        where: str,
+        requests: list[_Request],
+        error: Exception,
+        outcome: _StepOutcome,
+        *,
+        retry: bool,
+    ) -> None:
+        """Fail only whom the error can be pinned on; prefill retries to find out."""
+        named = set(error.request_ids) if isinstance(error, SequenceError) else set()
+        culprits = [r for r in requests if r.seq.request_id in named]
+        if culprits:
+            outcome.errors += [(r, _wrap(error, r, where)) for r in culprits]
+            others = [r for r in requests if r.seq.request_id not in named]
+            if retry and others:
+                self._prefill(others, outcome)  # a prefill starts over from scratch
+            return  # decode: the others are as they were, and step again next time
+        if retry and len(requests) > 1:
+            for request in requests:  # one at a time, to find the culprit
+                self._prefill([request], outcome)
+            return
+        outcome.errors += [(r, _wrap(error, r, where)) for r in requests]
+
+
+def _reset(request: _Request, device: torch.device) -> None:
+    """A fresh sequence state for a (re)started prefill, with a generator at its seed."""
+    seq = request.seq
+    seq.cached = seq.steps = 0
+    seq.state = {}
+    seq.generator = make_generator(request.seed, device)
+
+
+def _wrap(error: BaseException, request: _Request, where: str) -> BaseException:
+    """The error a consumer sees: the model's own OmniError, or an EngineError naming it."""
+    if isinstance(error, OmniError):
+        return error
+    wrapped = EngineError(
+        f"request {request.seq.request_id!r}: the model's {where} step failed: "
+        f"{type(error).__name__}: {error}"
+    )
+    wrapped.__cause__ = error
+    return wrapped
+
+
+def _resolve_device(
+    configured: str | None, placed: str | torch.device | None, model: Any
+) -> torch.device:
+    """The device: engine.device, else placement's, else the model's; they must agree."""
+    model_device = torch.device(model)
+    for source, value in (("engine.device", configured), ("placement", placed)):
+        if value is None:
+            continue
+        wanted = torch.device(value)
+        if wanted.type != model_device.type or (
+            wanted.index is not None
+            and model_device.index is not None
+            and wanted.index != model_device.index
+        ):
+            raise EngineError(
+                f"{source} says {wanted}, but the model's cache layout is on {model_device}",
+                hint="load the model on the engine's device",
+            )
+    return model_device
+
+
+def _spawn(run: Callable[[], Any]) -> Any:
+    """Run the scheduler as a task of its own, not tied to the caller's task.
+
+    A stage's ``start()`` and its requests run in different tasks, none of
+    which lives as long as the engine, so there is no task group to start the
+    scheduler in; the event loop itself keeps it (asyncio) or a system task does (trio).
+    """
+    try:
+        return asyncio.get_running_loop().create_task(run())
+    except RuntimeError:
+        pass
+    try:
+        import trio  # anyio's other backend
+
+        trio.lowlevel.spawn_system_task(run)
+    except (ImportError, RuntimeError):
+        raise EngineError("the engine needs a running event loop (asyncio or trio)") from None
+    return None

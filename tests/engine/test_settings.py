@@ -1,0 +1,157 @@
+"""``engine.*`` settings: the backend registry, validation at planning, and cache sizing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from omni_core.cli import main
+from omni_core.engine.backends import (
+    backend_names,
+    create_engine,
+    get_backend,
+    validate_engine_settings,
+)
+from omni_core.engine.budget import bytes_per_token, dtype_bytes, plan_slots
+from omni_core.engine.interface import CacheLayout, EngineSettings
+from omni_core.engine.torch_engine import TorchEngine
+from omni_core.engine.toy_model import TinyDecoder
+from omni_core.errors import ConfigError, NotImplementedYet
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.toml"))
+TTS = next(p for p in EXAMPLES if p.stem == "qwen3_tts")
+ACCEPTED = (
+    "backend, device, dtype, max_prefill_tokens, max_running_requests, max_total_tokens, "
+    "mem_fraction_static"
+)
+
+
+def test_the_torch_backend_accepts_its_declared_keys() -> None:
+    settings = validate_engine_settings(
+        "tts_engine", {"max_running_requests": 16, "mem_fraction_static": 0.6}
+    )
+    assert isinstance(settings, EngineSettings)
+    assert (settings.backend, settings.max_running_requests) == ("torch", 16)
+    assert settings.mem_fraction_static == 0.6
+
+
+def test_an_unknown_key_is_refused_naming_it_and_the_accepted_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        validate_engine_settings("tts_engine", {"max_runing_requests": 8})
+    message = str(info.value)
+    assert "stage 'tts_engine': engine.max_runing_requests is not a setting" in message
+    assert f"accepted engine.* keys: {ACCEPTED}" in message
+    assert "did you mean: max_running_requests" in message
+    assert info.value.exit_code == 2
+
+
+def test_a_value_out_of_range_is_refused_with_its_key() -> None:
+    with pytest.raises(ConfigError, match=r"engine\.max_prefill_tokens: Input should be greater"):
+        validate_engine_settings("s", {"max_prefill_tokens": 0})
+
+
+def test_backends_are_looked_up_by_name_and_sglang_is_reserved() -> None:
+    assert backend_names() == ["sglang", "torch"]
+    with pytest.raises(NotImplementedYet, match="SGLang engine backend is not available yet"):
+        validate_engine_settings("thinker", {"backend": "sglang"})
+    with pytest.raises(ConfigError, match=r"unknown engine backend 'vllm'.*sglang, torch"):
+        get_backend("vllm")
+
+
+def test_create_engine_builds_the_selected_backend() -> None:
+    settings = EngineSettings(max_running_requests=2, max_total_tokens=32)
+    engine = create_engine(TinyDecoder(), settings)
+    assert isinstance(engine, TorchEngine)
+    assert (engine.plan.num_slots, engine.plan.slot_len) == (2, 16)
+
+
+# -- through the planner and the CLI ------------------------------------------
+
+
+@pytest.fixture
+def fresh_plugins(plugins):
+    """The CLI uses the process-wide plugin manager; reset it around the test."""
+    yield plugins
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_every_shipped_example_still_plans(example: Path, fresh_plugins, capsys) -> None:
+    assert main(["plan", str(example)]) == 0, capsys.readouterr().err
+
+
+def test_a_typo_in_an_engine_flag_fails_omni_plan_with_exit_2(fresh_plugins, capsys) -> None:
+    code = main(["plan", str(TTS), "--tts_engine.engine.max_runing_requests", "8"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "engine.max_runing_requests is not a setting of the 'torch' engine backend" in err
+    assert ACCEPTED in err
+    assert "did you mean: max_running_requests" in err
+
+
+def test_the_reserved_backend_fails_omni_plan(fresh_plugins, capsys) -> None:
+    assert main(["plan", str(TTS), "--tts_engine.engine.backend", "sglang"]) == 2
+    assert "SGLang engine backend is not available yet" in capsys.readouterr().err
+
+
+def test_a_correct_engine_flag_plans(fresh_plugins, capsys) -> None:
+    code = main(["plan", str(TTS), "--tts_engine.engine.max_prefill_tokens", "4096", "--json"])
+    assert code == 0, capsys.readouterr().err
+
+
+def test_planning_with_engine_checks_imports_no_torch() -> None:
+    script = (
+        "import json, sys\n"
+        "from omni_core.cli import main\n"
+        f"code = main(['plan', {str(TTS)!r}, '--tts_engine.engine.max_running_requests', '4'])\n"
+        "print(json.dumps({'code': code, 'torch': 'torch' in sys.modules}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMNI_PLUGINS"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"code": 0, "torch": False}
+
+
+# -- sizing the cache -----------------------------------------------------------
+
+LAYOUT = CacheLayout(2, 4, 16, torch.bfloat16, torch.device("cpu"))
+
+
+def test_bytes_per_position_counts_keys_values_layers_heads() -> None:
+    assert dtype_bytes(torch.bfloat16) == dtype_bytes("bfloat16") == 2
+    assert bytes_per_token(LAYOUT) == 2 * 2 * 4 * 16 * 2
+
+
+def test_slots_split_max_total_tokens() -> None:
+    plan = plan_slots(EngineSettings(max_running_requests=8, max_total_tokens=1000), LAYOUT)
+    assert (plan.num_slots, plan.slot_len, plan.source) == (8, 125, "max_total_tokens")
+
+
+def test_a_memory_share_sizes_the_cache_when_the_device_memory_is_known() -> None:
+    settings = EngineSettings(max_running_requests=4, mem_fraction_static=0.5)
+    plan = plan_slots(settings, LAYOUT, device_memory=1_000_000, used_memory=100_000)
+    assert plan.source == "memory"
+    assert plan.slot_len == (400_000 // 512) // 4
+    # without the device's memory (CPU), or with max_total_tokens written, the tokens decide
+    assert plan_slots(settings, LAYOUT).source == "max_total_tokens"
+    written = EngineSettings(max_running_requests=4, mem_fraction_static=0.5, max_total_tokens=64)
+    assert plan_slots(written, LAYOUT, device_memory=1_000_000).slot_len == 16
+
+
+def test_budgets_too_small_for_one_position_per_slot_are_refused() -> None:
+    with pytest.raises(ConfigError, match="leaves 0 bytes for the KV cache"):
+        plan_slots(
+            EngineSettings(mem_fraction_static=0.1),
+            LAYOUT,
+            device_memory=1_000_000,
+            used_memory=200_000,
+        )
+    with pytest.raises(ConfigError, match="cannot give each of"):
+        plan_slots(EngineSettings(max_running_requests=8, max_total_tokens=4), LAYOUT)
