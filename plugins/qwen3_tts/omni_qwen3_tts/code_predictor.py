@@ -1,0 +1,134 @@
+"""The code predictor ("sub-talker"): codebooks 1..G-1 of one frame, given codebook 0.
+
+Per frame it sees two inputs — the talker's last hidden state and the
+embedding of the frame's codebook-0 id — and then feeds back each code it
+picks through that codebook's own embedding, reading the matching head. Its
+KV cache lives only for one frame (G positions), so it is a local scratch
+buffer here, shared by every sequence of a batch: all rows step in lockstep
+and need no padding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import TransformerConfig
+from .layers import DecoderLayer, RMSNorm, inv_frequencies, rope_cos_sin
+from .sampling import RowSampling, select_tokens
+
+
+class ScratchKV:
+    """A dense per-frame cache ``[layers, B, kv_heads, capacity, head_dim]`` filled in order."""
+
+    def __init__(
+        self,
+        layers: int,
+        batch: int,
+        kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        like: torch.Tensor,
+    ):
+        shape = (layers, batch, kv_heads, capacity, head_dim)
+        self.k = torch.empty(shape, dtype=like.dtype, device=like.device)
+        self.v = torch.empty(shape, dtype=like.dtype, device=like.device)
+        self.length = 0
+        self._layers = layers
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        stop = self.length + k.shape[2]
+        self.k[layer, :, :, self.length : stop] = k
+        self.v[layer, :, :, self.length : stop] = v
+        if layer == self._layers - 1:
+            self.length = stop
+        return self.k[layer, :, :, :stop], self.v[layer, :, :, :stop]
+
+
+class CodePredictorModel(nn.Module):
+    """Decoder stack plus the embeddings of codebooks 1..G-1 (width = the talker's hidden)."""
+
+    def __init__(self, cfg: TransformerConfig, embedding_dim: int):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.codec_embedding = nn.ModuleList(
+            nn.Embedding(cfg.vocab_size, embedding_dim) for _ in range(cfg.num_code_groups - 1)
+        )
+        self.rope_spec = (cfg.head_dim, cfg.rope_theta)
+        self.register_buffer(
+            "inv_freq", inv_frequencies(cfg.head_dim, cfg.rope_theta), persistent=False
+        )
+
+    def forward(self, x: torch.Tensor, start: int, store: ScratchKV) -> torch.Tensor:
+        steps = x.shape[1]
+        positions = torch.arange(start, start + steps, device=x.device)[None].expand(x.shape[0], -1)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        mask = None
+        if steps > 1:
+            total = start + steps
+            q = torch.arange(start, total, device=x.device)[:, None]
+            mask = (torch.arange(total, device=x.device)[None, :] <= q)[None, None]
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, store)
+        return self.norm(x)
+
+
+class CodePredictor(nn.Module):
+    """``talker.code_predictor``: model, one head per codebook 1..G-1, optional input projection."""
+
+    def __init__(self, cfg: TransformerConfig, talker_hidden: int):
+        super().__init__()
+        self.cfg = cfg
+        self.model = CodePredictorModel(cfg, talker_hidden)
+        self.lm_head = nn.ModuleList(
+            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            for _ in range(cfg.num_code_groups - 1)
+        )
+        # The 1.7B talker is wider than its predictor: project its inputs down.
+        self.small_to_mtp_projection: nn.Module = nn.Identity()
+        if cfg.hidden_size != talker_hidden:
+            self.small_to_mtp_projection = nn.Linear(talker_hidden, cfg.hidden_size, bias=True)
+
+    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Sum of the embeddings of codebooks 1..G-1: ``codes`` ``[..., G-1]`` -> ``[..., H]``."""
+        total = self.model.codec_embedding[0](codes[..., 0])
+        for i in range(1, codes.shape[-1]):
+            total = total + self.model.codec_embedding[i](codes[..., i])
+        return total
+
+    @torch.no_grad()
+    def generate_frame(
+        self,
+        talker_hidden: torch.Tensor,
+        code0_embedding: torch.Tensor,
+        rows: list[RowSampling],
+        generators: list[torch.Generator | None],
+    ) -> torch.Tensor:
+        """Codes of codebooks 1..G-1 ``[B, G-1]`` for a batch of frames.
+
+        ``talker_hidden`` ``[B, H]``: the talker's final hidden state that
+        produced codebook 0; ``code0_embedding`` ``[B, H]``: that code's
+        talker embedding.
+        """
+        cfg = self.cfg
+        groups = cfg.num_code_groups
+        x = torch.stack((talker_hidden, code0_embedding), dim=1)
+        x = self.small_to_mtp_projection(x)
+        store = ScratchKV(
+            cfg.num_hidden_layers, x.shape[0], cfg.num_key_value_heads, groups, cfg.head_dim, x
+        )
+        hidden = self.model(x, 0, store)
+        codes = []
+        for i in range(groups - 1):
+            logits = self.lm_head[i](hidden[:, -1])
+            code = select_tokens(logits, rows, generators)
+            codes.append(code)
+            if i == groups - 2:
+                break
+            nxt = self.small_to_mtp_projection(self.model.codec_embedding[i](code))[:, None]
+            hidden = self.model(nxt, store.length, store)
+        return torch.stack(codes, dim=1)

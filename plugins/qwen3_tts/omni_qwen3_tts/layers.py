@@ -1,0 +1,215 @@
+"""Building blocks shared by the talker, the code predictor and the codec transformers.
+
+Attention is written once and reads/writes keys and values through a small
+:class:`KVStore` protocol, so the same layer runs over the engine's slot cache
+(talker, batched continuous decoding), a per-frame scratch cache (code
+predictor) or no cache at all (codec transformers, which see whole chunks).
+Parameter names mirror the release's module tree so that checkpoint tensors
+map onto ``state_dict`` keys one to one.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import TransformerConfig
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32 (as the release does), scaled by ``weight``."""
+
+    def __init__(self, size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def inv_frequencies(
+    head_dim: int, theta: float, device: torch.device | None = None
+) -> torch.Tensor:
+    """Default RoPE inverse frequencies, ``theta ** (-2i / head_dim)`` for i < head_dim/2."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    return 1.0 / (theta**exponents)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables ``[B, T, head_dim]`` for integer positions ``[B, T]`` (half-split layout)."""
+    freqs = positions.float()[..., None] * inv_freq.float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def mrope_cos_sin(
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    section: tuple[int, ...],
+    interleaved: bool,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multimodal RoPE: positions ``[3, B, T]`` (temporal, height, width) -> ``[B, T, head_dim]``.
+
+    Each frequency index takes its angle from one of the three position
+    streams. Interleaved (the Qwen3 layout): index ``j`` uses stream 1 if
+    ``j % 3 == 1`` and ``j < 3*section[1]``, stream 2 if ``j % 3 == 2`` and
+    ``j < 3*section[2]``, else stream 0. Otherwise contiguous blocks of
+    ``section`` sizes use streams 0, 1, 2 in turn. For speech all three
+    streams are equal and this reduces to plain RoPE; we keep the general form
+    so a future caller with distinct streams gets the release's behaviour.
+    """
+    half = inv_freq.shape[0]
+    freqs = positions.float()[..., None] * inv_freq.float()  # [3, B, T, half]
+    stream = torch.zeros(half, dtype=torch.long, device=freqs.device)
+    if interleaved:
+        for s in (1, 2):
+            idx = torch.arange(s, section[s] * 3, 3, device=freqs.device)
+            stream[idx[idx < half]] = s
+    else:
+        start = 0
+        for s, size in enumerate(section):
+            stream[start : start + size] = s % 3
+            start += size
+    picked = freqs.gather(0, stream.view(1, 1, 1, half).expand(1, *freqs.shape[1:]))[0]
+    emb = torch.cat((picked, picked), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[B, heads, T, D]`` by tables ``[B, T, D]``."""
+    cos, sin = cos[:, None], sin[:, None]
+    return x * cos + rotate_half(x) * sin
+
+
+class KVStore(Protocol):
+    """Where an attention layer keeps keys/values: returns all keys/values to attend to."""
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))``: the Qwen3 MLP."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with optional per-head q/k RMS norm and rotary positions."""
+
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        layer: int,
+        bias: bool = False,
+        qk_norm_eps: float | None = 1e-6,
+    ):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.layer = heads, kv_heads, head_dim, layer
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        self.q_norm: nn.Module = nn.Identity()
+        self.k_norm: nn.Module = nn.Identity()
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        store: KVStore | None = None,
+    ) -> torch.Tensor:
+        """``x`` ``[B, T, hidden]``; ``mask`` boolean ``[B, 1, T, S]`` (True = attend)."""
+        batch, steps, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(batch, steps, self.heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(batch, steps, self.kv_heads, self.head_dim))
+        v = self.v_proj(x).view(batch, steps, self.kv_heads, self.head_dim)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if store is not None:
+            k, v = store.update(self.layer, k, v)
+        groups = self.heads // self.kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm Qwen3 block: attention then SwiGLU, each with a residual."""
+
+    def __init__(self, cfg: TransformerConfig, layer: int):
+        super().__init__()
+        self.self_attn = Attention(
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            layer,
+            bias=cfg.attention_bias,
+            qk_norm_eps=cfg.rms_norm_eps,
+        )
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        store: KVStore | None,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, store)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def causal_mask(
+    starts: torch.Tensor, lengths: torch.Tensor, steps: int, total: int
+) -> torch.Tensor:
+    """Boolean ``[B, 1, steps, total]``: row b's query i (at ``starts[b]+i``) sees keys up to it.
+
+    Keys at or beyond ``starts[b] + lengths[b]`` (right padding, stale cache
+    content) are hidden. A padded query row still sees key 0 so that softmax
+    never runs over an empty set; its output is discarded by the caller.
+    """
+    device = starts.device
+    query_pos = starts[:, None] + torch.arange(steps, device=device)[None, :]  # [B, T]
+    key_pos = torch.arange(total, device=device)
+    valid_end = (starts + lengths)[:, None, None]
+    mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < valid_end)
+    mask[:, :, 0] = True
+    return mask[:, None]

@@ -1,0 +1,118 @@
+"""Causal convolutions and activations of the 12 Hz codec.
+
+Every convolution pads only on the left, so an output sample depends on
+inputs at or before it: that is what makes chunked (streaming) decoding with
+enough left context equal to decoding everything at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class CausalConv1d(nn.Module):
+    """``Conv1d`` left-padded by ``effective_kernel - stride`` (right-padded to a full stride)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        dilation: int = 1,
+        stride: int = 1,
+        groups: int = 1,
+        bias: bool = True,
+        pad_mode: str = "constant",
+    ):
+        super().__init__()
+        self.conv = nn.Conv1d(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride=stride,
+            dilation=dilation,
+            groups=groups,
+            bias=bias,
+        )
+        self.stride = stride
+        self.effective_kernel = (kernel_size - 1) * dilation + 1
+        self.left_pad = self.effective_kernel - stride
+        self.pad_mode = pad_mode
+
+    def extra_right_padding(self, length: int) -> int:
+        """Right zeros so that the last window is complete (only matters for stride > 1)."""
+        frames = (length - self.effective_kernel + self.left_pad) / self.stride + 1
+        ideal = (math.ceil(frames) - 1) * self.stride + (self.effective_kernel - self.left_pad)
+        return max(ideal - length, 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        right = self.extra_right_padding(x.shape[-1])
+        if self.pad_mode == "constant":
+            x = F.pad(x, (self.left_pad, right))
+        else:
+            x = _pad_non_constant(x, self.left_pad, right, self.pad_mode)
+        return self.conv(x)
+
+
+def _pad_non_constant(x: torch.Tensor, left: int, right: int, mode: str) -> torch.Tensor:
+    """Reflect padding that also works when the input is shorter than the padding."""
+    length = x.shape[-1]
+    if mode == "reflect":
+        longest = max(left, right)
+        extra = 0
+        if length <= longest:
+            extra = longest - length + 1
+            x = F.pad(x, (0, extra))
+        out = F.pad(x, (left, right), mode="reflect")
+        return out[..., : out.shape[-1] - extra] if extra else out
+    return F.pad(x, (left, right), mode=mode)
+
+
+class CausalTransConv1d(nn.Module):
+    """``ConvTranspose1d`` with the ``kernel - stride`` overhang trimmed on the right."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1):
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
+        self.right_trim = kernel_size - stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        if self.right_trim > 0:
+            x = x[..., : x.shape[-1] - self.right_trim]
+        return x
+
+
+class SnakeBeta(nn.Module):
+    """``x + sin(x * e^alpha)^2 / e^beta`` per channel (alpha, beta stored in log scale)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha = self.alpha.exp()[None, :, None]
+        beta = self.beta.exp()[None, :, None]
+        return x + torch.sin(x * alpha).pow(2) / (beta + 1e-9)
+
+
+class ConvNeXtBlock(nn.Module):
+    """Depthwise causal conv (k=7), LayerNorm, 4x pointwise MLP with GELU, scaled residual."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dwconv(x).transpose(1, 2)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)

@@ -1,0 +1,275 @@
+"""The 12 Hz codec decoder: 16 codebooks per frame -> 1920 samples of 24 kHz audio.
+
+Pipeline (release layout, names match ``decoder.*`` in the checkpoint):
+split RVQ dequantisation (1 semantic + N-1 acoustic codebooks, each group
+with its own 1x1 projections) -> causal pre-conv -> sliding-window
+transformer -> transposed-conv upsampling with ConvNeXt blocks -> SnakeBeta
+decoder blocks (transposed conv + dilated residual units) -> clamp to [-1, 1].
+
+Everything is causal, so :meth:`Decoder.decode_chunk` with at least
+:meth:`Decoder.exact_context_frames` frames of left context reproduces the
+full decode; the release streams with a shorter context (25 frames), which
+is an approximation we keep available.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import DecoderConfig
+from ..layers import Attention, RMSNorm, SwiGLU, inv_frequencies, rope_cos_sin
+from .convs import CausalConv1d, CausalTransConv1d, ConvNeXtBlock, SnakeBeta
+
+
+class Codebook(nn.Module):
+    """EMA codebook stored as ``embedding_sum / cluster_usage`` (as trained)."""
+
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+    def vectors(self) -> torch.Tensor:
+        return self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+
+
+class _VQ(nn.Module):
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self._codebook = Codebook(size, dim)
+
+
+class _VQStack(nn.Module):
+    def __init__(self, count: int, size: int, dim: int):
+        super().__init__()
+        self.layers = nn.ModuleList(_VQ(size, dim) for _ in range(count))
+
+
+class ResidualQuantizer(nn.Module):
+    """A group of residual codebooks with input/output 1x1 projections (no bias)."""
+
+    def __init__(self, count: int, size: int, dim: int, outer_dim: int):
+        super().__init__()
+        self.input_proj = nn.Conv1d(outer_dim, dim, 1, bias=False)  # used by encoding only
+        self.output_proj = nn.Conv1d(dim, outer_dim, 1, bias=False)
+        self.vq = _VQStack(count, size, dim)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``codes`` ``[B, K, T]`` -> ``[B, outer_dim, T]``: sum of code vectors, projected."""
+        total = None
+        for i in range(codes.shape[1]):
+            part = F.embedding(codes[:, i], self.vq.layers[i]._codebook.vectors())
+            total = part if total is None else total + part
+        assert total is not None
+        return self.output_proj(total.transpose(1, 2))
+
+
+class SplitQuantizer(nn.Module):
+    """First codebook (semantic) and the rest (acoustic) dequantised separately and summed."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        dim = cfg.codebook_dim // 2
+        self.rvq_first = ResidualQuantizer(1, cfg.codebook_size, dim, cfg.codebook_dim)
+        self.rvq_rest = ResidualQuantizer(
+            cfg.num_quantizers - 1, cfg.codebook_size, dim, cfg.codebook_dim
+        )
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        out = self.rvq_first.decode(codes[:, :1])
+        if codes.shape[1] > 1:
+            out = out + self.rvq_rest.decode(codes[:, 1:])
+        return out
+
+
+class LayerScale(nn.Module):
+    def __init__(self, channels: int, initial: float):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((channels,), initial))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class CodecTransformerLayer(nn.Module):
+    """Pre-norm layer with layer-scaled residuals (no q/k norm)."""
+
+    def __init__(self, cfg: DecoderConfig, layer: int):
+        super().__init__()
+        self.self_attn = Attention(
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.attn_head_dim,
+            layer,
+            bias=cfg.attention_bias,
+            qk_norm_eps=None,
+        )
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class CodecTransformer(nn.Module):
+    """``decoder.pre_transformer``: latent -> hidden -> layers (sliding window) -> latent."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.window = cfg.sliding_window
+        self.layers = nn.ModuleList(
+            CodecTransformerLayer(cfg, i) for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
+        self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+        self.rope_spec = (cfg.attn_head_dim, cfg.rope_theta)
+        self.register_buffer(
+            "inv_freq", inv_frequencies(cfg.attn_head_dim, cfg.rope_theta), persistent=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[B, T, latent]`` -> ``[B, T, latent]``."""
+        x = self.input_proj(x)
+        steps = x.shape[1]
+        positions = torch.arange(steps, device=x.device)[None].expand(x.shape[0], -1)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        q = torch.arange(steps, device=x.device)[:, None]
+        k = torch.arange(steps, device=x.device)[None, :]
+        mask = ((k <= q) & (k > q - self.window))[None, None]
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        return self.output_proj(self.norm(x))
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+
+
+class DecoderBlock(nn.Module):
+    """SnakeBeta, transposed conv upsampling by ``rate``, then residual units (dilation 1, 3, 9)."""
+
+    def __init__(self, in_dim: int, out_dim: int, rate: int):
+        super().__init__()
+        self.block = nn.ModuleList(
+            [
+                SnakeBeta(in_dim),
+                CausalTransConv1d(in_dim, out_dim, 2 * rate, rate),
+                *(ResidualUnit(out_dim, d) for d in (1, 3, 9)),
+            ]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for module in self.block:
+            x = module(x)
+        return x
+
+
+class Decoder(nn.Module):
+    """``decoder``: codes ``[B, K, T]`` -> waveform ``[B, 1, T * total_upsample]`` in [-1, 1]."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.total_upsample = cfg.total_upsample
+        self.pre_transformer = CodecTransformer(cfg)
+        self.quantizer = SplitQuantizer(cfg)
+        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList(
+                [
+                    CausalTransConv1d(cfg.latent_dim, cfg.latent_dim, factor, factor),
+                    ConvNeXtBlock(cfg.latent_dim),
+                ]
+            )
+            for factor in cfg.upsampling_ratios
+        )
+        stages: list[nn.Module] = [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7)]
+        for i, rate in enumerate(cfg.upsample_rates):
+            stages.append(
+                DecoderBlock(cfg.decoder_dim // 2**i, cfg.decoder_dim // 2 ** (i + 1), rate)
+            )
+        out_dim = cfg.decoder_dim // 2 ** len(cfg.upsample_rates)
+        stages += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7)]
+        self.decoder = nn.ModuleList(stages)
+
+    @torch.no_grad()
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        if codes.shape[1] != self.cfg.num_quantizers:
+            raise ValueError(
+                f"the decoder expects {self.cfg.num_quantizers} codebooks, got {codes.shape[1]}"
+            )
+        hidden = self.pre_conv(self.quantizer.decode(codes))
+        hidden = self.pre_transformer(hidden.transpose(1, 2)).transpose(1, 2)
+        for trans_conv, convnext in self.upsample:
+            hidden = convnext(trans_conv(hidden))
+        for stage in self.decoder:
+            hidden = stage(hidden)
+        return hidden.clamp(-1.0, 1.0)
+
+    def exact_context_frames(self) -> int:
+        """Left context (frames) after which chunked decoding equals full decoding.
+
+        Sums each causal stage's look-back, converted to frames at the rate it
+        runs at: pre-conv (2), the transformer's window per layer, ConvNeXt
+        depthwise convs (6 steps each), the first decoder conv, each block's
+        transposed conv (one input step) and residual units (6*(1+3+9)
+        steps), and the output conv.
+        """
+        cfg = self.cfg
+        frames = 2.0 + cfg.num_hidden_layers * (cfg.sliding_window - 1)
+        rate = 1
+        for factor in cfg.upsampling_ratios:
+            rate *= factor
+            frames += 6 / rate
+        frames += 6 / rate
+        for up in cfg.upsample_rates:
+            frames += 1 / rate
+            rate *= up
+            frames += 6 * (1 + 3 + 9) / rate
+        frames += 6 / rate
+        return math.ceil(frames) + 1
+
+    @torch.no_grad()
+    def decode_chunk(self, codes: torch.Tensor, left_context: int) -> torch.Tensor:
+        """Decode ``codes`` ``[B, K, T]`` whose first ``left_context`` frames were already played.
+
+        Returns only the audio of the new frames:
+        ``[B, 1, (T - left_context) * total_upsample]``.
+        """
+        if not 0 <= left_context <= codes.shape[-1]:
+            raise ValueError(f"left_context {left_context} outside 0..{codes.shape[-1]}")
+        wav = self(codes)
+        return wav[..., left_context * self.total_upsample :]
+
+    @torch.no_grad()
+    def chunked_decode(
+        self, codes: torch.Tensor, chunk_size: int = 300, left_context: int = 25
+    ) -> torch.Tensor:
+        """Decode in chunks of ``chunk_size`` frames, each with ``left_context`` earlier frames."""
+        pieces = []
+        start = 0
+        total = codes.shape[-1]
+        while start < total:
+            stop = min(start + chunk_size, total)
+            context = min(left_context, start)
+            pieces.append(self.decode_chunk(codes[..., start - context : stop], context))
+            start = stop
+        return torch.cat(pieces, dim=-1)

@@ -1,0 +1,114 @@
+"""The talker: a Qwen3 decoder over summed text and codec embeddings that emits codebook 0.
+
+Module names follow the release (``talker.model.layers.N...``,
+``talker.text_projection``, ``talker.codec_head``, ``talker.code_predictor``)
+so the checkpoint loads by name. Positions are the release's M-RoPE with three
+equal streams (speech has no image grid); keys and values go to the engine's
+slot cache through :class:`SlotStore`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .code_predictor import CodePredictor
+from .config import TalkerConfig
+from .layers import DecoderLayer, RMSNorm, inv_frequencies, mrope_cos_sin, rope_cos_sin
+
+
+class SlotStore:
+    """Adapts the engine's ``SlotKVCache`` to the attention layers of one batched step."""
+
+    def __init__(self, cache: Any, slots: list[int], starts: list[int], total: int):
+        self.cache, self.slots, self.starts, self.total = cache, slots, starts, total
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.cache.write(layer, self.slots, self.starts, k, v)
+        return self.cache.read(layer, self.slots, self.total)
+
+
+class TextProjection(nn.Module):
+    """Two-layer MLP mapping text embeddings (``text_hidden_size``) to the talker width."""
+
+    def __init__(self, text_hidden: int, hidden: int):
+        super().__init__()
+        self.linear_fc1 = nn.Linear(text_hidden, text_hidden, bias=True)
+        self.linear_fc2 = nn.Linear(text_hidden, hidden, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+
+
+class TalkerModel(nn.Module):
+    """``talker.model``: layers, final norm, codec (codebook 0 + control) and text embeddings."""
+
+    def __init__(self, cfg: TalkerConfig):
+        super().__init__()
+        t = cfg.transformer
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DecoderLayer(t, i) for i in range(t.num_hidden_layers))
+        self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps)
+        self.codec_embedding = nn.Embedding(t.vocab_size, t.hidden_size)
+        self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
+        self.rope_spec = (t.head_dim, t.rope_theta)
+        self.register_buffer(
+            "inv_freq", inv_frequencies(t.head_dim, t.rope_theta), persistent=False
+        )
+
+    def rotary(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos/sin for positions ``[B, T]`` (the three M-RoPE streams are all ``positions``)."""
+        if self.cfg.mrope_section is None:
+            return rope_cos_sin(positions, self.inv_freq, dtype)
+        streams = positions[None].expand(3, *positions.shape)
+        return mrope_cos_sin(
+            streams, self.inv_freq, self.cfg.mrope_section, self.cfg.mrope_interleaved, dtype
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        store: Any,
+    ) -> torch.Tensor:
+        cos, sin = self.rotary(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, store)
+        return self.norm(x)
+
+
+class Talker(nn.Module):
+    """``talker``: the decoder, text projection, codebook-0 head and the code predictor."""
+
+    def __init__(self, cfg: TalkerConfig):
+        super().__init__()
+        self.cfg = cfg
+        hidden = cfg.transformer.hidden_size
+        self.model = TalkerModel(cfg)
+        self.text_projection = TextProjection(cfg.text_hidden_size, hidden)
+        self.codec_head = nn.Linear(hidden, cfg.transformer.vocab_size, bias=False)
+        self.code_predictor = CodePredictor(cfg.code_predictor, hidden)
+
+    def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
+        """Projected text embeddings ``[..., H]`` of text token ids."""
+        return self.text_projection(self.model.text_embedding(ids))
+
+    def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
+        """Talker codec embeddings (codebook 0 and the control / speaker / language ids)."""
+        return self.model.codec_embedding(ids)
+
+    def embed_frame(self, codes: torch.Tensor) -> torch.Tensor:
+        """Sum of all G codebook embeddings of frames ``[..., G]`` -> ``[..., H]``."""
+        return self.embed_codec(codes[..., 0]) + self.code_predictor.embed_codes(codes[..., 1:])
+
+    def suppressed_ids(self, device: torch.device) -> torch.Tensor:
+        """The release bans the top 1024 codec ids (control tokens) except EOS from codebook 0."""
+        vocab = self.cfg.transformer.vocab_size
+        ids = torch.arange(max(vocab - 1024, 0), vocab, device=device)
+        return ids[ids != self.cfg.codec_eos_token_id]

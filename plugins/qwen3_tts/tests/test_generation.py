@@ -1,0 +1,160 @@
+"""Frame generation through the StepModel API: batching, sampling rules, stopping."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from omni_core.engine.interface import SamplingParams, Sequence  # noqa: E402
+from omni_core.engine.kv_cache import SlotKVCache  # noqa: E402
+from omni_qwen3_tts.layers import inv_frequencies, mrope_cos_sin, rope_cos_sin  # noqa: E402
+from omni_qwen3_tts.sampling import RowSampling, select_tokens  # noqa: E402
+
+TEXTS = ["Hello", "Hello the world, again and again", "he", "the user is an assistant"]
+
+
+def _prompts(model):
+    speakers = ["serena", "ryan", "eric", "serena"]
+    modes = [True, False, False, True]
+    return [
+        model.prompts.custom_voice(t, s, "english", non_streaming=m)
+        for t, s, m in zip(TEXTS, speakers, modes, strict=True)
+    ]
+
+
+def _run_batched(model, prompts, params, join_late: int | None = None) -> list[torch.Tensor]:
+    """Drive the StepModel like an engine: one cache, finished sequences leave the batch."""
+    cache = SlotKVCache(model.cache_layout(), num_slots=len(prompts), slot_len=256)
+    seqs = []
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        seq = Sequence(request_id=str(i), prompt=prompt, sampling=p)
+        seq.slot = cache.allocate()
+        if p.seed is not None:
+            seq.generator = torch.Generator().manual_seed(p.seed)
+        seqs.append(seq)
+    frames: dict[str, list[torch.Tensor]] = {s.request_id: [] for s in seqs}
+    waiting = seqs[join_late:] if join_late is not None else []
+    running = seqs[:join_late] if join_late is not None else list(seqs)
+
+    def record(batch, results):
+        for seq, result in zip(batch, results, strict=True):
+            if result.output is not None:
+                frames[seq.request_id].append(result.output)
+            seq.finished = result.finished
+
+    record(running, model.prefill(running, cache))
+    steps = 0
+    while True:
+        running = [s for s in running if not s.finished]
+        if waiting and steps == 2:  # continuous batching: late joiners prefill between steps
+            record(waiting, model.prefill(waiting, cache))
+            running += [s for s in waiting if not s.finished]
+            waiting = []
+        if not running and not waiting:
+            break
+        if running:
+            record(running, model.decode(running, cache))
+        steps += 1
+    return [torch.stack(frames[s.request_id]) for s in seqs]
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_batched_equals_sequential(tiny_model, sampled):
+    prompts = _prompts(tiny_model)
+    if sampled:
+        params = [
+            SamplingParams(
+                temperature=0.9,
+                top_k=50,
+                top_p=0.9,
+                repetition_penalty=1.05,
+                seed=10 + i,
+                max_new_tokens=12,
+            )
+            for i in range(len(prompts))
+        ]
+    else:
+        params = [
+            SamplingParams(temperature=0.0, repetition_penalty=1.05, max_new_tokens=6 + i)
+            for i in range(len(prompts))
+        ]
+    batched = _run_batched(tiny_model, prompts, copy.deepcopy(params))
+    late = _run_batched(tiny_model, prompts, copy.deepcopy(params), join_late=2)
+    for prompt, p, got, got_late in zip(prompts, params, batched, late, strict=True):
+        alone = tiny_model.generate(
+            prompt,
+            max_new_tokens=p.max_new_tokens,
+            temperature=p.temperature,
+            top_k=p.top_k,
+            top_p=p.top_p,
+            repetition_penalty=p.repetition_penalty,
+            seed=p.seed,
+        )
+        assert torch.equal(got, alone)
+        assert torch.equal(got_late, alone)
+        assert got.dtype == torch.long and got.shape[1] == 16
+
+
+def test_codes_stay_in_the_codebooks(tiny_model):
+    prompt = _prompts(tiny_model)[1]
+    codes = tiny_model.generate(prompt, max_new_tokens=10, temperature=1.0, top_k=0, seed=1)
+    assert codes.shape == (10, 16)
+    assert int(codes.min()) >= 0 and int(codes.max()) < 64  # control ids are suppressed
+
+
+def test_eos_is_banned_for_two_frames_then_stops(tiny_model):
+    """With a head that always prefers EOS, the release still emits two frames, then stops."""
+    model = copy.copy(tiny_model)
+    talker = copy.deepcopy(tiny_model.talker)
+    eos = tiny_model.config.talker.codec_eos_token_id
+    with torch.no_grad():
+        talker.codec_head.weight[eos] = talker.model.norm.weight * 1000
+    model.talker = talker
+    codes = model.generate(_prompts(tiny_model)[0], max_new_tokens=20)
+    assert codes.shape == (2, 16)
+
+
+def test_prefill_reports_its_length(tiny_model):
+    prompt = _prompts(tiny_model)[1]
+    cache = SlotKVCache(tiny_model.cache_layout(), 1, 64)
+    seq = Sequence(request_id="a", prompt=prompt, sampling=SamplingParams(temperature=0))
+    seq.slot = cache.allocate()
+    tiny_model.prefill([seq], cache)
+    assert seq.cached == tiny_model.prompt_length(prompt)
+    tiny_model.decode([seq], cache)
+    assert seq.cached == tiny_model.prompt_length(prompt) + 1
+
+
+def test_repetition_penalty_and_top_k():
+    logits = torch.tensor([[2.0, 1.9, -1.0, 0.5]])
+    history = [torch.tensor([0])]
+    greedy = RowSampling(greedy=True, repetition_penalty=1.2)
+    # 2.0 / 1.2 < 1.9: the penalised token loses.
+    assert int(select_tokens(logits, [greedy], [None], history)) == 1
+    assert int(select_tokens(logits, [RowSampling(greedy=True)], [None], history)) == 0
+    banned = [torch.tensor([0, 1])]
+    assert int(select_tokens(logits, [greedy], [None], history, banned)) == 3
+    top1 = RowSampling(temperature=5.0, top_k=1)
+    gens = [torch.Generator().manual_seed(0)]
+    assert all(int(select_tokens(logits, [top1], gens)) == 0 for _ in range(10))
+
+
+def test_mrope_with_equal_streams_is_plain_rope():
+    inv = inv_frequencies(16, 1e6)
+    pos = torch.arange(7)[None]
+    plain = rope_cos_sin(pos, inv, torch.float32)
+    for interleaved in (True, False):
+        multi = mrope_cos_sin(
+            pos[None].expand(3, -1, -1), inv, (4, 2, 2), interleaved, torch.float32
+        )
+        torch.testing.assert_close(multi[0], plain[0])
+        torch.testing.assert_close(multi[1], plain[1])
+    # Distinct streams: interleaved index 1 takes the height stream, index 0 the temporal one.
+    streams = torch.stack([pos, pos * 0 + 100, pos * 0 + 200])
+    cos, _ = mrope_cos_sin(streams, inv, (4, 2, 2), True, torch.float32)
+    assert torch.allclose(cos[0, :, 1], torch.cos(100 * inv[1]).expand(7))
+    assert torch.allclose(cos[0, :, 2], torch.cos(200 * inv[2]).expand(7))
+    assert torch.allclose(cos[0, :, 0], torch.cos(pos[0] * inv[0]))

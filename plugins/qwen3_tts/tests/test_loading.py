@@ -1,0 +1,188 @@
+"""Loading: the real checkpoint layout, shards, strictness, dummy weights, presets, hub ids."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from omni_qwen3_tts.model import Qwen3TTSModel  # noqa: E402
+from omni_qwen3_tts.weights import CheckpointError  # noqa: E402
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _prompt(model: Qwen3TTSModel):
+    assert model.prompts is not None
+    return model.prompts.custom_voice("Hello the world", "serena", "english")
+
+
+def test_real_layout_loads_every_tensor_and_matches_dummy(checkpoint_factory, tiny_model):
+    model = Qwen3TTSModel.from_pretrained(checkpoint_factory("custom_voice"))
+    for name, tensor in tiny_model.network.state_dict().items():
+        assert torch.equal(model.network.state_dict()[name], tensor), name
+    prompt = _prompt(model)
+    assert torch.equal(model.generate(prompt, 8), tiny_model.generate(prompt, 8))
+
+
+def test_weight_names_follow_the_release_tree(tiny_model, base_model):
+    names = set(tiny_model.network.state_dict())
+    for expected in (
+        "talker.model.codec_embedding.weight",
+        "talker.model.text_embedding.weight",
+        "talker.model.layers.0.self_attn.q_norm.weight",
+        "talker.model.layers.1.mlp.gate_proj.weight",
+        "talker.text_projection.linear_fc1.bias",
+        "talker.codec_head.weight",
+        "talker.code_predictor.model.codec_embedding.14.weight",
+        "talker.code_predictor.lm_head.14.weight",
+        "talker.code_predictor.model.layers.0.self_attn.k_norm.weight",
+    ):
+        assert expected in names
+    assert not any(n.startswith("speaker_encoder.") for n in names)
+    assert "speaker_encoder.asp.tdnn.conv.weight" in base_model.network.state_dict()
+    assert tiny_model.speech_tokenizer is not None
+    codec = set(tiny_model.speech_tokenizer.state_dict())
+    for expected in (
+        "decoder.quantizer.rvq_first.vq.layers.0._codebook.embedding_sum",
+        "decoder.quantizer.rvq_rest.vq.layers.14._codebook.cluster_usage",
+        "decoder.pre_transformer.layers.0.self_attn_layer_scale.scale",
+        "decoder.upsample.1.1.dwconv.conv.weight",
+        "decoder.decoder.4.block.4.conv1.conv.weight",
+        "decoder.decoder.6.conv.weight",
+        "encoder.encoder.layers.1.block.1.conv.weight",
+        "encoder.encoder_transformer.layers.0.mlp.fc1.weight",
+        "encoder.downsample.conv.weight",
+        "encoder.quantizer.acoustic_residual_vector_quantizer.layers.0.codebook.embed_sum",
+    ):
+        assert expected in codec
+
+
+def test_sharded_index_loads(checkpoint_factory, tmp_path):
+    root = _copy(checkpoint_factory("custom_voice"), tmp_path / "sharded")
+    state = load_file(str(root / "model.safetensors"))
+    (root / "model.safetensors").unlink()
+    names = sorted(state)
+    halves = {
+        "model-00001-of-00002.safetensors": names[::2],
+        "model-00002-of-00002.safetensors": names[1::2],
+    }
+    weight_map = {}
+    for file, part in halves.items():
+        save_file({n: state[n] for n in part}, str(root / file))
+        weight_map.update(dict.fromkeys(part, file))
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    model = Qwen3TTSModel.from_pretrained(root)
+    assert torch.equal(model.network.state_dict()[names[1]], state[names[1]].to(model.dtype))
+
+
+def _rewrite(root: Path, edit) -> None:
+    path = root / "model.safetensors"
+    state = load_file(str(path))
+    edit(state)
+    save_file(state, str(path))
+
+
+def test_missing_tensor_is_named(checkpoint_factory, tmp_path):
+    root = _copy(checkpoint_factory("custom_voice"), tmp_path / "missing")
+    _rewrite(root, lambda s: s.pop("talker.codec_head.weight"))
+    with pytest.raises(CheckpointError, match=r"missing tensor\(s\) talker\.codec_head\.weight"):
+        Qwen3TTSModel.from_pretrained(root)
+
+
+def test_unexpected_tensor_is_named(checkpoint_factory, tmp_path):
+    root = _copy(checkpoint_factory("custom_voice"), tmp_path / "unexpected")
+    _rewrite(root, lambda s: s.__setitem__("talker.extra.weight", torch.zeros(2)))
+    with pytest.raises(CheckpointError, match=r"unexpected tensor\(s\) talker\.extra\.weight"):
+        Qwen3TTSModel.from_pretrained(root)
+
+
+def test_wrong_shape_is_named(checkpoint_factory, tmp_path):
+    root = _copy(checkpoint_factory("custom_voice"), tmp_path / "shape")
+    _rewrite(root, lambda s: s.__setitem__("talker.model.norm.weight", torch.ones(7)))
+    with pytest.raises(CheckpointError, match=r"wrong shape for talker\.model\.norm\.weight"):
+        Qwen3TTSModel.from_pretrained(root)
+
+
+def test_speech_tokenizer_is_strict_too(checkpoint_factory, tmp_path):
+    root = _copy(checkpoint_factory("custom_voice"), tmp_path / "codec")
+    path = root / "speech_tokenizer" / "model.safetensors"
+    state = load_file(str(path))
+    state.pop("encoder.downsample.conv.weight")
+    save_file(state, str(path))
+    with pytest.raises(CheckpointError, match=r"encoder\.downsample\.conv\.weight"):
+        Qwen3TTSModel.from_pretrained(root)
+
+
+def test_index_naming_an_absent_tensor_is_refused(checkpoint_factory, tmp_path):
+    root = _copy(checkpoint_factory("custom_voice"), tmp_path / "badindex")
+    with safe_open(str(root / "model.safetensors"), framework="pt") as handle:
+        names = list(handle.keys())
+    weight_map = dict.fromkeys(names, "model.safetensors")
+    weight_map["talker.ghost.weight"] = "model.safetensors"
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(CheckpointError, match=r"talker\.ghost\.weight"):
+        Qwen3TTSModel.from_pretrained(root)
+
+
+def test_no_weights_file_says_how_to_run_without(checkpoint_factory, tmp_path):
+    root = _copy(checkpoint_factory("custom_voice"), tmp_path / "noweights")
+    (root / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="load_format='dummy'"):
+        Qwen3TTSModel.from_pretrained(root)
+
+
+def test_dummy_weights_are_deterministic_per_seed():
+    a = Qwen3TTSModel.from_pretrained("tiny", load_format="dummy", seed=3)
+    b = Qwen3TTSModel.from_pretrained("tiny", load_format="dummy", seed=3)
+    c = Qwen3TTSModel.from_pretrained("tiny", load_format="dummy", seed=4)
+    name = "talker.model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(a.network.state_dict()[name], b.network.state_dict()[name])
+    assert not torch.equal(a.network.state_dict()[name], c.network.state_dict()[name])
+    assert a.speech_tokenizer is not None and b.speech_tokenizer is not None
+    for key, value in a.speech_tokenizer.state_dict().items():
+        assert torch.equal(value, b.speech_tokenizer.state_dict()[key]), key
+
+
+def test_preset_needs_dummy_weights():
+    with pytest.raises(ValueError, match="load_format='dummy'"):
+        Qwen3TTSModel.from_pretrained("tiny")
+
+
+def test_hub_id_offline_fails_with_the_fix(monkeypatch):
+    import huggingface_hub
+
+    def offline(*args, **kwargs):
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(FileNotFoundError, match=r"hf download Qwen/Qwen3-TTS-Nope --local-dir"):
+        Qwen3TTSModel.from_pretrained("Qwen/Qwen3-TTS-Nope")
+
+
+def test_bad_variant_is_refused(tmp_path):
+    from omni_qwen3_tts.weights import PRESETS_DIR
+
+    root = _copy(PRESETS_DIR / "tiny", tmp_path / "bad")
+    config = json.loads((root / "config.json").read_text())
+    config["tts_model_type"] = "karaoke"
+    (root / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="tts_model_type is 'karaoke'"):
+        Qwen3TTSModel.from_pretrained(root, load_format="dummy")
+
+
+def test_bfloat16_load(checkpoint_factory):
+    model = Qwen3TTSModel.from_pretrained(checkpoint_factory("custom_voice"), dtype="bfloat16")
+    assert model.dtype == torch.bfloat16
+    codes = model.generate(_prompt(model), 4)
+    assert codes.shape[1] == 16

@@ -1,0 +1,104 @@
+"""The 12 Hz codec: decode shapes, streaming == full decode, encoder, speaker encoder."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from omni_qwen3_tts.speaker_encoder import log_mel, slaney_mel_filters  # noqa: E402
+
+
+def _codes(frames: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 64, (frames, 16), generator=torch.Generator().manual_seed(seed))
+
+
+def test_decode_shape_and_range(tiny_model):
+    st = tiny_model.speech_tokenizer
+    wav = tiny_model.decode_audio(_codes(7))
+    assert wav.shape == (7 * 1920,) and wav.dtype == torch.float32
+    assert st.samples_per_frame == 1920 and st.sample_rate == 24000
+    assert torch.isfinite(wav).all() and float(wav.abs().max()) <= 1.0
+    assert float(wav.std()) > 1e-3  # dummy weights still make a signal, not silence
+
+
+def test_streaming_decode_equals_full_decode(tiny_model):
+    decoder = tiny_model.speech_tokenizer.decoder
+    codes = _codes(24, seed=1).T[None]
+    full = decoder(codes)[0, 0]
+    context = decoder.exact_context_frames()
+    assert 0 < context < 24
+    pieces, start = [], 0
+    for size in (1, 2, 5, 3, 4, 9):  # uneven chunks, as frames arrive
+        left = min(context, start)
+        pieces.append(decoder.decode_chunk(codes[..., start - left : start + size], left)[0, 0])
+        start += size
+    streamed = torch.cat(pieces)
+    assert streamed.shape == full.shape
+    torch.testing.assert_close(streamed, full, atol=1e-5, rtol=0)
+
+
+def test_short_context_is_only_approximate(tiny_model):
+    """The release's chunked decode uses a fixed context; below the exact one it drifts."""
+    decoder = tiny_model.speech_tokenizer.decoder
+    codes = _codes(20, seed=2).T[None]
+    full = decoder(codes)[0, 0]
+    exact = decoder.chunked_decode(codes, chunk_size=4, left_context=decoder.exact_context_frames())
+    torch.testing.assert_close(exact[0, 0], full, atol=1e-5, rtol=0)
+    rough = decoder.chunked_decode(codes, chunk_size=4, left_context=1)[0, 0]
+    assert rough.shape == full.shape
+    assert not torch.allclose(rough, full, atol=1e-5)
+
+
+def test_real_size_context_exceeds_release_default():
+    from omni_qwen3_tts.config import DecoderConfig
+    from omni_qwen3_tts.speech_tokenizer.decoder import Decoder
+
+    with torch.device("meta"):
+        decoder = Decoder(DecoderConfig())
+    assert decoder.total_upsample == 1920
+    assert decoder.exact_context_frames() > 25
+
+
+def test_encoder_codes_shape(base_model):
+    st = base_model.speech_tokenizer
+    wav = 0.3 * torch.sin(torch.arange(24000 + 100) / 24000 * 2 * math.pi * 220)
+    codes = st.encode(wav)
+    assert codes.shape == (math.ceil(24100 / 1920), 16)
+    assert codes.dtype == torch.long and int(codes.min()) >= 0 and int(codes.max()) < 64
+
+
+def test_mel_filters_match_slaney_properties():
+    filters = slaney_mel_filters(24000, 1024, 128, 0.0, 12000.0)
+    assert filters.shape == (128, 513)
+    assert (filters >= 0).all()
+    # Each triangle's peak sits inside the band and every band has some weight.
+    assert (filters.sum(axis=1) > 0).all()
+    peaks = filters.argmax(axis=1)
+    assert np.all(np.diff(peaks) >= 0)
+    mel = log_mel(torch.zeros(1, 24000))
+    assert mel.shape == (1, 24000 // 256, 128)
+    assert torch.allclose(mel, torch.full_like(mel, math.log(1e-5)), atol=1e-3)
+
+
+def test_voice_clone_end_to_end(base_model):
+    m = base_model
+    wav = 0.2 * torch.randn(24000, generator=torch.Generator().manual_seed(0)).clamp(-1, 1)
+    ref_codes, xvector = m.voice_clone_reference(wav)
+    assert xvector.shape == (m.config.talker.transformer.hidden_size,)
+    prompt = m.prompts.voice_clone("Hello the world", xvector, "english", ref_codes, "the user")
+    codes = m.generate(prompt, max_new_tokens=4)
+    audio = m.decode_audio(codes, reference=ref_codes)
+    assert codes.shape == (4, 16)
+    # The reference's share of the audio is cut off again.
+    assert audio.shape[0] == pytest.approx(4 * 1920, abs=1)
+    only = m.prompts.voice_clone("Hello", xvector, "english", x_vector_only=True)
+    assert m.generate(only, max_new_tokens=3).shape == (3, 16)
+
+
+def test_voice_clone_needs_base(tiny_model):
+    with pytest.raises(RuntimeError, match="Base checkpoint"):
+        tiny_model.voice_clone_reference(torch.zeros(2400))
