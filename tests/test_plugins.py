@@ -453,11 +453,15 @@ def test_a_wrapper_plugin_times_construction_without_replacing_it(
     assert all(seconds >= 0 for _, seconds, _ in timer.timings)
 
 
+IMPLEMENTED = {"qwen3-tts"}  # pipelines whose model code has landed (tested in their plugin)
+
+
 def _every_stage() -> list[tuple[str, str]]:
     plugins = OmniPlugins(env={})
     return [
         (name, stage.name)
         for name, registered in sorted(plugins.pipelines().items())
+        if name not in IMPLEMENTED
         for stage in registered.value.default_stages()
     ]
 

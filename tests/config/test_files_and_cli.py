@@ -107,8 +107,8 @@ def test_explain_accepts_both_spellings_and_shows_untouched_defaults(deploy, cli
     path = deploy(SEED)
     code, out, _ = cli("config", "explain", path, "stages.vocoder.factory.max_batch_size")
     assert code == 0 and "16" in out
-    code, out, _ = cli("config", "explain", path, "vocoder.factory.dtype")
-    assert out.splitlines()[0] == 'stages.vocoder.factory.dtype = "float32"'
+    code, out, _ = cli("config", "explain", path, "vocoder.factory.chunk_frames")
+    assert out.splitlines()[0] == "stages.vocoder.factory.chunk_frames = 12"
     assert "model default (nothing overrides it)" in out
     code, out, _ = cli("config", "explain", "--pipeline", "qwen3-tts", "mps")
     assert code == 0 and out.startswith('mps = "off"')

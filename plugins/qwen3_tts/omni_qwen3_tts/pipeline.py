@@ -16,18 +16,22 @@ PACKAGE = "omni_qwen3_tts.stages"
 
 class PreprocessingArgs(FactoryArgs):
     max_ref_audio_seconds: float = 30.0
+    max_frames: int | None = None  # per-request cap; default: generation_config max_new_tokens
 
 
 class EngineFactoryArgs(FactoryArgs):
-    dtype: str = "bfloat16"
-    load_format: str = "auto"
+    dtype: str | None = None  # default: bfloat16 on CUDA, float32 on CPU
+    load_format: str = "auto"  # auto | safetensors | dummy (seeded random weights)
+    seed: int = 0  # of dummy weights
 
 
 class VocoderArgs(FactoryArgs):
-    dtype: str = "float32"
-    max_batch_size: int | None = None
-    chunk_frames: int = 12
-    left_context_frames: int = 25
+    dtype: str | None = None
+    load_format: str = "auto"
+    seed: int = 0
+    max_batch_size: int | None = None  # requests decoding at once
+    chunk_frames: int = 12  # frames per streamed audio chunk (12 frames = 0.96 s)
+    left_context_frames: int | None = 25  # none: exact (streamed == full decode)
 
 
 class Qwen3TTSPipeline(PipelineConfig):
@@ -42,6 +46,9 @@ class Qwen3TTSPipeline(PipelineConfig):
     )
     entry_stage: ClassVar[str] = "preprocessing"
     default_model_path: ClassVar[str] = "Qwen/Qwen3-TTS-12Hz-0.6B-Base"
+    api: ClassVar[tuple[str, ...]] = ("speech",)
+    audio_stage: ClassVar[str | None] = "vocoder"
+    sample_rate: ClassVar[int | None] = 24000
 
     @classmethod
     def default_stages(cls) -> list[StageConfig]:

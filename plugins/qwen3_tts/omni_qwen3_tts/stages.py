@@ -1,42 +1,330 @@
-"""Stage factories of the Qwen3-TTS pipeline.
+"""Stage factories of the Qwen3-TTS pipeline: preprocessing, tts_engine, vocoder.
 
-The model code (talker, code predictor, speech-tokenizer decoder) has not
-landed yet; each factory says so at construction instead of pretending.
+The parent never imports this module (stages are built in the child that
+runs them), so torch is imported here freely.
+
+* preprocessing: validates the speech request (400 on bad input), tokenises
+  the text and builds the prompt of the checkpoint's variant, decodes and
+  resamples reference audio for voice cloning, and fixes the sampling
+  parameters (the release's defaults, overridden per request);
+* tts_engine: generates frames through the engine backend (continuous
+  batching) and streams each frame's 16 codes to the vocoder as it exists;
+* vocoder: decodes the codes in chunks with left context and streams audio.
+
+When stages share a process they share one loaded model (``load_model`` is
+memoised per process), so the talker and the codec are loaded once.
 """
 
 from __future__ import annotations
 
-from omni_core import NotImplementedYet
+import base64
+import functools
+import io
+from typing import Any
+
+import anyio
+import torch
+
+from omni_core import RequestError
+from omni_core.engine.backends import create_engine
+from omni_core.engine.interface import EngineSettings, SamplingParams
+
+from .config import GenerationDefaults, Qwen3TTSConfig
+from .model import Qwen3TTSModel
+from .prompt import PromptBuilder, PromptError
+from .tokenizer import TextTokenizer
+from .weights import read_json, resolve_model_path
+
+SAMPLE_RATE = 24000
+REQUEST_KEYS = {
+    # OpenAI's speech fields
+    "model", "input", "voice", "response_format", "speed", "instructions", "stream",
+    "stream_format",
+    # Qwen3-TTS
+    "language", "ref_audio", "ref_text", "x_vector_only",
+    # sampling
+    "temperature", "top_k", "top_p", "repetition_penalty", "seed", "max_frames",
+}  # fmt: skip
 
 
-def _not_yet(stage: str) -> NotImplementedYet:
-    return NotImplementedYet(
-        f"omni-qwen3-tts: stage {stage!r} cannot be built yet: the Qwen3-TTS model code "
-        "is not implemented in this release",
-        hint="plan and inspect the deployment with `omni plan`; serving needs the model code",
+@functools.lru_cache(maxsize=4)
+def load_model(
+    model_path: str, load_format: str, dtype: str | None, device: str, seed: int
+) -> Qwen3TTSModel:
+    """One model per process and checkpoint, shared by the stages that need it."""
+    return Qwen3TTSModel.from_pretrained(
+        model_path, load_format=load_format, dtype=dtype, device=device, seed=seed
     )
 
 
-def create_preprocessing(model_path: str, max_ref_audio_seconds: float = 30.0):
-    raise _not_yet("preprocessing")
+def torch_device(gpu_id: int | None, stage: str) -> str:
+    if gpu_id is None:
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"stage {stage!r} was placed on GPU {gpu_id}, but torch sees no CUDA device here; "
+            "plan for this machine with --placement.policy cpu"
+        )
+    return f"cuda:{gpu_id}"
+
+
+# -- preprocessing ---------------------------------------------------------------
+
+
+class Preprocessing:
+    def __init__(self, model_path: str, max_ref_audio_seconds: float, max_frames: int | None):
+        root = resolve_model_path(model_path).path
+        self.config = Qwen3TTSConfig.from_dict(read_json(root / "config.json"))
+        self.defaults = GenerationDefaults.from_dict(
+            read_json(root / "generation_config.json", required=False)
+        )
+        self.prompts = PromptBuilder(self.config, TextTokenizer.from_dir(root))
+        self.max_ref_audio_seconds = max_ref_audio_seconds
+        self.max_frames = max_frames or self.defaults.max_new_tokens
+
+    async def run(self, request: Any) -> dict[str, Any]:
+        data = dict(request.data or {})
+        unknown = sorted(set(data) - REQUEST_KEYS)
+        if unknown:
+            raise RequestError(
+                f"unknown field {unknown[0]!r} for qwen3-tts",
+                hint="accepted: " + ", ".join(sorted(REQUEST_KEYS)),
+            )
+        if data.get("speed", 1.0) not in (1, 1.0, None):
+            raise RequestError("qwen3-tts does not change speed; omit 'speed' or send 1.0")
+        try:
+            return {
+                "prompt": self._prompt(data),
+                "sampling": self._sampling(data),
+                "clone": self._clone(data),
+            }
+        except PromptError as exc:
+            raise RequestError(str(exc)) from None
+
+    def _prompt(self, data: dict[str, Any]) -> Any:
+        text, language = data.get("input") or "", data.get("language") or "auto"
+        variant = self.config.tts_model_type
+        if variant == "custom_voice":
+            voice = data.get("voice") or (self.prompts.speakers[0] if self.prompts.speakers else "")
+            return self.prompts.custom_voice(text, voice, language, data.get("instructions"))
+        if variant == "voice_design":
+            if not data.get("instructions"):
+                raise PromptError("a VoiceDesign model needs 'instructions' describing the voice")
+            return self.prompts.voice_design(text, data["instructions"], language)
+        return None  # Base: the engine stage computes the reference's codes and x-vector
+
+    def _clone(self, data: dict[str, Any]) -> dict[str, Any] | None:
+        if self.config.tts_model_type != "base":
+            for key in ("ref_audio", "ref_text", "x_vector_only"):
+                if data.get(key):
+                    raise PromptError(
+                        f"{key!r} is for voice cloning, which needs a Base checkpoint; "
+                        f"this one is {self.config.tts_model_type!r}"
+                    )
+            return None
+        if not data.get("input", "").strip():
+            raise PromptError("text is empty")
+        if not data.get("ref_audio"):
+            raise PromptError("voice cloning needs 'ref_audio' (base64-encoded wav or flac)")
+        x_vector_only = bool(data.get("x_vector_only", False))
+        if not x_vector_only and not (data.get("ref_text") or "").strip():
+            raise PromptError(
+                "voice cloning needs 'ref_text', the reference audio's transcript "
+                "(or x_vector_only: true)"
+            )
+        return {
+            "text": data["input"],
+            "language": data.get("language") or "auto",
+            "ref_audio": self._reference_audio(data["ref_audio"]),
+            "ref_text": data.get("ref_text"),
+            "x_vector_only": x_vector_only,
+        }
+
+    def _reference_audio(self, encoded: Any) -> Any:
+        import numpy as np
+        import soundfile
+
+        if not isinstance(encoded, str):
+            raise PromptError("'ref_audio' must be a base64 string of a wav or flac file")
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+            samples, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
+        except Exception as exc:
+            raise PromptError(f"'ref_audio' is not readable audio: {exc}") from None
+        seconds = samples.shape[0] / rate
+        if seconds > self.max_ref_audio_seconds:
+            raise PromptError(
+                f"'ref_audio' is {seconds:.1f} s long; the limit is "
+                f"{self.max_ref_audio_seconds:g} s"
+            )
+        if seconds < 0.5:
+            raise PromptError(f"'ref_audio' is {seconds:.2f} s long; give at least 0.5 s")
+        mono = samples.mean(axis=1)
+        if rate != SAMPLE_RATE:
+            import soxr
+
+            mono = soxr.resample(mono, rate, SAMPLE_RATE)
+        return np.ascontiguousarray(mono, dtype=np.float32)
+
+    def _sampling(self, data: dict[str, Any]) -> SamplingParams:
+        d = self.defaults
+
+        def number(key: str, default: Any, kind: type) -> Any:
+            value = data.get(key, default)
+            if value is None:
+                return default
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise PromptError(f"{key!r} must be a number, got {value!r}")
+            if kind is int and value != int(value):
+                raise PromptError(f"{key!r} must be an integer, got {value!r}")
+            return kind(value)
+
+        max_frames = number("max_frames", self.max_frames, int)
+        if not 1 <= max_frames <= self.max_frames:
+            raise PromptError(f"'max_frames' must be in 1..{self.max_frames}, got {max_frames}")
+        return SamplingParams(
+            temperature=number("temperature", d.temperature if d.do_sample else 0.0, float),
+            top_k=number("top_k", d.top_k, int),
+            top_p=number("top_p", d.top_p, float),
+            repetition_penalty=number("repetition_penalty", d.repetition_penalty, float),
+            seed=number("seed", None, int),
+            max_new_tokens=max_frames,
+        )
+
+
+def create_preprocessing(
+    model_path: str, max_ref_audio_seconds: float = 30.0, max_frames: int | None = None
+) -> Preprocessing:
+    return Preprocessing(model_path, max_ref_audio_seconds, max_frames)
+
+
+# -- tts_engine -------------------------------------------------------------------
+
+
+class TTSEngine:
+    def __init__(self, model: Qwen3TTSModel, engine: Any):
+        self.model, self.engine = model, engine
+
+    async def run(self, request: Any) -> dict[str, Any]:
+        prompt, sampling = request.data["prompt"], request.data["sampling"]
+        if request.data.get("clone"):
+            prompt = await anyio.to_thread.run_sync(self._clone_prompt, request.data["clone"])
+        frames = 0
+        async with self.engine.submit(request.request_id, prompt, sampling) as stream:
+            async for codes in stream:
+                if codes is None:  # the EOS step has no frame
+                    continue
+                await request.emit(codes)
+                frames += 1
+        return {"frames": frames, "finish_reason": stream.finish_reason}
+
+    def _clone_prompt(self, clone: dict[str, Any]) -> Any:
+        wav = torch.from_numpy(clone["ref_audio"])
+        try:
+            codes, xvector = self.model.voice_clone_reference(wav)
+            return self.model.prompts.voice_clone(
+                clone["text"],
+                xvector,
+                clone["language"],
+                ref_codes=codes,
+                ref_text=clone["ref_text"],
+                x_vector_only=clone["x_vector_only"],
+            )
+        except PromptError as exc:
+            raise RequestError(str(exc)) from None
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
 
 
 def create_tts_engine(
     model_path: str,
     gpu_id: int | None = None,
     gpu_memory_fraction: float | None = None,
-    dtype: str = "bfloat16",
+    engine_args: dict[str, Any] | None = None,
+    dtype: str | None = None,
     load_format: str = "auto",
-):
-    raise _not_yet("tts_engine")
+    seed: int = 0,
+) -> TTSEngine:
+    settings = EngineSettings(**(engine_args or {}))
+    if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
+        # The placement share bounds weights and cache together on this GPU.
+        settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
+    device = torch_device(gpu_id, "tts_engine")
+    model = load_model(model_path, load_format, dtype, device, seed)
+    return TTSEngine(model, create_engine(model, settings, device=device))
+
+
+# -- vocoder ----------------------------------------------------------------------
+
+
+class Vocoder:
+    """Streams audio: every ``chunk_frames`` frames, decoded with ``left_context`` before them.
+
+    ``left_context_frames = None`` uses the decoder's exact receptive field, so
+    the streamed audio equals a full decode; the release uses 25 frames, which
+    is faster and audibly the same. ``max_batch_size`` bounds how many
+    requests decode at once (a concurrency bound: chunks of different requests
+    are decoded one by one, not stacked into one batch).
+    """
+
+    def __init__(
+        self,
+        model: Qwen3TTSModel,
+        chunk_frames: int,
+        left_context_frames: int | None,
+        max_batch_size: int | None = None,
+    ):
+        if model.speech_tokenizer is None:
+            raise RuntimeError("the vocoder needs the speech tokenizer")
+        if chunk_frames < 1:
+            raise ValueError(f"factory.chunk_frames must be >= 1, got {chunk_frames}")
+        self.decoder = model.speech_tokenizer.decoder
+        self.device = next(self.decoder.parameters()).device
+        self.chunk_frames = chunk_frames
+        self.limiter = anyio.CapacityLimiter(max_batch_size) if max_batch_size else None
+        self.context = (
+            self.decoder.exact_context_frames()
+            if left_context_frames is None
+            else left_context_frames
+        )
+
+    async def run(self, request: Any) -> dict[str, Any]:
+        frames: list[torch.Tensor] = []
+        played = samples = 0
+        async for codes in request.stream:
+            frames.append(codes)
+            if len(frames) - played >= self.chunk_frames:
+                samples += await self._play(request, frames, played)
+                played = len(frames)
+        if len(frames) > played:
+            samples += await self._play(request, frames, played)
+        return {"frames": len(frames), "samples": samples, "sample_rate": SAMPLE_RATE}
+
+    async def _play(self, request: Any, frames: list[torch.Tensor], played: int) -> int:
+        audio = await anyio.to_thread.run_sync(self.decode, frames, played, limiter=self.limiter)
+        await request.emit(audio)
+        return int(audio.shape[0])
+
+    def decode(self, frames: list[torch.Tensor], played: int) -> Any:
+        """Audio of ``frames[played:]`` as float32 numpy, with the configured left context."""
+        context = min(self.context, played)
+        codes = torch.stack(frames[played - context :]).to(self.device)  # [T, 16]
+        with torch.inference_mode():
+            wav = self.decoder.decode_chunk(codes.clamp(min=0).T[None], context)
+        return wav[0, 0].float().cpu().numpy()
 
 
 def create_vocoder(
     model_path: str,
     gpu_id: int | None = None,
-    dtype: str = "float32",
-    max_batch_size: int | None = None,
+    dtype: str | None = None,
+    load_format: str = "auto",
+    seed: int = 0,
     chunk_frames: int = 12,
-    left_context_frames: int = 25,
-):
-    raise _not_yet("vocoder")
+    left_context_frames: int | None = 25,
+    max_batch_size: int | None = None,
+) -> Vocoder:
+    device = torch_device(gpu_id, "vocoder")
+    model = load_model(model_path, load_format, dtype, device, seed)
+    return Vocoder(model, chunk_frames, left_context_frames, max_batch_size)

@@ -1,0 +1,23 @@
+"""The HTTP server: an OpenAI-compatible API over a running :class:`~omni_core.runtime.Runtime`.
+
+Only ``omni serve`` imports it (it needs starlette and uvicorn; audio encoding
+needs numpy and, for FLAC, soundfile), so its names load on first access and
+``omni plan`` stays light.
+"""
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "create_app": "app",
+    "OmniServer": "server",
+    "serve_runtime": "server",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

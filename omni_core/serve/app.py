@@ -1,0 +1,127 @@
+"""The Starlette application: routes, error shapes, auth and metrics around a Runtime.
+
+``create_app(runtime, resolution)`` is all ``omni serve`` (and the tests)
+need. The runtime is started and stopped by the caller, not by the app's
+lifespan, so that start-up progress and signals stay with the command line.
+Routes for an API the pipeline does not declare still exist and answer 404
+with a message saying what the pipeline serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from .auth import APIKeyMiddleware
+from .bodies import ClientGone
+from .chat import PATH as CHAT_PATH
+from .chat import create_chat
+from .errors import APIError, error_response
+from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
+from .service import Service
+from .speech import PATH as SPEECH_PATH
+from .speech import create_speech
+
+log = logging.getLogger("omni.serve")
+CLIENT_CLOSED = 499  # nginx's "client closed request": only ever seen in the metrics
+UNHEALTHY = {"unhealthy", "stopping"}
+
+
+def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> Starlette:
+    """An ASGI app serving ``runtime``; ``api_key`` overrides ``server.api_key``."""
+    config = resolution.config
+    server = config.server
+    service = Service.of(runtime, resolution.pipeline_cls, config)
+    metrics = Metrics({SPEECH_PATH, CHAT_PATH, "/v1/models", "/health", "/metrics"})
+    service.observe_first_audio = metrics.observe_first_audio
+    created = int(time.time())
+
+    async def speech(request: Request) -> Response:
+        return await create_speech(request, service, server.max_body_bytes)
+
+    async def chat(request: Request) -> Response:
+        return await create_chat(request, service, server.max_body_bytes, server.media_dirs)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": service.model_id,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "omni",
+                        "pipeline": service.serving.pipeline,
+                        "api": list(service.serving.api),
+                    }
+                ],
+            }
+        )
+
+    async def health(request: Request) -> Response:
+        state = {"pipeline": service.serving.pipeline, **runtime.health()}
+        return JSONResponse(state, status_code=503 if state["status"] in UNHEALTHY else 200)
+
+    async def prometheus(request: Request) -> Response:
+        return PlainTextResponse(metrics.render(runtime), media_type=CONTENT_TYPE)
+
+    routes = [
+        Route(SPEECH_PATH, _guarded(speech), methods=["POST"]),
+        Route(CHAT_PATH, _guarded(chat), methods=["POST"]),
+        Route("/v1/models", _guarded(models), methods=["GET"]),
+        Route("/health", _guarded(health), methods=["GET"]),
+        Route("/metrics", _guarded(prometheus), methods=["GET"]),
+    ]
+    key = api_key if api_key is not None else server.api_key
+    middleware = [Middleware(MetricsMiddleware, metrics=metrics)]
+    if key:
+        middleware.append(Middleware(APIKeyMiddleware, api_key=key))
+    app = Starlette(
+        routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_exception}
+    )
+    app.state.service, app.state.metrics = service, metrics
+    return app
+
+
+def _guarded(endpoint: Callable[[Request], Awaitable[Response]]):
+    """Our errors become OpenAI-shaped JSON; a bug becomes a logged 500, not a dropped socket."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except APIError as exc:
+            return error_response(exc)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        except Exception as exc:
+            log.exception("internal error in %s %s", request.method, request.url.path)
+            return error_response(
+                APIError(500, f"internal server error: {type(exc).__name__}: {exc}")
+            )
+
+    return guarded
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = {
+        404: f"no such endpoint: {request.url.path}",
+        405: f"method {request.method} is not allowed on {request.url.path}",
+    }
+    return error_response(
+        APIError(
+            exc.status_code,
+            message.get(exc.status_code, exc.detail),
+            headers=dict(exc.headers or {}),
+        )
+    )

@@ -1,0 +1,100 @@
+"""Reading request bodies under a limit, and tying a request's life to its connection.
+
+A client that disconnects must not leave its request running in the stages:
+non-streaming handlers race the work against the disconnect message, and
+streaming responses abort in a ``finally`` that runs however the response ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from .errors import APIError
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response was ready."""
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, or APIError(413) as soon as it is known to exceed ``limit``."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise APIError(413, _too_large(int(declared), limit))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, _too_large(size, limit))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> str:
+    return (
+        f"the request body is larger than the limit of {limit} bytes (at least {size}); "
+        "the operator can raise server.max_body_bytes"
+    )
+
+
+async def unless_disconnected(request: Request, work: Callable[[], Awaitable[T]]) -> T:
+    """``await work()``, cancelled with ClientGone if the client disconnects first.
+
+    Call only after the body has been read: then the next ASGI message is the
+    disconnect.
+    """
+    outcome: list[T] = []
+    failure: list[Exception] = []
+    gone = False
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            nonlocal gone
+            while True:
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    gone = True
+                    tg.cancel_scope.cancel()
+                    return
+
+        async def run() -> None:
+            try:
+                outcome.append(await work())
+            except Exception as exc:  # re-raised bare below, not as an exception group
+                failure.append(exc)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        tg.start_soon(run)
+    if failure:
+        raise failure[0]
+    if gone or not outcome:
+        raise ClientGone
+    return outcome[0]
+
+
+class OwnedStreamingResponse(StreamingResponse):
+    """A streaming response that runs ``on_close`` however it ends (done, failed, client gone)."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kw: Any
+    ):
+        super().__init__(content, **kw)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                close = getattr(self.body_iterator, "aclose", None)
+                if close is not None:
+                    await close()
+                await self.on_close()

@@ -1,0 +1,196 @@
+"""What the endpoints (and ``omni run``) share: the pipeline's serving declaration,
+admission, and turning a request's events into text deltas and PCM audio.
+
+Runtime errors map to HTTP once, here: ``Overloaded`` 429 (with Retry-After),
+``Unavailable`` 503, a stage's ``RequestError`` 400 with the stage's message,
+any other stage failure 500 naming the stage or process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from ..errors import ConfigError
+from ..runtime.coordinator import Overloaded, RequestFailed, RequestHandle, Unavailable
+from .audio import to_pcm16
+from .errors import APIError
+
+
+@dataclass(frozen=True)
+class Serving:
+    """A pipeline class's serving attributes, checked once at start-up."""
+
+    pipeline: str
+    api: tuple[str, ...]
+    audio_stage: str | None
+    text_stage: str | None
+    sample_rate: int | None
+
+    @classmethod
+    def of(cls, pipeline_cls: Any) -> Serving:
+        serving = cls(
+            pipeline_cls.pipeline_name,
+            tuple(pipeline_cls.api),
+            pipeline_cls.audio_stage,
+            pipeline_cls.text_stage,
+            pipeline_cls.sample_rate,
+        )
+        where = f"pipeline {serving.pipeline!r} ({pipeline_cls.__module__}.{pipeline_cls.__name__})"
+        unknown = set(serving.api) - {"speech", "chat"}
+        if unknown:
+            raise ConfigError(
+                f"{where} declares unknown api {sorted(unknown)}; known: speech, chat"
+            )
+        if not serving.api:
+            raise ConfigError(
+                f"{where} declares no api, so there is nothing to serve",
+                hint='set api = ("speech",) and/or ("chat",) on the class',
+            )
+        if "speech" in serving.api and not (serving.audio_stage and serving.sample_rate):
+            raise ConfigError(
+                f"{where} serves speech but does not declare both audio_stage and sample_rate"
+            )
+        if serving.audio_stage and not serving.sample_rate:
+            raise ConfigError(f"{where} declares audio_stage without sample_rate")
+        if "chat" in serving.api and not (serving.text_stage or serving.audio_stage):
+            raise ConfigError(
+                f"{where} serves chat but declares neither text_stage nor audio_stage"
+            )
+        return serving
+
+
+@dataclass
+class Piece:
+    """Something for the client: a text delta (str) or PCM16 audio (bytes)."""
+
+    kind: str  # "text" or "audio"
+    data: Any
+
+
+@dataclass
+class Service:
+    runtime: Any
+    serving: Serving
+    model_names: tuple[str, ...]
+    request_timeout: float
+    observe_first_audio: Any = None  # (path, seconds) -> None
+
+    @classmethod
+    def of(cls, runtime: Any, pipeline_cls: Any, config: Any) -> Service:
+        names = [config.server.served_model_name, config.model_path, pipeline_cls.pipeline_name]
+        model_names = tuple(dict.fromkeys(n for n in names if n))
+        return cls(runtime, Serving.of(pipeline_cls), model_names, config.runtime.request_timeout)
+
+    @property
+    def model_id(self) -> str:
+        return self.model_names[0]
+
+    def require(self, api: str, path: str) -> None:
+        if api not in self.serving.api:
+            raise APIError(
+                404,
+                f"pipeline {self.serving.pipeline!r} does not serve {path}; "
+                f"it serves: {', '.join(self.serving.api)}",
+                code="unsupported_api",
+            )
+
+    def check_model(self, model: str | None) -> None:
+        if model and model not in self.model_names:
+            raise APIError(
+                404,
+                f"model {model!r} is not served here; this server serves {self.model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    async def submit(self, data: dict[str, Any], params: dict[str, Any]) -> RequestHandle:
+        try:
+            return await self.runtime.submit(data, params)
+        except Overloaded as exc:
+            raise APIError(429, exc.render(), headers={"Retry-After": "1"}) from None
+        except Unavailable as exc:
+            raise APIError(503, exc.render()) from None
+        except RequestFailed as exc:
+            raise APIError(503, exc.render()) from None
+
+    async def finish(self, handle: RequestHandle, reason: str) -> None:
+        """Abort ``handle`` everywhere unless it already ended (safe to call twice)."""
+        if not handle.done.is_set():
+            with anyio.CancelScope(shield=True):
+                await self.runtime.abort(handle, reason)
+
+    async def pieces(
+        self, handle: RequestHandle, *, path: str = "", started: float | None = None
+    ) -> AsyncIterator[Piece]:
+        """The request's text deltas and audio as they come; APIError on failure or timeout.
+
+        A terminal stage that emitted no chunks but returned its whole output
+        (a string, or an array of samples) counts as one piece.
+        """
+        started = time.perf_counter() if started is None else started
+        streamed: set[str] = set()
+        first_audio = True
+        deadline = time.monotonic() + self.request_timeout
+        stream = handle.stream()
+        try:
+            while True:
+                try:
+                    with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                        event = await stream.__anext__()
+                except StopAsyncIteration:
+                    return
+                piece = self._piece(event, streamed)
+                if piece is None:
+                    continue
+                if piece.kind == "audio" and first_audio:
+                    first_audio = False
+                    if self.observe_first_audio is not None:
+                        self.observe_first_audio(path, time.perf_counter() - started)
+                yield piece
+        except TimeoutError:
+            await self.finish(handle, "timed out")
+            raise APIError(
+                504,
+                f"the request did not finish in {self.request_timeout:g} s "
+                "(runtime.request_timeout)",
+            ) from None
+        except RequestFailed as exc:
+            raise APIError(400 if exc.client_error else 500, exc.message) from None
+        finally:
+            await stream.aclose()
+
+    def _piece(self, event: Any, streamed: set[str]) -> Piece | None:
+        serving = self.serving
+        if event.stage not in (serving.audio_stage, serving.text_stage):
+            return None
+        if event.final and (
+            event.stage in streamed or not _is_whole(event.data, event.stage, serving)
+        ):
+            return None
+        streamed.add(event.stage)
+        if event.stage == serving.audio_stage:
+            try:
+                return Piece("audio", to_pcm16(event.data))
+            except (TypeError, ValueError) as exc:
+                raise APIError(
+                    500, f"stage {event.stage!r} produced audio the server cannot encode: {exc}"
+                ) from None
+        if not isinstance(event.data, str):
+            raise APIError(
+                500,
+                f"stage {event.stage!r} produced a text delta of type "
+                f"{type(event.data).__name__}, not str",
+            )
+        return Piece("text", event.data)
+
+
+def _is_whole(data: Any, stage: str, serving: Serving) -> bool:
+    """Is a final output that followed no chunks the whole text or audio itself?"""
+    if stage == serving.text_stage:
+        return isinstance(data, str)
+    return hasattr(data, "shape")

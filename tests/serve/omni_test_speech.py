@@ -1,0 +1,192 @@
+"""Two small CPU pipelines for the server tests (a plugin module).
+
+``t-speech`` (api speech and chat): ``prep`` checks the voice and finds the
+text, ``synth`` streams sine-wave chunks to ``audio``, the terminal audio
+stage, which runs in another process so that numpy chunks cross a transport.
+``t-chat`` (api chat): ``think`` writes a reply, ``text`` streams it word by
+word, and ``talker`` (routed to only when audio is asked for) streams sine
+audio. Registered in-process by the tests and, by module name, in the
+children the runtime spawns.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import anyio
+
+from omni_core import PipelineConfig, RequestError, StageConfig, hookimpl
+
+HERE = "omni_test_speech"
+SAMPLE_RATE = 24000
+CHUNK_SAMPLES = 1200  # 50 ms
+VOICES = {"alice": 220.0, "bob": 330.0}
+
+
+def sine(frequency: float, index: int, samples: int = CHUNK_SAMPLES) -> Any:
+    import numpy as np
+
+    t = (np.arange(samples) + index * samples) / SAMPLE_RATE
+    return (0.5 * np.sin(2 * math.pi * frequency * t)).astype(np.float32)
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        return " ".join(p.get("text", "") for p in content or [] if p.get("type") == "text")
+    return ""
+
+
+async def _maybe_wait(data: dict[str, Any]) -> None:
+    """``test_delay`` (an extra sampling field) makes a request slow on purpose."""
+    delay = float(data.get("test_delay") or 0)
+    if delay:
+        await anyio.sleep(delay)
+
+
+class Prep:
+    async def run(self, request):
+        data = request.data
+        voice = data.get("voice") or "alice"
+        if voice not in VOICES:
+            raise RequestError(f"unknown voice {voice!r}; voices: {', '.join(sorted(VOICES))}")
+        text = (
+            data["input"] if request.params["api"] == "speech" else last_user_text(data["messages"])
+        )
+        if not text.strip():
+            raise RequestError("there is no text to speak")
+        await _maybe_wait(data)
+        return {
+            "text": text,
+            "voice": voice,
+            "chunks": max(1, len(text.split())),
+            "chunk_delay": float(data.get("test_chunk_delay") or 0),
+        }
+
+
+class Synth:
+    """Streams one 50 ms sine chunk per word of the text to the audio stage."""
+
+    async def run(self, request):
+        frequency = VOICES[request.data["voice"]]
+        for index in range(request.data["chunks"]):
+            if index and request.data["chunk_delay"]:  # ``test_chunk_delay``: a slow stream
+                await anyio.sleep(request.data["chunk_delay"])
+            await request.emit(sine(frequency, index))
+        return {"chunks": request.data["chunks"]}
+
+
+class Audio:
+    """The terminal audio stage: passes chunks to the client, returns the sample count."""
+
+    async def run(self, request):
+        samples = 0
+        async for chunk in request.stream:
+            samples += len(chunk)
+            await request.emit(chunk)
+        return {"samples": samples}
+
+
+class Think:
+    async def run(self, request):
+        data = request.data
+        text = last_user_text(data["messages"])
+        if not text.strip():
+            raise RequestError("the last user message has no text")
+        await _maybe_wait(data)
+        return {
+            "reply": f"You said: {text}",
+            "modalities": data.get("modalities") or ["text"],
+            "voice": (data.get("audio") or {}).get("voice") or "alice",
+        }
+
+
+class Text:
+    async def run(self, request):
+        words = request.data["reply"].split(" ")
+        for index, word in enumerate(words):
+            await request.emit(word if index == 0 else f" {word}")
+        return request.data["reply"]
+
+
+class Talker:
+    async def run(self, request):
+        frequency = VOICES.get(request.data["voice"], 220.0)
+        count = len(request.data["reply"].split())
+        for index in range(count):
+            await request.emit(sine(frequency, index))
+        return {"chunks": count}
+
+
+def create(kind: str, start_delay: float = 0.0) -> Any:
+    """``factory.start_delay`` makes the stage slow to start (signals during start-up)."""
+    stages = {"prep": Prep, "synth": Synth, "audio": Audio, "think": Think, "text": Text}
+    stage = {**stages, "talker": Talker}[kind]()
+    if start_delay:
+
+        async def start() -> None:
+            await anyio.sleep(start_delay)
+
+        stage.start = start
+    return stage
+
+
+def route_chat(result: dict[str, Any]) -> list[str]:
+    return ["text", "talker"] if "audio" in result["modalities"] else ["text"]
+
+
+def _stage(name: str, process: str, **kw: Any) -> StageConfig:
+    return StageConfig(
+        name=name,
+        factory_path=f"{HERE}:create",
+        author_kwargs={"kind": name},
+        process=process,
+        **kw,
+    )
+
+
+class SpeechPipeline(PipelineConfig):
+    pipeline_name = "t-speech"
+    description = "test speech pipeline: sine waves, one chunk per word"
+    entry_stage = "prep"
+    default_placement_policy = "cpu"
+    api = ("speech", "chat")
+    audio_stage = "audio"
+    sample_rate = SAMPLE_RATE
+
+    @classmethod
+    def default_stages(cls) -> list[StageConfig]:
+        return [
+            _stage("prep", "front", next="synth"),
+            _stage("synth", "front", next="audio", stream_to=["audio"]),
+            _stage("audio", "back", terminal=True),
+        ]
+
+
+class ChatPipeline(PipelineConfig):
+    pipeline_name = "t-chat"
+    description = "test chat pipeline: echoes the prompt, optionally as sine audio"
+    entry_stage = "think"
+    default_placement_policy = "cpu"
+    api = ("chat",)
+    text_stage = "text"
+    audio_stage = "talker"
+    sample_rate = SAMPLE_RATE
+
+    @classmethod
+    def default_stages(cls) -> list[StageConfig]:
+        return [
+            _stage("think", "p", next=["text", "talker"], route_fn=f"{HERE}:route_chat"),
+            _stage("text", "p", terminal=True),
+            _stage("talker", "p", terminal=True),
+        ]
+
+
+@hookimpl
+def omni_register_pipelines() -> list[type[PipelineConfig]]:
+    return [SpeechPipeline, ChatPipeline]

@@ -1,0 +1,221 @@
+"""``omni serve`` and ``omni run`` as real subprocesses: output, exit codes, signals, cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import wave
+from pathlib import Path
+
+import openai
+import pytest
+from serve_helpers import alive, descendants
+
+LAUNCH = [sys.executable, str(Path(__file__).parent / "omni_launch.py")]
+
+
+def omni(*args: object, base: Path, timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*LAUNCH, *map(str, args), "--endpoints.base_path", str(base)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_run_writes_a_wav(tmp_path):
+    out = tmp_path / "out.wav"
+    done = omni(
+        "run",
+        "--pipeline",
+        "t-speech",
+        "--text",
+        "one two three",
+        "--voice",
+        "bob",
+        "-o",
+        out,
+        base=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    with wave.open(str(out)) as wav:
+        assert (wav.getframerate(), wav.getnchannels(), wav.getnframes()) == (24000, 1, 3600)
+    assert "front: ready in" in done.stderr and "back: ready in" in done.stderr
+    assert f"wrote {out} (0.15 s of audio at 24000 Hz)" in done.stderr
+    assert os.listdir(tmp_path) == ["out.wav"]  # the runtime directory is gone
+
+
+def test_run_prints_a_chat_reply(tmp_path):
+    done = omni("run", "--pipeline", "t-chat", "--prompt", "hi there", base=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "You said: hi there\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--pipeline", "t-speech", "--text", "hi", "--voice", "zed", "-o", "x.wav"],
+            "error: unknown voice 'zed'; voices: alice, bob",
+        ),
+        (
+            ["--pipeline", "t-speech", "--text", "hi", "--prompt", "hi"],
+            "give exactly one of --text (speech) or --prompt (chat)",
+        ),
+        (
+            ["--pipeline", "t-speech", "--text", "hi", "-o", "x.mp3"],
+            "cannot tell the audio format of 'x.mp3'",
+        ),
+        (
+            ["--pipeline", "t-chat", "--text", "hi", "-o", "x.wav"],
+            "pipeline 't-chat' does not serve speech; use --prompt",
+        ),
+        (
+            ["--pipeline", "t-speech", "--text", "hi", "-o", "x.wav", "--no-such.field", "1"],
+            "no-such",
+        ),
+    ],
+)
+def test_run_mistakes_exit_2_without_a_traceback(tmp_path, args, message):
+    done = omni("run", *args, base=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_serve_refuses_a_taken_port_before_loading_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        done = omni("serve", "--pipeline", "t-speech", "--port", port, base=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "loading" not in done.stderr and "Traceback" not in done.stderr
+    assert time.monotonic() - started < 30
+
+
+class Served:
+    """An ``omni serve`` subprocess, up once it printed its address."""
+
+    def __init__(self, base: Path, *args: str, env: dict[str, str] | None = None):
+        self.base = base
+        self.log = (base / "serve.err").open("w+")
+        self.proc = subprocess.Popen(
+            [
+                *LAUNCH,
+                "serve",
+                "--pipeline",
+                "t-speech",
+                "--port",
+                "0",
+                "--endpoints.base_path",
+                str(base),
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        line = self.proc.stdout.readline()  # "omni: serving t-speech on http://…"
+        if "serving" not in line:
+            self.proc.kill()
+            raise AssertionError(f"omni serve did not start: {line!r}\n{self.stderr()}")
+        self.url = line.split(" on ")[1].split()[0]
+
+    def stderr(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()
+
+    def runtime_dirs(self) -> list[str]:
+        return [p.name for p in self.base.iterdir() if p.name.startswith("t-speech-")]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+
+
+def _all_dead(pids: set[int], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
+def test_sigterm_stops_admitting_stops_children_and_cleans_up(tmp_path):
+    shm_before = set(os.listdir("/dev/shm"))
+    served = Served(tmp_path, env={"OMNI_API_KEY": "k3y"})
+    try:
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="k3y", max_retries=0)
+        assert client.audio.speech.create(model="t-speech", input="hi", voice="alice").content
+        with pytest.raises(openai.AuthenticationError):  # OMNI_API_KEY turned auth on
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="no", max_retries=0).models.list()
+        children = descendants(served.proc.pid)
+        assert len(children) >= 2  # the front and back stage processes
+        assert len(served.runtime_dirs()) == 1
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(30) == 0
+        assert _all_dead(children, within=5)
+        assert served.runtime_dirs() == []
+        assert set(os.listdir("/dev/shm")) <= shm_before
+        log = served.stderr()
+        assert "received SIGTERM: stopping" in log and "omni: stopped" in log
+        assert "Traceback" not in log
+    finally:
+        served.close()
+
+
+def test_sigkill_of_the_parent_leaves_no_orphan(tmp_path):
+    served = Served(tmp_path)
+    try:
+        children = descendants(served.proc.pid)
+        assert len(children) >= 2
+        served.proc.send_signal(signal.SIGKILL)
+        served.proc.wait(10)
+        assert _all_dead(children, within=5)
+    finally:
+        served.close()
+
+
+def test_sigterm_during_start_up_tears_down_what_started(tmp_path):
+    log = tmp_path / "serve.err"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [
+                *LAUNCH,
+                "serve",
+                "--pipeline",
+                "t-speech",
+                "--port",
+                "0",
+                "--endpoints.base_path",
+                str(tmp_path),
+                "--audio.factory.start_delay",
+                "60",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while "front: ready" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            children = descendants(proc.pid)
+            assert len(children) >= 2  # front is up, back is still "loading"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15) == 0
+            assert _all_dead(children, within=5)
+            assert [p.name for p in tmp_path.iterdir()] == ["serve.err"]
+            assert "received SIGTERM: stopping" in log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()

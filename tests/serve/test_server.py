@@ -1,0 +1,166 @@
+"""Models, health, metrics, auth, admission (429), unknown routes and client disconnects."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import openai
+import pytest
+from serve_helpers import raw
+
+
+def test_models_lists_the_served_model(speech_server):
+    models = speech_server.client().models.list().data
+    assert [m.id for m in models] == ["t-speech"]
+    assert models[0].owned_by == "omni"
+
+
+def test_health_reports_every_process(speech_server):
+    response = raw("GET", f"{speech_server.url}/health")
+    assert response.status_code == 200
+    health = response.json()
+    assert health["status"] == "healthy" and health["pipeline"] == "t-speech"
+    assert {name: p["stages"] for name, p in health["processes"].items()} == {
+        "front": ["prep", "synth"],
+        "back": ["audio"],
+    }
+    assert all(p["state"] == "healthy" for p in health["processes"].values())
+
+
+def test_metrics_count_requests_latency_and_first_audio(speech_server):
+    client = speech_server.client()
+    client.audio.speech.create(model="t-speech", input="one two", voice="alice")
+    with pytest.raises(openai.BadRequestError):
+        client.audio.speech.create(model="t-speech", input="one two", voice="zed")
+    text = raw("GET", f"{speech_server.url}/metrics").text
+
+    def value(line_start: str) -> float:
+        lines = [line for line in text.splitlines() if line.startswith(line_start)]
+        assert lines, f"no metric line starts with {line_start!r}"
+        return float(lines[0].rsplit(" ", 1)[1])
+
+    assert value('omni_requests_total{endpoint="/v1/audio/speech",status="200"}') >= 1
+    assert value('omni_requests_total{endpoint="/v1/audio/speech",status="400"}') >= 1
+    assert value('omni_request_duration_seconds_count{endpoint="/v1/audio/speech"}') >= 2
+    assert value('omni_time_to_first_audio_seconds_count{endpoint="/v1/audio/speech"}') >= 1
+    assert (
+        value('omni_time_to_first_audio_seconds_bucket{endpoint="/v1/audio/speech",le="+Inf"}') >= 1
+    )
+    assert value('omni_process_inflight_requests{process="front",replica="0"}') == 0
+    assert value('omni_process_up{process="back",state="healthy"}') == 1
+    assert value("omni_inflight_requests") == 0
+
+
+def test_unknown_routes_and_methods_answer_in_openai_shape(speech_server):
+    missing = raw("GET", f"{speech_server.url}/v1/nothing")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["message"] == "no such endpoint: /v1/nothing"
+    wrong = raw("GET", f"{speech_server.url}/v1/audio/speech")
+    assert wrong.status_code == 405 and "not allowed" in wrong.json()["error"]["message"]
+
+
+def test_without_a_key_configured_no_header_is_needed(speech_server):
+    response = raw("GET", f"{speech_server.url}/v1/models")
+    assert response.status_code == 200
+
+
+def test_auth_guards_every_route_but_health(guarded_server):
+    with pytest.raises(openai.AuthenticationError, match="invalid API key"):
+        guarded_server.client("wrong").models.list()
+    for path in ("/v1/models", "/metrics", "/v1/audio/speech"):
+        response = raw("POST" if "speech" in path else "GET", f"{guarded_server.url}{path}")
+        assert response.status_code == 401, path
+        assert "missing API key" in response.json()["error"]["message"]
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert raw("GET", f"{guarded_server.url}/health").status_code == 200
+    audio = guarded_server.client("sekret").audio.speech.create(
+        model="t-speech", input="hi", voice="alice"
+    )
+    assert audio.content[:4] == b"RIFF"
+
+
+def test_a_full_server_answers_429_at_once_then_serves_again(guarded_server):
+    client = guarded_server.client("sekret")
+    done: list[bytes] = []
+    slow = threading.Thread(
+        target=lambda: done.append(
+            client.audio.speech.create(
+                model="t-speech", input="slow one", voice="alice", extra_body={"test_delay": 1.5}
+            ).content
+        )
+    )
+    slow.start()
+    deadline = time.monotonic() + 10
+    while guarded_server.runtime.coordinator.inflight == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.audio.speech.create(model="t-speech", input="fast", voice="alice")
+    assert time.monotonic() - started < 1.0  # refused, not queued
+    assert caught.value.status_code == 429
+    assert "1 requests in flight, the limit is 1" in caught.value.message
+    assert caught.value.response.headers["retry-after"] == "1"
+    slow.join(30)
+    assert done and done[0][:4] == b"RIFF"
+    assert client.audio.speech.create(model="t-speech", input="again", voice="alice").content
+
+
+def test_a_client_that_disconnects_aborts_its_request(speech_server):
+    coordinator = speech_server.runtime.coordinator
+    failed = coordinator.failed
+    for stream in (False, True):
+        with pytest.raises((TimeoutError, socket.timeout)):
+            raw(
+                "POST",
+                f"{speech_server.url}/v1/audio/speech",
+                timeout=0.5,
+                json_body={"input": "slow", "voice": "alice", "test_delay": 30, "stream": stream},
+            )
+        deadline = time.monotonic() + 5
+        while coordinator.inflight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert coordinator.inflight == 0  # aborted long before the stage's 30 s
+    assert coordinator.failed == failed + 2
+
+
+def test_keep_alive_responses_do_not_wait_for_delayed_acks(speech_server):
+    """The listening socket must say it is TCP, or asyncio leaves Nagle on (~40 ms a reply)."""
+    import http.client
+
+    host, port = speech_server.url.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    timings = []
+    for _ in range(15):
+        started = time.perf_counter()
+        connection.request("GET", "/v1/models")
+        assert connection.getresponse().read()
+        timings.append(time.perf_counter() - started)
+    connection.close()
+    assert sorted(timings)[len(timings) // 2] < 0.02
+
+
+def test_a_client_that_leaves_a_stream_midway_aborts_its_request(speech_server):
+    import http.client
+    import json
+
+    coordinator = speech_server.runtime.coordinator
+    host, port = speech_server.url.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    body = {"input": "word " * 50, "voice": "alice", "stream": True, "test_chunk_delay": 0.2}
+    connection.request(
+        "POST",
+        "/v1/audio/speech",
+        body=json.dumps(body),
+        headers={"Content-Type": "application/json"},
+    )
+    response = connection.getresponse()
+    assert response.status == 200
+    assert response.read(44)[:4] == b"RIFF"  # streaming has begun; the rest takes 10 s
+    assert coordinator.inflight == 1
+    connection.close()
+    deadline = time.monotonic() + 3
+    while coordinator.inflight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert coordinator.inflight == 0
