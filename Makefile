@@ -6,9 +6,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PLUGINS := plugins/qwen3_tts plugins/moss_tts plugins/qwen3_omni
-EXAMPLE ?= examples/qwen3_tts.toml
+EXAMPLE ?= examples/qwen3_tts_demo.toml
+REFERENCE_VENV ?= /tmp/qwen-tts-ref
 
-.PHONY: install test lint format plan bench clean
+.PHONY: install test lint format plan serve bench test-reference clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +35,24 @@ format: $(STAMP)
 
 plan: $(STAMP)
 	$(BIN)/omni plan $(EXAMPLE)
+
+serve: $(STAMP)
+	$(BIN)/omni serve $(EXAMPLE)
+
+# Opt-in parity with the official qwen-tts package, in its own environment
+# (it pins transformers 4.57.3); see plugins/qwen3_tts/tests/REFERENCE.md.
+test-reference: $(STAMP)
+	test -x $(REFERENCE_VENV)/bin/python || ( \
+	  $(PYTHON) -m venv $(REFERENCE_VENV) && \
+	  echo "$(CURDIR)/$(VENV)/lib/python3.11/site-packages" \
+	    > $(REFERENCE_VENV)/lib/python3.11/site-packages/zz_omni_torch.pth && \
+	  $(REFERENCE_VENV)/bin/pip install --quiet --no-deps qwen-tts==0.1.1 && \
+	  $(REFERENCE_VENV)/bin/pip install --quiet transformers==4.57.3 accelerate==1.12.0 \
+	    librosa einops sox onnxruntime && \
+	  sp=$(REFERENCE_VENV)/lib/python3.11/site-packages && \
+	  mkdir -p $$sp/torchaudio/compliance && touch $$sp/torchaudio/__init__.py \
+	    $$sp/torchaudio/compliance/__init__.py $$sp/torchaudio/compliance/kaldi.py )
+	QWEN_TTS_REF_PYTHON=$(REFERENCE_VENV)/bin/python $(BIN)/pytest -q plugins/qwen3_tts/tests -m reference
 
 bench: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(BIN)/python $$script || exit 1; done
