@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NotImplementedYet
 from ..plan.model import DeploymentPlan
 from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
@@ -28,6 +28,7 @@ from ..transport import ChannelClosed
 from . import messages as m
 from .coordinator import Coordinator, RequestHandle
 from .graph import StageGraph
+from .mps import MpsDaemon, daemons_for
 from .processes import Child, StartupError, describe_exit
 from .routing_table import RoutingTable
 from .transport_choice import check_edges, default_transport
@@ -64,6 +65,13 @@ class Runtime:
         on_progress: Progress | None = None,
     ):
         check_edges(config)
+        if plan.weight_share.groups:
+            leaders = ", ".join(g.leader for g in plan.weight_share.groups)
+            raise NotImplementedYet(
+                f"the plan shares weights between replicas (leaders: {leaders}), but this "
+                "runtime cannot share weights across processes yet (CUDA IPC)",
+                hint='set weight_share = "off": each replica then loads its own weights',
+            )
         self.plan, self.config = plan, config
         self.plugins = plugins or get_plugins()
         self.plugin_modules = list(plugin_modules)
@@ -88,6 +96,7 @@ class Runtime:
         self._tg: Any = None
         self._stack: Any = None
         self.started_at = 0.0
+        self.mps: dict[int, MpsDaemon] = {}
 
     # -- lifecycle ----------------------------------------------------------
     async def __aenter__(self) -> Runtime:
@@ -101,6 +110,11 @@ class Runtime:
         self.started_at = time.monotonic()
         self._make_runtime_dir()
         try:
+            enabled = [gpu for gpu, d in self.plan.mps.gpus.items() if d.enabled]
+            self.mps = daemons_for(enabled, self.plan.endpoints.runtime_dir)
+            for daemon in self.mps.values():
+                await anyio.to_thread.run_sync(daemon.start)
+                self.on_progress("mps", f"gpu{daemon.gpu}", {"pipe": daemon.pipe_dir})
             self.inbox = self.transport.listen(self.table.coordinator)
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
@@ -134,6 +148,7 @@ class Runtime:
             raise StartupError("\n\n".join(errors))
 
     def _spec(self, child: Child) -> ChildSpec:
+        daemon = self.mps.get(child.plan.gpu) if child.plan.gpu is not None else None
         return ChildSpec(
             process=child.name,
             plan=self.plan,
@@ -141,6 +156,7 @@ class Runtime:
             parent_pid=os.getpid(),
             log_path=child.log_path,
             plugin_modules=self.plugin_modules,
+            extra_env=daemon.client_env() if daemon else {},
         )
 
     def _make_runtime_dir(self) -> None:
@@ -180,6 +196,8 @@ class Runtime:
         with anyio.CancelScope(shield=True):
             for child in self.children.values():
                 await child.stop()
+            for daemon in self.mps.values():  # after the last client stopped
+                await anyio.to_thread.run_sync(daemon.stop)
             for channel in [*self.outbound.values(), *([self.inbox] if self.inbox else [])]:
                 await channel.aclose()
             self.outbound.clear()

@@ -49,6 +49,7 @@ class ChildSpec:
     parent_pid: int
     log_path: str
     plugin_modules: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)  # set by the runtime (MPS pipes)
 
 
 def child_main(spec: ChildSpec, conn: Any) -> None:
@@ -56,7 +57,7 @@ def child_main(spec: ChildSpec, conn: Any) -> None:
     _die_with_parent(spec.parent_pid)
     _redirect_output(spec.log_path)
     process = spec.plan.process(spec.process)
-    for key, value in process.env.items():
+    for key, value in {**process.env, **spec.extra_env}.items():
         os.environ.setdefault(key, value)  # the user's environment always wins
     try:
         anyio.run(_run_child, spec, conn)

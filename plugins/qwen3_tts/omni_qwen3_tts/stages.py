@@ -209,6 +209,10 @@ class TTSEngine:
         prompt, sampling = request.data["prompt"], request.data["sampling"]
         if request.data.get("clone"):
             prompt = await anyio.to_thread.run_sync(self._clone_prompt, request.data["clone"])
+            if prompt.icl:
+                # The release decodes an in-context clone after the reference's codes,
+                # so the codec starts from the reference voice, not from silence.
+                await request.emit({"reference": torch.as_tensor(prompt.ref_codes).long()})
         frames = 0
         async with self.engine.submit(request.request_id, prompt, sampling) as stream:
             async for codes in stream:
@@ -261,6 +265,9 @@ def create_tts_engine(
 class Vocoder:
     """Streams audio: every ``chunk_frames`` frames, decoded with ``left_context`` before them.
 
+    An in-context voice clone's stream starts with ``{"reference": codes}``:
+    those frames are left context only (never played), as in the release.
+
     ``left_context_frames = None`` uses the decoder's exact receptive field, so
     the streamed audio equals a full decode; the release uses 25 frames, which
     is faster and audibly the same. ``max_batch_size`` bounds how many
@@ -291,15 +298,19 @@ class Vocoder:
 
     async def run(self, request: Any) -> dict[str, Any]:
         frames: list[torch.Tensor] = []
-        played = samples = 0
+        played = samples = reference = 0
         async for codes in request.stream:
+            if isinstance(codes, dict):  # an in-context clone's reference: context only
+                frames.extend(torch.as_tensor(codes["reference"]).unbind(0))
+                played = reference = len(frames)
+                continue
             frames.append(codes)
             if len(frames) - played >= self.chunk_frames:
                 samples += await self._play(request, frames, played)
                 played = len(frames)
         if len(frames) > played:
             samples += await self._play(request, frames, played)
-        return {"frames": len(frames), "samples": samples, "sample_rate": SAMPLE_RATE}
+        return {"frames": len(frames) - reference, "samples": samples, "sample_rate": SAMPLE_RATE}
 
     async def _play(self, request: Any, frames: list[torch.Tensor], played: int) -> int:
         audio = await anyio.to_thread.run_sync(self.decode, frames, played, limiter=self.limiter)

@@ -1,0 +1,225 @@
+"""Qwen3-TTS end to end: the official ``openai`` client against a real ``omni serve`` subprocess.
+
+The server is the README's main command on the built-in default,
+``omni serve examples/qwen3_tts_demo.toml`` (the tiny preset's real
+architecture with dummy weights on the CPU), started once for the module on a
+port the OS picks. It is always stopped: SIGTERM at the end of the module
+(whatever the tests did), SIGKILL for the tree if that does not work, and the
+kernel's parent-death signal if pytest itself dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+from serve_helpers import alive, descendants
+
+pytest.importorskip("omni_qwen3_tts")
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "qwen3_tts_demo.toml"
+SAMPLE_RATE = 24000
+SAMPLES_PER_FRAME = 1920
+MODEL = "tiny"  # the demo's model_path names the served model
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it if the test process dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # pragma: no cover - not Linux
+        pass
+
+
+class OmniServe:
+    """``omni serve <demo> --port 0``: up once it printed its address."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.log_path = base / "serve.err"
+        self.log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "omni_core", "serve", str(DEMO), "--port", "0"]
+            + ["--endpoints.base_path", str(base / "run")],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            preexec_fn=_die_with_parent,
+        )
+        self.children: set[int] = set()
+        self.url = self._wait_for_address(timeout=60)
+        self.children = descendants(self.proc.pid)
+
+    def _wait_for_address(self, timeout: float) -> str:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if " on http" not in line:  # "omni: serving qwen3-tts on http://127.0.0.1:PORT (…)"
+            self.stop()
+            raise AssertionError(f"omni serve did not start: {line!r}\n{self.stderr()}")
+        return line.split(" on ")[1].split()[0]
+
+    def stderr(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text()
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL for whatever of the tree is left; the exit status."""
+        self.children |= descendants(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        deadline = time.monotonic() + 5
+        while any(alive(p) for p in self.children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in self.children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServe]:
+    served = OmniServe(tmp_path_factory.mktemp("qwen3-tts-serve"))
+    try:
+        yield served
+    finally:
+        children = set(served.children)
+        status = served.stop()
+        assert status == 0, served.stderr()
+        assert not any(alive(p) for p in children), "omni serve left a child running"
+        assert not list((served.base / "run").glob("qwen3-tts-*")), "runtime directory left"
+        assert "Traceback" not in served.stderr()
+
+
+def parse_wav(data: bytes) -> tuple[dict[str, int], np.ndarray]:
+    """The header fields of a canonical 16-bit PCM WAV, and its samples as float32."""
+    assert data[:4] == b"RIFF" and data[8:12] == b"WAVE" and data[12:16] == b"fmt "
+    fmt_size, fmt, channels, rate, byte_rate, block, bits = struct.unpack(
+        "<IHHIIHH", data[16:36]
+    )
+    assert data[36:40] == b"data"
+    (data_size,) = struct.unpack("<I", data[40:44])
+    header = {
+        "riff_size": struct.unpack("<I", data[4:8])[0],
+        "fmt_size": fmt_size,
+        "format": fmt,
+        "channels": channels,
+        "rate": rate,
+        "byte_rate": byte_rate,
+        "block": block,
+        "bits": bits,
+        "data_size": data_size,
+    }
+    pcm = data[44:]
+    assert len(pcm) % 2 == 0
+    return header, np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32767
+
+
+def check_signal(samples: np.ndarray, max_frames: int | None = None) -> None:
+    """Speech-codec audio: whole frames, non-empty, finite, not silence."""
+    assert samples.shape[0] > 0 and samples.shape[0] % SAMPLES_PER_FRAME == 0
+    if max_frames is not None:
+        assert samples.shape[0] <= max_frames * SAMPLES_PER_FRAME
+    assert np.isfinite(samples).all()
+    assert float(samples.std()) > 1e-4
+
+
+def speech(client: openai.OpenAI, **extra: Any) -> bytes:
+    voice = extra.pop("voice", "serena")
+    text = extra.pop("input", "Hello the world")
+    return client.audio.speech.create(
+        model=MODEL, input=text, voice=voice, response_format="wav", extra_body=extra
+    ).content
+
+
+def test_speech_create_returns_a_wav(server):
+    header, samples = parse_wav(speech(server.client(), seed=1, max_frames=24))
+    assert header == {
+        "riff_size": 36 + 2 * samples.shape[0],
+        "fmt_size": 16,
+        "format": 1,
+        "channels": 1,
+        "rate": SAMPLE_RATE,
+        "byte_rate": 2 * SAMPLE_RATE,
+        "block": 2,
+        "bits": 16,
+        "data_size": 2 * samples.shape[0],
+    }
+    check_signal(samples, max_frames=24)
+
+
+def test_the_readme_request_with_the_defaults(server):
+    """What the README's curl line sends: text and voice only (the demo caps frames at 200)."""
+    audio = server.client().audio.speech.create(model=MODEL, input="Hello", voice="serena")
+    _, samples = parse_wav(audio.content)
+    check_signal(samples, max_frames=200)
+
+
+def test_streamed_wav_equals_the_whole_one(server):
+    client = server.client()
+    body = {"input": "Hello the world, the user is here", "seed": 5, "max_frames": 30}
+    with client.audio.speech.with_streaming_response.create(
+        model=MODEL,
+        input=body["input"],
+        voice="ryan",
+        response_format="wav",
+        extra_body={"stream": True, "seed": 5, "max_frames": 30},
+    ) as response:
+        assert response.headers["content-type"] == "audio/wav"
+        assert "content-length" not in response.headers  # chunked: really streamed
+        parts = list(response.iter_bytes())
+    streamed = b"".join(parts)
+    header, samples = parse_wav(streamed)
+    assert header["data_size"] == 0xFFFFFFFF and header["rate"] == SAMPLE_RATE
+    assert header["channels"] == 1
+    check_signal(samples, max_frames=30)
+    whole = speech(client, voice="ryan", **body)
+    assert parse_wav(whole)[1].tobytes() == samples.tobytes()  # same seed, same audio
+
+
+def test_sixteen_concurrent_requests_all_complete(server):
+    client = server.client()
+
+    def one(i: int) -> bytes:
+        return speech(client, input=f"request number {i}", seed=i, max_frames=8 + i % 5)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(16)))
+    assert time.monotonic() - started < 60
+    for i, data in enumerate(results):
+        header, samples = parse_wav(data)
+        assert header["rate"] == SAMPLE_RATE and header["channels"] == 1
+        check_signal(samples, max_frames=8 + i % 5)
+    assert len({data for data in results}) == 16  # different seeds and texts: different audio
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_invalid_voice_is_a_400_naming_it(server, stream):
+    with pytest.raises(openai.BadRequestError) as caught:
+        speech(server.client(), voice="zed", stream=stream)
+    assert caught.value.status_code == 400
+    assert "unknown voice 'zed'" in caught.value.message
+    assert "serena" in caught.value.message  # and says which voices exist
