@@ -100,3 +100,42 @@ class Transport(ABC):
     def check_address(self, address: str) -> str:
         """``address`` normalised, or :class:`AddressError` saying what is wrong."""
         return address
+
+
+class LazyTransport(Transport):
+    """A transport whose implementation is imported on first use.
+
+    Registering through this keeps ``omni plugins list`` and planning from
+    importing socket and shared-memory machinery they never use.
+    ``target`` is ``"package.module:Class"``; the class is instantiated
+    without arguments.
+    """
+
+    def __init__(self, name: str, target: str):
+        self.name = name
+        self.target = target
+        self._impl: Transport | None = None
+
+    def load(self) -> Transport:
+        if self._impl is None:
+            from .factory import import_object
+
+            self._impl = import_object(self.target, what=f"transport {self.name!r}")()
+        return self._impl
+
+    @property  # type: ignore[override]
+    def description(self) -> str:
+        return self.load().description
+
+    @property  # type: ignore[override]
+    def scopes(self) -> frozenset[Scope]:
+        return self.load().scopes
+
+    def listen(self, address: str) -> Channel:
+        return self.load().listen(address)
+
+    def connect(self, address: str) -> Channel:
+        return self.load().connect(address)
+
+    def check_address(self, address: str) -> str:
+        return self.load().check_address(address)

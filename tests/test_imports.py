@@ -59,3 +59,22 @@ def test_listing_plugins_and_building_default_configs_imports_no_ml_framework() 
         "qwen3-tts",
     }
     assert report["heavy"] == []
+
+
+def test_listing_loads_no_transport_or_planner_implementation() -> None:
+    """Built-ins register lazily: the listing names them without importing them."""
+    code = (
+        "import sys\n"
+        "from omni_core.plugins import OmniPlugins\n"
+        "plugins = OmniPlugins()\n"
+        "rows = plugins.listing(include_builtin=True)\n"
+        "names = {t for row in rows for t in row['transports']}\n"
+        "assert names == {'inproc', 'shm', 'socket'}, names\n"
+        "heavy = [m for m in ('omni_core.runtime.transports.shm', 'omni_core.plan.planner',\n"
+        "         'omni_core.runtime.runtime', 'anyio') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "assert 'shared memory' in plugins.transport('shm').description\n"
+        "assert 'omni_core.runtime.transports.shm' in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -8,20 +8,40 @@ concept each: ``expand`` (replicas), ``policies`` (built-in placement),
 ``render`` (the table ``omni plan`` prints).
 """
 
-from .inventory import apply_cluster, detect_inventory, inventory_from_cluster, resolve_inventory
-from .model import (
-    Assignment,
-    DeploymentPlan,
-    GpuDevice,
-    GpuInventory,
-    MemoryEstimate,
-    PlacementRequest,
-    PlacementResult,
-    ProcessPlan,
-    Refusal,
-    StageInstance,
-)
-from .planner import effective_policy, plan_deployment
+from importlib import import_module
+from typing import Any
+
+# Loaded on first use: importing the built-in policies (for `omni plugins
+# list`) must not pay for the planner, the inventory and the renderer.
+_EXPORTS = {
+    **dict.fromkeys(
+        ("apply_cluster", "detect_inventory", "inventory_from_cluster", "resolve_inventory"),
+        "inventory",
+    ),
+    **dict.fromkeys(
+        (
+            "Assignment",
+            "DeploymentPlan",
+            "GpuDevice",
+            "GpuInventory",
+            "MemoryEstimate",
+            "PlacementRequest",
+            "PlacementResult",
+            "ProcessPlan",
+            "Refusal",
+            "StageInstance",
+        ),
+        "model",
+    ),
+    **dict.fromkeys(("effective_policy", "plan_deployment"), "planner"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Assignment",

@@ -10,6 +10,7 @@ kernel's parent-death signal if pytest itself dies.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -38,10 +39,8 @@ MODEL = "tiny"  # the demo's model_path names the served model
 
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM it if the test process dies (Linux)."""
-    try:
+    with contextlib.suppress(OSError):  # not Linux: the teardown alone stops it
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:  # pragma: no cover - not Linux
-        pass
 
 
 class OmniServe:
@@ -52,8 +51,10 @@ class OmniServe:
         self.log_path = base / "serve.err"
         self.log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "omni_core", "serve", str(DEMO), "--port", "0"]
-            + ["--endpoints.base_path", str(base / "run")],
+            [
+                *(sys.executable, "-m", "omni_core", "serve", str(DEMO), "--port", "0"),
+                *("--endpoints.base_path", str(base / "run")),
+            ],
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
@@ -73,7 +74,8 @@ class OmniServe:
         return line.split(" on ")[1].split()[0]
 
     def stderr(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return self.log_path.read_text()
 
     def client(self) -> openai.OpenAI:
@@ -116,9 +118,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServe]:
 def parse_wav(data: bytes) -> tuple[dict[str, int], np.ndarray]:
     """The header fields of a canonical 16-bit PCM WAV, and its samples as float32."""
     assert data[:4] == b"RIFF" and data[8:12] == b"WAVE" and data[12:16] == b"fmt "
-    fmt_size, fmt, channels, rate, byte_rate, block, bits = struct.unpack(
-        "<IHHIIHH", data[16:36]
-    )
+    fmt_size, fmt, channels, rate, byte_rate, block, bits = struct.unpack("<IHHIIHH", data[16:36])
     assert data[36:40] == b"data"
     (data_size,) = struct.unpack("<I", data[40:44])
     header = {

@@ -36,10 +36,12 @@ class TracedTransport(Transport):
     description = "shm, plus a JSON line per message in $OMNI_HELLO_TRACE"
     scopes = frozenset({"host"})
 
-    def __init__(self) -> None:
-        from omni_core.runtime.transports import ShmTransport
+    @property
+    def inner(self) -> Transport:
+        # Imported on use: listing plugins must not load the shm machinery.
+        from omni_core.runtime.transports.shm import ShmTransport
 
-        self.inner = ShmTransport()
+        return ShmTransport()
 
     def check_address(self, address: str) -> str:
         return self.inner.check_address(address)
