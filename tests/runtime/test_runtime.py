@@ -262,3 +262,26 @@ if __name__ == "__main__":  # spawned children import this module again
         assert not any(_running(p) for p in pids)
     finally:
         parent.kill()
+
+
+async def test_exhausted_restarts_leave_the_deployment_unhealthy_with_clear_errors(deployment):
+    from omni_core.runtime import Unavailable
+
+    async with deployment("t-two-process", "--runtime.restart_attempts", "0") as runtime:
+        victim = runtime.children["second"]
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        with anyio.fail_after(10):
+            while runtime.health()["status"] != "unhealthy":
+                await anyio.sleep(0.05)
+        assert runtime.health()["processes"]["second"]["state"] == "failed"
+        with pytest.raises(Unavailable, match="process second was killed by SIGKILL"):
+            await runtime.submit({})
+
+
+@pytest.mark.parametrize("transport", ["socket", "shm"])
+async def test_every_edge_between_processes_can_use_another_transport(deployment, transport):
+    async with deployment("t-stream", "--runtime.transport", transport) as runtime:
+        handle = await runtime.submit({"n": 4})
+        chunks = [e.data async for e in handle.stream() if not e.final]
+    assert chunks == [0, 2, 4, 6]
+    assert runtime.transport_name == transport
