@@ -43,21 +43,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = [
-    "Assignment",
-    "DeploymentPlan",
-    "GpuDevice",
-    "GpuInventory",
-    "MemoryEstimate",
-    "PlacementRequest",
-    "PlacementResult",
-    "ProcessPlan",
-    "Refusal",
-    "StageInstance",
-    "apply_cluster",
-    "detect_inventory",
-    "effective_policy",
-    "inventory_from_cluster",
-    "plan_deployment",
-    "resolve_inventory",
-]
+__all__ = sorted(_EXPORTS)

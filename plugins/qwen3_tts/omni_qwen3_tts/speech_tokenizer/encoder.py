@@ -20,6 +20,7 @@ from torch import nn
 from ..config import EncoderConfig
 from ..layers import Attention, inv_frequencies, rope_cos_sin
 from .convs import CausalConv1d
+from .decoder import LayerScale
 
 
 class _ELU(nn.ELU):
@@ -90,15 +91,6 @@ class _GeluMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-class _Scale(nn.Module):
-    def __init__(self, channels: int, initial: float):
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((channels,), initial))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
-
-
 class EncoderTransformerLayer(nn.Module):
     def __init__(self, cfg: EncoderConfig, layer: int):
         super().__init__()
@@ -114,8 +106,8 @@ class EncoderTransformerLayer(nn.Module):
         self.mlp = _GeluMLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.self_attn_layer_scale = _Scale(cfg.hidden_size, cfg.layer_scale_initial_scale)
-        self.mlp_layer_scale = _Scale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
     def forward(self, x, cos, sin, mask):
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
