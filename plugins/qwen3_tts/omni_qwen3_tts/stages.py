@@ -30,6 +30,7 @@ from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
 
 from .config import GenerationDefaults, Qwen3TTSConfig
+from .decode_batcher import DecodeBatcher
 from .model import Qwen3TTSModel
 from .prompt import PromptBuilder, PromptError
 from .tokenizer import TextTokenizer
@@ -270,9 +271,9 @@ class Vocoder:
 
     ``left_context_frames = None`` uses the decoder's exact receptive field, so
     the streamed audio equals a full decode; the release uses 25 frames, which
-    is faster and audibly the same. ``max_batch_size`` bounds how many
-    requests decode at once (a concurrency bound: chunks of different requests
-    are decoded one by one, not stacked into one batch).
+    is faster and audibly the same. Chunks of concurrent requests that wait
+    at the same moment and have the same shape are decoded as one batch of at
+    most ``max_batch_size`` (default 16).
     """
 
     def __init__(
@@ -289,7 +290,7 @@ class Vocoder:
         self.decoder = model.speech_tokenizer.decoder
         self.device = next(self.decoder.parameters()).device
         self.chunk_frames = chunk_frames
-        self.limiter = anyio.CapacityLimiter(max_batch_size) if max_batch_size else None
+        self.batcher = DecodeBatcher(self.decode_batch, max_batch_size or 16)
         self.context = (
             self.decoder.exact_context_frames()
             if left_context_frames is None
@@ -313,17 +314,17 @@ class Vocoder:
         return {"frames": len(frames) - reference, "samples": samples, "sample_rate": SAMPLE_RATE}
 
     async def _play(self, request: Any, frames: list[torch.Tensor], played: int) -> int:
-        audio = await anyio.to_thread.run_sync(self.decode, frames, played, limiter=self.limiter)
+        """Emit the audio of ``frames[played:]``, decoded behind the configured left context."""
+        context = min(self.context, played)
+        audio = await self.batcher.decode(torch.stack(frames[played - context :]), context)
         await request.emit(audio)
         return int(audio.shape[0])
 
-    def decode(self, frames: list[torch.Tensor], played: int) -> Any:
-        """Audio of ``frames[played:]`` as float32 numpy, with the configured left context."""
-        context = min(self.context, played)
-        codes = torch.stack(frames[played - context :]).to(self.device)  # [T, 16]
+    def decode_batch(self, codes: torch.Tensor, context: int) -> Any:
+        """Codes ``[B, 16, T]`` -> float32 audio ``[B, N]`` of the frames after ``context``."""
         with torch.inference_mode():
-            wav = self.decoder.decode_chunk(codes.clamp(min=0).T[None], context)
-        return wav[0, 0].float().cpu().numpy()
+            wav = self.decoder.decode_chunk(codes.to(self.device).clamp(min=0), context)
+        return wav[:, 0].float().cpu().numpy()
 
 
 def create_vocoder(

@@ -1,0 +1,78 @@
+"""Batches the vocoder's chunk decodes across concurrent requests.
+
+Streaming requests ask for chunks of the same shape most of the time
+(``chunk_frames`` new frames behind ``left_context`` frames), so chunks that
+are waiting at the same moment are stacked into one ``[B, 16, T]`` decode: one
+pass of the codec instead of B. No background task is needed: the first
+caller that finds the batcher idle drains the queue (its own chunk and every
+chunk that arrives meanwhile), the others wait for their result. The drain is
+shielded from cancellation, so an aborted leader still serves the chunks it
+took on; it then re-raises the cancellation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import torch
+
+
+@dataclass
+class _Chunk:
+    codes: torch.Tensor  # [T, 16]
+    context: int
+    done: anyio.Event = field(default_factory=anyio.Event)
+    audio: Any = None
+    error: BaseException | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.codes.shape[0], self.context)
+
+
+class DecodeBatcher:
+    def __init__(self, decode_batch: Callable[[torch.Tensor, int], torch.Tensor], max_batch: int):
+        """``decode_batch(codes [B, 16, T], context) -> audio [B, N]``, run in a worker thread."""
+        self.decode_batch = decode_batch
+        self.max_batch = max(1, max_batch)
+        self.pending: list[_Chunk] = []
+        self.busy = False
+        self.batches = self.chunks = 0  # for tests and figures
+
+    async def decode(self, codes: torch.Tensor, context: int) -> Any:
+        chunk = _Chunk(codes, context)
+        self.pending.append(chunk)
+        if not self.busy:
+            self.busy = True
+            try:
+                with anyio.CancelScope(shield=True):
+                    while self.pending:
+                        await self._decode_next()
+            finally:
+                self.busy = False
+        await chunk.done.wait()
+        if chunk.error is not None:
+            raise chunk.error
+        return chunk.audio
+
+    async def _decode_next(self) -> None:
+        shape = self.pending[0].shape
+        batch = [c for c in self.pending if c.shape == shape][: self.max_batch]
+        for chunk in batch:
+            self.pending.remove(chunk)
+        codes = torch.stack([c.codes for c in batch]).transpose(1, 2)  # [B, 16, T]
+        try:
+            audio = await anyio.to_thread.run_sync(self.decode_batch, codes, shape[1])
+        except Exception as exc:  # every chunk of the batch fails with the cause
+            for chunk in batch:
+                chunk.error = exc
+                chunk.done.set()
+            return
+        self.batches += 1
+        self.chunks += len(batch)
+        for row, chunk in enumerate(batch):
+            chunk.audio = audio[row]
+            chunk.done.set()

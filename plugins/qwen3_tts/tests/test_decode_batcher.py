@@ -1,0 +1,69 @@
+"""The vocoder's decode batcher: same-shape chunks waiting together go in one decode."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+import torch
+
+from omni_qwen3_tts.decode_batcher import DecodeBatcher
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+class Recorder:
+    """A stand-in codec: audio = the codes summed, so results can be checked per row."""
+
+    def __init__(self, fail: bool = False):
+        self.calls: list[tuple[int, int, int]] = []
+        self.fail = fail
+
+    def __call__(self, codes: torch.Tensor, context: int) -> torch.Tensor:
+        self.calls.append((codes.shape[0], codes.shape[2], context))
+        if self.fail:
+            raise RuntimeError("codec broke")
+        return codes.sum(dim=1)[:, context:].float()
+
+
+async def _decode_all(batcher: DecodeBatcher, items: list[tuple[torch.Tensor, int]]) -> list:
+    results: list = [None] * len(items)
+
+    async def one(i: int) -> None:
+        results[i] = await batcher.decode(*items[i])
+
+    async with anyio.create_task_group() as group:
+        for i in range(len(items)):
+            group.start_soon(one, i)
+    return results
+
+
+async def test_concurrent_same_shape_chunks_share_one_decode():
+    recorder = Recorder()
+    batcher = DecodeBatcher(recorder, max_batch=16)
+    items = [(torch.full((5, 16), i), 2) for i in range(6)]
+    results = await _decode_all(batcher, items)
+    # the first caller decodes alone (nothing else is waiting yet); the rest go together
+    assert recorder.calls == [(1, 5, 2), (5, 5, 2)]
+    for i, audio in enumerate(results):
+        assert torch.equal(audio, torch.full((3,), 16.0 * i))
+
+
+async def test_shapes_are_never_mixed_and_max_batch_is_kept():
+    recorder = Recorder()
+    batcher = DecodeBatcher(recorder, max_batch=2)
+    items = [(torch.ones(4, 16), 0)] + [(torch.ones(7, 16), 3)] * 3 + [(torch.ones(4, 16), 0)]
+    await _decode_all(batcher, items)
+    assert sorted(recorder.calls) == [(1, 4, 0), (1, 4, 0), (1, 7, 3), (2, 7, 3)]
+    assert batcher.chunks == 5
+
+
+async def test_a_failing_decode_fails_every_chunk_of_its_batch():
+    batcher = DecodeBatcher(Recorder(fail=True), max_batch=4)
+    with pytest.raises(RuntimeError, match="codec broke"):
+        await batcher.decode(torch.ones(3, 16), 0)
+    assert not batcher.busy and not batcher.pending
