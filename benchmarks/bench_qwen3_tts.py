@@ -449,8 +449,8 @@ def main() -> None:
         "--vocoder-max-batch",
         type=int,
         default=None,
-        help="the vocoder stage's factory.max_batch_size (requests decoding at once; "
-        "default: unbounded, as the demo deploy file)",
+        help="the vocoder stage's factory.max_batch_size (chunks decoded as one batch; "
+        "default: the stage's, 1 on the CPU)",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -29,7 +29,7 @@ class VocoderArgs(FactoryArgs):
     dtype: str | None = None
     load_format: str = "auto"
     seed: int = 0
-    max_batch_size: int | None = None  # chunks decoded together (default 16)
+    max_batch_size: int | None = None  # chunks decoded together (default: 16 GPU, 1 CPU)
     chunk_frames: int = 12  # frames per streamed audio chunk (12 frames = 0.96 s)
     left_context_frames: int | None = 25  # none: exact (streamed == full decode)
 

@@ -273,7 +273,9 @@ class Vocoder:
     the streamed audio equals a full decode; the release uses 25 frames, which
     is faster and audibly the same. Chunks of concurrent requests that wait
     at the same moment and have the same shape are decoded as one batch of at
-    most ``max_batch_size`` (default 16).
+    most ``max_batch_size``. By default that is 16 on a GPU and 1 on the CPU:
+    there the codec's convolutions are memory-bound, and a stacked batch
+    measured slower than the same chunks one by one (benchmarks/bench_qwen3_tts.py).
     """
 
     def __init__(
@@ -290,7 +292,8 @@ class Vocoder:
         self.decoder = model.speech_tokenizer.decoder
         self.device = next(self.decoder.parameters()).device
         self.chunk_frames = chunk_frames
-        self.batcher = DecodeBatcher(self.decode_batch, max_batch_size or 16)
+        default_batch = 16 if self.device.type == "cuda" else 1
+        self.batcher = DecodeBatcher(self.decode_batch, max_batch_size or default_batch)
         self.context = (
             self.decoder.exact_context_frames()
             if left_context_frames is None
