@@ -30,7 +30,8 @@ class VocoderArgs(FactoryArgs):
     load_format: str = "auto"
     seed: int = 0
     max_batch_size: int | None = None  # chunks decoded together (default: 16 GPU, 1 CPU)
-    chunk_frames: int = 12  # frames per streamed audio chunk (12 frames = 0.96 s)
+    chunk_frames: int = 12  # frames in the first audio chunk (12 frames = 0.96 s)
+    max_chunk_frames: int | None = 48  # later chunks double up to this (none: all equal)
     left_context_frames: int | None = 25  # none: exact (streamed == full decode)
 
 

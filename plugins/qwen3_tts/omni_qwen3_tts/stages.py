@@ -264,7 +264,12 @@ def create_tts_engine(
 
 
 class Vocoder:
-    """Streams audio: every ``chunk_frames`` frames, decoded with ``left_context`` before them.
+    """Streams audio in chunks, each decoded with ``left_context`` frames before it.
+
+    The first chunk holds ``chunk_frames`` frames (time to first audio); each
+    next one doubles, up to ``max_chunk_frames``: every chunk re-decodes its
+    left context, so longer chunks later cost less codec work per second of
+    audio while the listener is already hearing the start.
 
     An in-context voice clone's stream starts with ``{"reference": codes}``:
     those frames are left context only (never played), as in the release.
@@ -284,6 +289,7 @@ class Vocoder:
         chunk_frames: int,
         left_context_frames: int | None,
         max_batch_size: int | None = None,
+        max_chunk_frames: int | None = None,
     ):
         if model.speech_tokenizer is None:
             raise RuntimeError("the vocoder needs the speech tokenizer")
@@ -292,6 +298,7 @@ class Vocoder:
         self.decoder = model.speech_tokenizer.decoder
         self.device = next(self.decoder.parameters()).device
         self.chunk_frames = chunk_frames
+        self.max_chunk_frames = max(chunk_frames, max_chunk_frames or chunk_frames)
         default_batch = 16 if self.device.type == "cuda" else 1
         self.batcher = DecodeBatcher(self.decode_batch, max_batch_size or default_batch)
         self.context = (
@@ -303,15 +310,17 @@ class Vocoder:
     async def run(self, request: Any) -> dict[str, Any]:
         frames: list[torch.Tensor] = []
         played = samples = reference = 0
+        chunk = self.chunk_frames
         async for codes in request.stream:
             if isinstance(codes, dict):  # an in-context clone's reference: context only
                 frames.extend(torch.as_tensor(codes["reference"]).unbind(0))
                 played = reference = len(frames)
                 continue
             frames.append(codes)
-            if len(frames) - played >= self.chunk_frames:
+            if len(frames) - played >= chunk:
                 samples += await self._play(request, frames, played)
                 played = len(frames)
+                chunk = min(2 * chunk, self.max_chunk_frames)
         if len(frames) > played:
             samples += await self._play(request, frames, played)
         return {"frames": len(frames) - reference, "samples": samples, "sample_rate": SAMPLE_RATE}
@@ -337,9 +346,10 @@ def create_vocoder(
     load_format: str = "auto",
     seed: int = 0,
     chunk_frames: int = 12,
+    max_chunk_frames: int | None = 48,
     left_context_frames: int | None = 25,
     max_batch_size: int | None = None,
 ) -> Vocoder:
     device = torch_device(gpu_id, "vocoder")
     model = load_model(model_path, load_format, dtype, device, seed)
-    return Vocoder(model, chunk_frames, left_context_frames, max_batch_size)
+    return Vocoder(model, chunk_frames, left_context_frames, max_batch_size, max_chunk_frames)

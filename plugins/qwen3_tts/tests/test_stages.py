@@ -37,7 +37,14 @@ from omni_qwen3_tts.weights import PRESETS_DIR  # noqa: E402
 DEMO = Path(__file__).resolve().parents[3] / "examples" / "qwen3_tts_demo.toml"
 SAMPLES_PER_FRAME = 1920
 # The vocoder decodes with the decoder's exact receptive field, in small chunks.
-EXACT = ["--vocoder.factory.left_context_frames", "none", "--vocoder.factory.chunk_frames", "5"]
+EXACT = [
+    "--vocoder.factory.left_context_frames",
+    "none",
+    "--vocoder.factory.chunk_frames",
+    "5",
+    "--vocoder.factory.max_chunk_frames",
+    "none",
+]
 
 pytestmark = pytest.mark.anyio
 
@@ -123,13 +130,16 @@ def model() -> Qwen3TTSModel:
 
 
 async def test_the_demo_deploy_file_serves_speech_in_chunks(demo):
-    spoken = await speak(demo, {"input": "Hello", "voice": "serena", "seed": 3, "max_frames": 30})
+    body = {"input": "Hello", "voice": "serena", "seed": 3, "max_frames": 100, "temperature": 0}
+    spoken = await speak(demo, body)
     check_audio(spoken)
-    sizes = [chunk.shape[0] for chunk in spoken.chunks]
-    # chunk_frames = 12: every chunk but the last holds 12 frames
-    assert all(size == 12 * SAMPLES_PER_FRAME for size in sizes[:-1])
-    assert 0 < sizes[-1] <= 12 * SAMPLES_PER_FRAME
-    assert spoken.final["frames"] <= 30
+    frames = [chunk.shape[0] // SAMPLES_PER_FRAME for chunk in spoken.chunks]
+    # chunk_frames 12, then doubling up to max_chunk_frames 48; the last holds the rest
+    sizes = [min(12 * 2**i, 48) for i in range(len(frames))]
+    assert len(frames) >= 2
+    assert frames[:-1] == sizes[:-1]
+    assert 0 < frames[-1] <= sizes[-1]
+    assert sum(frames) == spoken.final["frames"] <= 100
 
 
 async def test_voices_and_languages_change_the_audio(demo):
