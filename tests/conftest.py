@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +26,17 @@ def plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[OmniPlugins]:
         yield OmniPlugins()
     finally:
         reset_plugins()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A private directory with a short path, for runtime endpoints.
+
+    Unix socket paths must fit in 107 bytes, and pytest's ``tmp_path`` (named
+    after the test, under a per-run counter) can take 60 of them by itself.
+    """
+    path = Path(tempfile.mkdtemp(prefix="omni-t", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

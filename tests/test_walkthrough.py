@@ -70,11 +70,11 @@ def test_the_policy_refuses_without_a_gpu_inventory(hello_plugins):
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_requests_run_through_both_replicas_and_the_traced_transport(
-    hello_plugins, tmp_path, monkeypatch, anyio_backend
+    hello_plugins, tmp_path, short_tmp, monkeypatch, anyio_backend
 ):
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("OMNI_HELLO_TRACE", str(trace))
-    resolution = _resolve(hello_plugins, "--endpoints.base_path", str(tmp_path))
+    resolution = _resolve(hello_plugins, "--endpoints.base_path", str(short_tmp))
     plan = plan_deployment(resolution.config, plugins=hello_plugins)
     runtime = Runtime(
         plan, resolution.config, plugins=hello_plugins, plugin_modules=["omni_hello.plugin"]

@@ -45,12 +45,12 @@ def fake_mps(tmp_path, monkeypatch):
     return record
 
 
-def _runtime(plugins, tmp_path, *flags):
+def _runtime(plugins, short_tmp, *flags):
     resolution = load_deployment(
         None,
         [
             "--endpoints.base_path",
-            str(tmp_path / "rt"),
+            str(short_tmp),
             "--gpus",
             "1",
             "--gpu-memory",
@@ -69,10 +69,10 @@ def _runtime(plugins, tmp_path, *flags):
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_mps_on_starts_a_daemon_per_gpu_and_points_clients_at_it(
-    plugins, tmp_path, fake_mps, anyio_backend
+    plugins, short_tmp, fake_mps, anyio_backend
 ):
     with plugins.registered(tp, tp.HERE):
-        runtime = _runtime(plugins, tmp_path, "--mps", "on")
+        runtime = _runtime(plugins, short_tmp, "--mps", "on")
         async with runtime:
             pipe = runtime.mps[0].pipe_dir
             outputs = await runtime.run({"names": ["CUDA_MPS_PIPE_DIRECTORY"]})
@@ -84,9 +84,9 @@ async def test_mps_on_starts_a_daemon_per_gpu_and_points_clients_at_it(
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_mps_off_starts_nothing(plugins, tmp_path, fake_mps, anyio_backend):
+async def test_mps_off_starts_nothing(plugins, short_tmp, fake_mps, anyio_backend):
     with plugins.registered(tp, tp.HERE):
-        runtime = _runtime(plugins, tmp_path, "--mps", "off")
+        runtime = _runtime(plugins, short_tmp, "--mps", "off")
         async with runtime:
             outputs = await runtime.run({"names": ["CUDA_MPS_PIPE_DIRECTORY"]})
     assert outputs["env"] == {"CUDA_MPS_PIPE_DIRECTORY": None}
@@ -96,22 +96,22 @@ async def test_mps_off_starts_nothing(plugins, tmp_path, fake_mps, anyio_backend
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_missing_control_binary_fails_the_start_clearly(
-    plugins, tmp_path, monkeypatch, anyio_backend
+    plugins, tmp_path, short_tmp, monkeypatch, anyio_backend
 ):
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing there
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
     with plugins.registered(tp, tp.HERE):
-        runtime = _runtime(plugins, tmp_path, "--mps", "on", "--cluster.mps_available", "true")
+        runtime = _runtime(plugins, short_tmp, "--mps", "on", "--cluster.mps_available", "true")
         with pytest.raises(Exception, match="nvidia-cuda-mps-control is not on PATH"):
             async with runtime:
                 pass  # pragma: no cover
     assert not os.path.exists(runtime.plan.endpoints.runtime_dir)
 
 
-def test_weight_sharing_is_refused_until_the_runtime_can_do_it(plugins, tmp_path):
+def test_weight_sharing_is_refused_until_the_runtime_can_do_it(plugins, short_tmp):
     resolution = load_deployment(
         str(Path(__file__).resolve().parents[2] / "examples" / "qwen3_tts_two_replicas.toml"),
-        ["--endpoints.base_path", str(tmp_path)],
+        ["--endpoints.base_path", str(short_tmp)],
         plugins=plugins,
     )
     plan = plan_deployment(resolution.config, plugins=plugins)

@@ -34,13 +34,13 @@ def test_plugins(plugins):
 
 
 @pytest.fixture
-def deployment(test_plugins, tmp_path):
+def deployment(test_plugins, short_tmp):
     """Resolve and plan a test pipeline on the CPU under a private runtime directory."""
 
     def make(pipeline: str, *flags: str):
         resolution = load_deployment(
             None,
-            ["--placement.policy", "cpu", "--endpoints.base_path", str(tmp_path), *flags],
+            ["--placement.policy", "cpu", "--endpoints.base_path", str(short_tmp), *flags],
             pipeline=pipeline,
             plugins=test_plugins,
         )
@@ -222,7 +222,7 @@ async def test_timeout_aborts_the_request_in_every_stage(deployment):
         assert "b" in await runtime.run({})
 
 
-def test_children_die_with_a_sigkilled_parent(tmp_path):
+def test_children_die_with_a_sigkilled_parent(tmp_path, short_tmp):
     script = tmp_path / "parent.py"
     script.write_text(
         f"""
@@ -237,7 +237,7 @@ from omni_core.runtime import Runtime
 async def main():
     plugins = OmniPlugins()
     plugins.register(tp, tp.HERE)
-    flags = ["--placement.policy", "cpu", "--endpoints.base_path", {str(tmp_path)!r}]
+    flags = ["--placement.policy", "cpu", "--endpoints.base_path", {str(short_tmp)!r}]
     res = load_deployment(None, flags, pipeline="t-two-process", plugins=plugins)
     plan = plan_deployment(res.config, plugins=plugins)
     async with Runtime(plan, res.config, plugins=plugins, plugin_modules=[tp.HERE]) as rt:

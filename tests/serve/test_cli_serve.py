@@ -28,8 +28,8 @@ def omni(*args: object, base: Path, timeout: float = 90) -> subprocess.Completed
     )
 
 
-def test_run_writes_a_wav(tmp_path):
-    out = tmp_path / "out.wav"
+def test_run_writes_a_wav(short_tmp):
+    out = short_tmp / "out.wav"
     done = omni(
         "run",
         "--pipeline",
@@ -40,18 +40,18 @@ def test_run_writes_a_wav(tmp_path):
         "bob",
         "-o",
         out,
-        base=tmp_path,
+        base=short_tmp,
     )
     assert done.returncode == 0, done.stderr
     with wave.open(str(out)) as wav:
         assert (wav.getframerate(), wav.getnchannels(), wav.getnframes()) == (24000, 1, 3600)
     assert "front: ready in" in done.stderr and "back: ready in" in done.stderr
     assert f"wrote {out} (0.15 s of audio at 24000 Hz)" in done.stderr
-    assert os.listdir(tmp_path) == ["out.wav"]  # the runtime directory is gone
+    assert os.listdir(short_tmp) == ["out.wav"]  # the runtime directory is gone
 
 
-def test_run_prints_a_chat_reply(tmp_path):
-    done = omni("run", "--pipeline", "t-chat", "--prompt", "hi there", base=tmp_path)
+def test_run_prints_a_chat_reply(short_tmp):
+    done = omni("run", "--pipeline", "t-chat", "--prompt", "hi there", base=short_tmp)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "You said: hi there\n"
 
@@ -81,20 +81,20 @@ def test_run_prints_a_chat_reply(tmp_path):
         ),
     ],
 )
-def test_run_mistakes_exit_2_without_a_traceback(tmp_path, args, message):
-    done = omni("run", *args, base=tmp_path)
+def test_run_mistakes_exit_2_without_a_traceback(short_tmp, args, message):
+    done = omni("run", *args, base=short_tmp)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr
 
 
-def test_serve_refuses_a_taken_port_before_loading_anything(tmp_path):
+def test_serve_refuses_a_taken_port_before_loading_anything(short_tmp):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         started = time.monotonic()
-        done = omni("serve", "--pipeline", "t-speech", "--port", port, base=tmp_path)
+        done = omni("serve", "--pipeline", "t-speech", "--port", port, base=short_tmp)
     assert done.returncode == 2, done.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
     assert "loading" not in done.stderr and "Traceback" not in done.stderr
@@ -151,9 +151,9 @@ def _all_dead(pids: set[int], within: float) -> bool:
     return not any(alive(p) for p in pids)
 
 
-def test_sigterm_stops_admitting_stops_children_and_cleans_up(tmp_path):
+def test_sigterm_stops_admitting_stops_children_and_cleans_up(short_tmp):
     shm_before = set(os.listdir("/dev/shm"))
-    served = Served(tmp_path, env={"OMNI_API_KEY": "k3y"})
+    served = Served(short_tmp, env={"OMNI_API_KEY": "k3y"})
     try:
         client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="k3y", max_retries=0)
         assert client.audio.speech.create(model="t-speech", input="hi", voice="alice").content
@@ -174,8 +174,8 @@ def test_sigterm_stops_admitting_stops_children_and_cleans_up(tmp_path):
         served.close()
 
 
-def test_sigkill_of_the_parent_leaves_no_orphan(tmp_path):
-    served = Served(tmp_path)
+def test_sigkill_of_the_parent_leaves_no_orphan(short_tmp):
+    served = Served(short_tmp)
     try:
         children = descendants(served.proc.pid)
         assert len(children) >= 2
@@ -186,8 +186,8 @@ def test_sigkill_of_the_parent_leaves_no_orphan(tmp_path):
         served.close()
 
 
-def test_sigterm_during_start_up_tears_down_what_started(tmp_path):
-    log = tmp_path / "serve.err"
+def test_sigterm_during_start_up_tears_down_what_started(short_tmp):
+    log = short_tmp / "serve.err"
     with log.open("w") as err:
         proc = subprocess.Popen(
             [
@@ -198,7 +198,7 @@ def test_sigterm_during_start_up_tears_down_what_started(tmp_path):
                 "--port",
                 "0",
                 "--endpoints.base_path",
-                str(tmp_path),
+                str(short_tmp),
                 "--audio.factory.start_delay",
                 "60",
             ],
@@ -214,7 +214,7 @@ def test_sigterm_during_start_up_tears_down_what_started(tmp_path):
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(15) == 0
             assert _all_dead(children, within=5)
-            assert [p.name for p in tmp_path.iterdir()] == ["serve.err"]
+            assert [p.name for p in short_tmp.iterdir()] == ["serve.err"]
             assert "received SIGTERM: stopping" in log.read_text()
         finally:
             if proc.poll() is None:
