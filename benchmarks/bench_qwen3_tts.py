@@ -121,19 +121,9 @@ def real_size_configs(frames: int) -> dict[str, dict[str, Any]]:
             "code_predictor_config": {**layer, "num_hidden_layers": 5, "vocab_size": 2048},
         },
     }
-    generation = {
-        "do_sample": True,
-        "top_k": 50,
-        "top_p": 1.0,
-        "temperature": 0.9,
-        "repetition_penalty": 1.05,
-        "subtalker_dosample": True,
-        "subtalker_top_k": 50,
-        "subtalker_top_p": 1.0,
-        "subtalker_temperature": 0.9,
-        "max_new_tokens": 2048,
-        "min_new_tokens": frames,  # no EOS before the fixed frame count
-    }
+    # The release's sampling defaults, as the tiny preset ships them.
+    generation = json.loads((PRESETS_DIR / "tiny" / "generation_config.json").read_text())
+    generation["min_new_tokens"] = frames  # no EOS before the fixed frame count
     speech = json.loads((PRESETS_DIR / "tiny" / "speech_tokenizer" / "config.json").read_text())
     speech["decoder_config"] = {
         "codebook_size": 2048,
