@@ -105,6 +105,7 @@ class Coordinator:
         self.send: Any = None  # async (envelope, process-binding) -> None, set by the runtime
         self.completed = 0
         self.failed = 0
+        self.stage_stats: dict[str, dict[str, dict[str, int]]] = {}  # process -> stage -> depth
 
     # -- admission and binding ---------------------------------------------
     def _bind(self) -> dict[str, int]:
@@ -151,6 +152,9 @@ class Coordinator:
 
     # -- what the stages report ---------------------------------------------
     def on_envelope(self, env: m.Envelope) -> None:
+        if env.kind == m.STATS:
+            self.stage_stats[env.source] = env.data
+            return
         handle = self.requests.get(env.request_id)
         if handle is None:
             return  # a late message of a request that already ended

@@ -19,6 +19,7 @@ OUTPUT = "output"  # a terminal stage's final result
 OUTPUT_CHUNK = "output_chunk"  # a terminal stage's incremental output
 FAILED = "failed"  # the request failed in a stage
 SKIPPED = "skipped"  # a routing decision skipped these stages
+STATS = "stats"  # a process's per-stage queue depth (data: {stage: {"running": n, "waiting": m}})
 
 
 @dataclass

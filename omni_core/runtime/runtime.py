@@ -320,6 +320,9 @@ class Runtime:
                 "restarts": child.restarts,
                 "last_exit": child.last_exit or None,
                 "cold_start_seconds": child.timings,
+                "queue": self.coordinator.stage_stats.get(child.name, {})
+                if child.state == "healthy"
+                else {},
             }
         states = {g["state"] for g in groups.values()}
         if not self.coordinator.accepting:

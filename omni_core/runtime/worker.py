@@ -8,6 +8,7 @@ its concurrent calls and serves them together.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import importlib
@@ -37,6 +38,8 @@ from .graph import StageGraph
 from .routing_table import RoutingTable
 from .stage_api import StageRequest, as_stage
 from .transport_choice import address_for, default_transport, edge_transport, incoming_transports
+
+STATS_INTERVAL = 0.5  # seconds between queue-depth reports (only sent when they change)
 
 
 @dataclass
@@ -115,6 +118,7 @@ class Worker:
         self.scopes: dict[str, set[anyio.CancelScope]] = {}
         self.fanin: dict[tuple[str, str], dict[str, Any]] = {}
         self.streams: dict[tuple[str, str], Any] = {}
+        self.running: dict[str, int] = {}  # stage -> requests it is working on
         self._imports: dict[str, Callable[..., Any]] = {}
 
     # -- start-up -----------------------------------------------------------
@@ -159,6 +163,28 @@ class Worker:
         async with anyio.create_task_group() as tg:
             for inbox in self.inboxes:
                 tg.start_soon(self._serve_inbox, inbox)
+            tg.start_soon(self._report_stats)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per stage: requests running in it, and fan-in requests waiting for sources."""
+        waiting: dict[str, int] = {}
+        for _, stage in self.fanin:
+            waiting[stage] = waiting.get(stage, 0) + 1
+        return {
+            stage: {"running": self.running.get(stage, 0), "waiting": waiting.get(stage, 0)}
+            for stage in self.stages
+        }
+
+    async def _report_stats(self, interval: float = STATS_INTERVAL) -> None:
+        """Tell the coordinator the queue depth of each stage when it changed."""
+        last: dict[str, dict[str, int]] | None = None
+        while True:
+            current = self.stats()
+            if current != last:
+                with contextlib.suppress(Exception):  # the coordinator may be stopping
+                    await self._send(m.Envelope(m.STATS, "", "", self.process.name, current))
+                last = current
+            await anyio.sleep(interval)
 
     async def _serve_inbox(self, inbox: Any) -> None:
         while True:
@@ -210,6 +236,7 @@ class Worker:
         self.scopes.setdefault(env.request_id, set()).add(scope)
         emit = self._emitter(name, env) if stage.stream_to or stage.terminal else None
         request = StageRequest(env.request_id, data, env.params, stream, emit)
+        self.running[name] = self.running.get(name, 0) + 1
         try:
             with scope:
                 try:
@@ -218,6 +245,7 @@ class Worker:
                 except Exception as exc:  # fails this request only, never the process
                     await self._fail(env, name, exc)
         finally:
+            self.running[name] -= 1
             scopes = self.scopes.get(env.request_id)
             if scopes is not None:
                 scopes.discard(scope)

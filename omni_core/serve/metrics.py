@@ -110,6 +110,18 @@ class Metrics:
                 f"{int(info['state'] == 'healthy')}"
             )
         out += [
+            "# HELP omni_stage_queue_depth Requests in each stage: running, or waiting for "
+            "the sources of a fan-in.",
+            "# TYPE omni_stage_queue_depth gauge",
+        ]
+        for name, info in sorted(health.items()):
+            for stage, depth in sorted(info.get("queue", {}).items()):
+                for state in ("running", "waiting"):
+                    out.append(
+                        f'omni_stage_queue_depth{{process="{_escape(name)}",'
+                        f'stage="{_escape(stage)}",state="{state}"}} {depth.get(state, 0)}'
+                    )
+        out += [
             "# HELP omni_process_restarts_total Restarts of each process.",
             "# TYPE omni_process_restarts_total counter",
         ]

@@ -285,3 +285,26 @@ async def test_every_edge_between_processes_can_use_another_transport(deployment
         chunks = [e.data async for e in handle.stream() if not e.final]
     assert chunks == [0, 2, 4, 6]
     assert runtime.transport_name == transport
+
+
+async def test_health_reports_each_stages_queue_depth(deployment):
+    async with deployment("t-fan-in") as runtime:
+
+        def queue() -> dict:
+            return runtime.health()["processes"]
+
+        slow = {"images": [1], "delay": {"images": 1.0}}
+        handles = [await runtime.submit(slow) for _ in range(3)]
+        with anyio.fail_after(10):
+            while queue()["enc"]["queue"].get("images", {}).get("running") != 3:
+                await anyio.sleep(0.05)
+        # the fan-in stage holds the three requests while it waits for their images
+        assert queue()["p"]["queue"]["join"] == {"running": 0, "waiting": 3}
+        for handle in handles:
+            await handle.result()
+        with anyio.fail_after(10):
+            while (
+                queue()["enc"]["queue"]["images"]["running"]
+                or queue()["p"]["queue"]["join"]["waiting"]
+            ):
+                await anyio.sleep(0.05)

@@ -51,6 +51,14 @@ def test_metrics_count_requests_latency_and_first_audio(speech_server):
     assert value('omni_process_inflight_requests{process="front",replica="0"}') == 0
     assert value('omni_process_up{process="back",state="healthy"}') == 1
     assert value("omni_inflight_requests") == 0
+    # every stage reports its queue depth once its process is up (reports are 0.5 s apart)
+    deadline = time.monotonic() + 5
+    while 'omni_stage_queue_depth{process="back",stage="audio"' not in text:
+        assert time.monotonic() < deadline, "no queue depth for stage audio"
+        time.sleep(0.1)
+        text = raw("GET", f"{speech_server.url}/metrics").text
+    assert value('omni_stage_queue_depth{process="back",stage="audio",state="running"}') == 0
+    assert value('omni_stage_queue_depth{process="front",stage="synth",state="waiting"}') == 0
 
 
 def test_unknown_routes_and_methods_answer_in_openai_shape(speech_server):
