@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import struct
 from typing import Any
+
+import numpy as np
 
 
 def descendants(pid: int) -> set[int]:
@@ -75,3 +78,26 @@ def raw(
             return Reply(response.status, response.headers, response.read())
     except urllib.error.HTTPError as error:
         return Reply(error.code, error.headers, error.read())
+
+
+def parse_wav(data: bytes) -> tuple[dict[str, int], bytes]:
+    """The fmt fields and the data of a canonical PCM WAV, checked by hand."""
+    assert data[:4] == b"RIFF" and data[8:12] == b"WAVE" and data[12:16] == b"fmt "
+    size, fmt, channels, rate, byte_rate, block, bits = struct.unpack("<IHHIIHH", data[16:36])
+    assert data[36:40] == b"data"
+    (data_size,) = struct.unpack("<I", data[40:44])
+    return {
+        "riff_size": struct.unpack("<I", data[4:8])[0],
+        "fmt_size": size,
+        "format": fmt,
+        "channels": channels,
+        "rate": rate,
+        "byte_rate": byte_rate,
+        "block": block,
+        "bits": bits,
+        "data_size": data_size,
+    }, data[44:]
+
+
+def samples(pcm: bytes) -> np.ndarray:
+    return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32767

@@ -15,7 +15,6 @@ import ctypes
 import os
 import select
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -27,7 +26,8 @@ from typing import Any
 import numpy as np
 import openai
 import pytest
-from serve_helpers import alive, descendants
+from serve_helpers import alive, descendants, samples
+from serve_helpers import parse_wav as wav_fields
 
 pytest.importorskip("omni_qwen3_tts")
 
@@ -117,24 +117,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServe]:
 
 def parse_wav(data: bytes) -> tuple[dict[str, int], np.ndarray]:
     """The header fields of a canonical 16-bit PCM WAV, and its samples as float32."""
-    assert data[:4] == b"RIFF" and data[8:12] == b"WAVE" and data[12:16] == b"fmt "
-    fmt_size, fmt, channels, rate, byte_rate, block, bits = struct.unpack("<IHHIIHH", data[16:36])
-    assert data[36:40] == b"data"
-    (data_size,) = struct.unpack("<I", data[40:44])
-    header = {
-        "riff_size": struct.unpack("<I", data[4:8])[0],
-        "fmt_size": fmt_size,
-        "format": fmt,
-        "channels": channels,
-        "rate": rate,
-        "byte_rate": byte_rate,
-        "block": block,
-        "bits": bits,
-        "data_size": data_size,
-    }
-    pcm = data[44:]
+    header, pcm = wav_fields(data)
     assert len(pcm) % 2 == 0
-    return header, np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32767
+    return header, samples(pcm)
 
 
 def check_signal(samples: np.ndarray, max_frames: int | None = None) -> None:

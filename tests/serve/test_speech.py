@@ -3,39 +3,16 @@
 from __future__ import annotations
 
 import io
-import struct
 
 import numpy as np
 import openai
 import pytest
 import soundfile
 from omni_test_speech import CHUNK_SAMPLES, SAMPLE_RATE, VOICES
+from serve_helpers import parse_wav, samples
 
 TEXT = "the quick brown fox"  # four words: four 50 ms chunks
 FRAMES = 4 * CHUNK_SAMPLES
-
-
-def parse_wav(data: bytes) -> tuple[dict[str, int], bytes]:
-    """The fmt fields and the data of a canonical PCM WAV, checked by hand."""
-    assert data[:4] == b"RIFF" and data[8:12] == b"WAVE" and data[12:16] == b"fmt "
-    size, fmt, channels, rate, byte_rate, block, bits = struct.unpack("<IHHIIHH", data[16:36])
-    assert data[36:40] == b"data"
-    (data_size,) = struct.unpack("<I", data[40:44])
-    return {
-        "riff_size": struct.unpack("<I", data[4:8])[0],
-        "fmt_size": size,
-        "format": fmt,
-        "channels": channels,
-        "rate": rate,
-        "byte_rate": byte_rate,
-        "block": block,
-        "bits": bits,
-        "data_size": data_size,
-    }, data[44:]
-
-
-def samples(pcm: bytes) -> np.ndarray:
-    return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32767
 
 
 def dominant_frequency(signal: np.ndarray) -> float:
