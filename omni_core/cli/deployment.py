@@ -15,7 +15,6 @@ from typing import Any
 import typer
 
 from ..config import Resolution, load_deployment
-from ..errors import UsageError
 
 CONTEXT = {"ignore_unknown_options": True, "allow_extra_args": True}
 ARGS_HELP = (
@@ -36,12 +35,7 @@ def split_positionals(tokens: list[str], count: int) -> tuple[list[str], list[st
 def resolve_from_cli(tokens: list[str] | None, pipeline: str | None) -> Resolution:
     positionals, flags = split_positionals(list(tokens or []), 1)
     deploy = positionals[0] if positionals else None
-    if deploy is None and pipeline is None and not any(f.startswith("--pipeline") for f in flags):
-        raise UsageError(
-            "nothing to deploy: give a deploy file or --pipeline NAME",
-            hint="e.g. omni plan examples/qwen3_tts.toml",
-        )
-    return load_deployment(deploy, flags, pipeline=pipeline)
+    return load_deployment(deploy, flags, pipeline=pipeline)  # refuses "nothing to deploy"
 
 
 def deployment_command(app: typer.Typer, name: str, help: str | None = None):

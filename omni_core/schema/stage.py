@@ -12,7 +12,7 @@ them (:data:`AUTHOR_ONLY_FIELDS`).
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterator
 from typing import Any
 
 from pydantic import (
@@ -54,11 +54,6 @@ class SchemaProblems(ValueError):
     def __init__(self, problems: list[tuple[tuple[str, ...], str]]):
         self.problems = problems
         super().__init__("; ".join(message for _, message in problems))
-
-
-def _fields_named(problem: str) -> tuple[str, ...]:
-    """The quoted field names a problem message mentions (``field 'gpu'``)."""
-    return tuple(re.findall(r"'([a-z_]+)'", problem.split(":")[0] if ":" in problem else problem))
 
 
 class StageConfig(BaseModel):
@@ -167,58 +162,80 @@ class StageConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> StageConfig:
-        problems = [(_fields_named(p), f"stage {self.name!r}: {p}") for p in self._problems()]
+        problems = [(fields, f"stage {self.name!r}: {text}") for fields, text in self._problems()]
         if problems:
             raise SchemaProblems(problems)
         return self
 
-    def _problems(self):
+    def _problems(self) -> Iterator[tuple[tuple[str, ...], str]]:
+        """Each problem with the fields it concerns (so errors can name who wrote them)."""
         if self.terminal and self.targets:
-            yield "field 'next' and 'terminal' are exclusive: a terminal stage has no next"
+            yield (
+                ("next", "terminal"),
+                "field 'next' and 'terminal' are exclusive: a terminal stage has no next",
+            )
         if not self.terminal and not self.targets:
-            yield "field 'next' is missing: a stage needs either next or terminal = true"
+            yield (
+                ("next",),
+                "field 'next' is missing: a stage needs either next or terminal = true",
+            )
         if self.wait_for and not self.merge_fn:
-            yield "field 'merge_fn' is missing: wait_for needs a merge function"
+            yield ("merge_fn",), "field 'merge_fn' is missing: wait_for needs a merge function"
         if self.merge_fn and not self.wait_for:
-            yield "field 'merge_fn' needs field 'wait_for' (the stages to merge)"
+            yield (
+                ("merge_fn", "wait_for"),
+                "field 'merge_fn' needs field 'wait_for' (the stages to merge)",
+            )
         if self.route_fn and len(self.targets) < 2:
-            yield "field 'route_fn' needs field 'next' to list the targets it may choose from"
+            yield (
+                ("route_fn", "next"),
+                "field 'route_fn' needs field 'next' to list the targets it may choose from",
+            )
         if self.tp_size < 1:
-            yield f"field 'tp_size' must be >= 1, got {self.tp_size}"
+            yield ("tp_size",), f"field 'tp_size' must be >= 1, got {self.tp_size}"
         if self.tp_size == 1 and self.process is None:
             yield (
+                ("process",),
                 "field 'process' is missing: every stage that is not tensor-parallel "
-                "names its process"
+                "names its process",
             )
         yield from self._gpu_problems()
+        share = ("gpu_memory_fraction", "total_reserve_bytes")
         if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:
-            yield f"field 'gpu_memory_fraction' must be in (0, 1], got {self.gpu_memory_fraction}"
+            yield (
+                ("gpu_memory_fraction",),
+                f"field 'gpu_memory_fraction' must be in (0, 1], got {self.gpu_memory_fraction}",
+            )
         if self.gpu_memory_fraction is not None and self.total_reserve_bytes is not None:
             yield (
+                share,
                 "fields 'gpu_memory_fraction' and 'total_reserve_bytes' are exclusive: "
-                "declare the memory share one way"
+                "declare the memory share one way",
             )
         if self.declares_memory_share and self.gpu is None:
             yield (
-                "field 'gpu_memory_fraction'/'total_reserve_bytes' needs field 'gpu' (a GPU stage)"
+                (*share, "gpu"),
+                "field 'gpu_memory_fraction'/'total_reserve_bytes' needs field 'gpu' (a GPU stage)",
             )
 
-    def _gpu_problems(self):
+    def _gpu_problems(self) -> Iterator[tuple[tuple[str, ...], str]]:
         if isinstance(self.gpu, int) and self.tp_size > 1:
             yield (
+                ("gpu", "tp_size"),
                 f"field 'gpu' is a single id but tp_size = {self.tp_size}; "
-                f"write a list of {self.tp_size} GPU ids"
+                f"write a list of {self.tp_size} GPU ids",
             )
         if isinstance(self.gpu, list) and len(self.gpu) != self.tp_size:
             yield (
+                ("gpu", "tp_size"),
                 f"field 'gpu' lists {len(self.gpu)} GPU ids but tp_size = {self.tp_size}; "
-                "they must match"
+                "they must match",
             )
         ids = self.gpu_ids
         if any(i < 0 for i in ids):
-            yield f"field 'gpu' has a negative GPU id: {ids}"
+            yield ("gpu",), f"field 'gpu' has a negative GPU id: {ids}"
         if len(set(ids)) != len(ids):
-            yield f"field 'gpu' repeats a GPU id: {ids}"
+            yield ("gpu",), f"field 'gpu' repeats a GPU id: {ids}"
 
 
 class EngineStageConfig(StageConfig):
