@@ -9,8 +9,12 @@ directory (configs from the release's published facts, the tiny preset's
 tokenizer files, weights seeded by our ``dummy`` loader) and measures:
 
 * ours: the ``tts_engine`` and ``vocoder`` stages' own code (``TTSEngine``
-  over ``TorchEngine`` + the model's StepModel, ``Vocoder`` with the release's
-  12-frame chunks and 25 frames of left context), driven directly without the
+  over ``TorchEngine`` + the model's StepModel, ``Vocoder`` with its defaults:
+  a first chunk of 12 frames, then 24 and 48, decoded statefully so that
+  every frame is decoded once; ``--left-context 25`` re-decodes 25 frames
+  before every chunk instead, the release's way; the talker's large linear
+  weights repacked for oneDNN as the stage does on the CPU,
+  ``--no-pack-weights`` keeps them dense), driven directly without the
   runtime's processes, at concurrency 1, 4 and 8: every request's audio
   comes out in chunks while frames are generated. Figures: real-time factor
   (wall / audio seconds) at concurrency 1, audio seconds per wall second at
@@ -49,6 +53,7 @@ from typing import Any
 import anyio
 import torch
 
+from omni_core.engine.cpu_linear import pack_linear_weights
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.torch_engine import TorchEngine
 from omni_qwen3_tts.model import Qwen3TTSModel
@@ -290,11 +295,24 @@ async def run_level(engine: TTSEngine, vocoder: Vocoder, batch: list[Request]) -
 
 
 async def ours(
-    model: Qwen3TTSModel, frames: int, levels: list[int], vocoder_batch: int | None
+    model: Qwen3TTSModel,
+    frames: int,
+    levels: list[int],
+    vocoder_batch: int | None,
+    left_context: int | None,
+    pack_weights: bool,
 ) -> list[Level]:
     settings = EngineSettings(max_running_requests=max(levels), max_total_tokens=max(levels) * 512)
+    if pack_weights:  # what the tts_engine stage does on the CPU (factory.pack_weights)
+        pack_linear_weights(model.network)
     engine = TTSEngine(model, TorchEngine(model, settings))
-    vocoder = Vocoder(model, chunk_frames=12, left_context_frames=25, max_batch_size=vocoder_batch)
+    vocoder = Vocoder(
+        model,
+        chunk_frames=12,
+        left_context_frames=left_context,
+        max_batch_size=vocoder_batch,
+        max_chunk_frames=48,
+    )
     try:
         await run_level(engine, vocoder, requests(1, 2, offset=900))  # warm-up
         return [await run_level(engine, vocoder, requests(c, frames, c * 10)) for c in levels]
@@ -442,6 +460,17 @@ def main() -> None:
         help="the vocoder stage's factory.max_batch_size (chunks decoded as one batch; "
         "default: the stage's, 1 on the CPU)",
     )
+    parser.add_argument(
+        "--left-context",
+        type=int,
+        default=None,
+        help="the vocoder's factory.left_context_frames (default: none, stateful decoding)",
+    )
+    parser.add_argument(
+        "--no-pack-weights",
+        action="store_true",
+        help="keep MKL's dense linear weights (the tts_engine stage's factory.pack_weights false)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     levels = [int(c) for c in args.levels.split(",")]
@@ -465,7 +494,15 @@ def main() -> None:
             baseline = reference(args.reference_python, root, batch, args.frames, args.threads)
         else:
             baseline = own_sequential(model, batch)
-        levels_run = anyio.run(ours, model, args.frames, levels, args.vocoder_max_batch)
+        levels_run = anyio.run(
+            ours,
+            model,
+            args.frames,
+            levels,
+            args.vocoder_max_batch,
+            args.left_context,
+            not args.no_pack_weights,
+        )
         report(levels_run, baseline, args.frames)
 
 

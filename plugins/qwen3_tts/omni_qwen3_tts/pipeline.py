@@ -23,6 +23,9 @@ class EngineFactoryArgs(FactoryArgs):
     dtype: str | None = None  # default: bfloat16 on CUDA, float32 on CPU
     load_format: str = "auto"  # auto | safetensors | dummy (seeded random weights)
     seed: int = 0  # of dummy weights
+    # CPU only: repack the talker's large float32 linear weights for oneDNN, which
+    # streams them ~1.7x faster than MKL at decoding batch sizes (omni_core.engine.cpu_linear)
+    pack_weights: bool = True
 
 
 class VocoderArgs(FactoryArgs):
@@ -32,7 +35,9 @@ class VocoderArgs(FactoryArgs):
     max_batch_size: int | None = None  # chunks decoded together (default: 16 GPU, 1 CPU)
     chunk_frames: int = 12  # frames in the first audio chunk (12 frames = 0.96 s)
     max_chunk_frames: int | None = 48  # later chunks double up to this (none: all equal)
-    left_context_frames: int | None = 25  # none: exact (streamed == full decode)
+    # none: stateful streaming, each frame decoded once, equal to a full decode;
+    # a number: re-decode that many frames before every chunk (the release uses 25)
+    left_context_frames: int | None = None
 
 
 class Qwen3TTSPipeline(PipelineConfig):

@@ -9,7 +9,8 @@ runs them), so torch is imported here freely.
   parameters (the release's defaults, overridden per request);
 * tts_engine: generates frames through the engine backend (continuous
   batching) and streams each frame's 16 codes to the vocoder as it exists;
-* vocoder: decodes the codes in chunks with left context and streams audio.
+* vocoder: decodes the codes in chunks, carrying the codec's state from chunk
+  to chunk, and streams audio.
 
 When stages share a process they share one loaded model (``load_model`` is
 memoised per process), so the talker and the codec are loaded once.
@@ -250,6 +251,7 @@ def create_tts_engine(
     dtype: str | None = None,
     load_format: str = "auto",
     seed: int = 0,
+    pack_weights: bool = True,
 ) -> TTSEngine:
     settings = EngineSettings(**(engine_args or {}))
     if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
@@ -257,6 +259,10 @@ def create_tts_engine(
         settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
     device = torch_device(gpu_id, "tts_engine")
     model = load_model(model_path, load_format, dtype, device, seed)
+    if pack_weights and device == "cpu":
+        from omni_core.engine.cpu_linear import pack_linear_weights
+
+        pack_linear_weights(model.network)  # idempotent: the model is shared per process
     return TTSEngine(model, create_engine(model, settings, device=device))
 
 
@@ -264,23 +270,26 @@ def create_tts_engine(
 
 
 class Vocoder:
-    """Streams audio in chunks, each decoded with ``left_context`` frames before it.
+    """Streams audio in chunks as the engine's frames arrive.
 
     The first chunk holds ``chunk_frames`` frames (time to first audio); each
-    next one doubles, up to ``max_chunk_frames``: every chunk re-decodes its
-    left context, so longer chunks later cost less codec work per second of
-    audio while the listener is already hearing the start.
+    next one doubles, up to ``max_chunk_frames``, so later chunks cost fewer
+    codec calls while the listener is already hearing the start.
+
+    ``left_context_frames = None`` (the default) decodes statefully: each
+    request keeps a :class:`StreamState` that carries every causal
+    operation's look-back, so each frame is decoded once and the streamed
+    audio equals a full decode. A number instead re-decodes that many earlier
+    frames with every chunk, the release's way (25 frames: an approximation,
+    and about three times the codec work at 12-frame chunks).
 
     An in-context voice clone's stream starts with ``{"reference": codes}``:
-    those frames are left context only (never played), as in the release.
-
-    ``left_context_frames = None`` uses the decoder's exact receptive field, so
-    the streamed audio equals a full decode; the release uses 25 frames, which
-    is faster and audibly the same. Chunks of concurrent requests that wait
-    at the same moment and have the same shape are decoded as one batch of at
-    most ``max_batch_size``. By default that is 16 on a GPU and 1 on the CPU:
-    there the codec's convolutions are memory-bound, and a stacked batch
-    measured slower than the same chunks one by one (benchmarks/bench_qwen3_tts.py).
+    those frames are context only (decoded into the state, never played), as
+    in the release. Chunks of concurrent requests that wait at the same
+    moment with the same length are decoded as one batch of at most
+    ``max_batch_size``: by default 16 on a GPU and 1 on the CPU, where the
+    codec's convolutions are memory-bound and a stacked batch measured
+    slower than the same chunks one by one (benchmarks/bench_qwen3_tts.py).
     """
 
     def __init__(
@@ -295,47 +304,79 @@ class Vocoder:
             raise RuntimeError("the vocoder needs the speech tokenizer")
         if chunk_frames < 1:
             raise ValueError(f"factory.chunk_frames must be >= 1, got {chunk_frames}")
+        if left_context_frames is not None and left_context_frames < 0:
+            raise ValueError(
+                f"factory.left_context_frames must be >= 0 or none, got {left_context_frames}"
+            )
         self.decoder = model.speech_tokenizer.decoder
         self.device = next(self.decoder.parameters()).device
         self.chunk_frames = chunk_frames
         self.max_chunk_frames = max(chunk_frames, max_chunk_frames or chunk_frames)
         default_batch = 16 if self.device.type == "cuda" else 1
-        self.batcher = DecodeBatcher(self.decode_batch, max_batch_size or default_batch)
-        self.context = (
-            self.decoder.exact_context_frames()
-            if left_context_frames is None
-            else left_context_frames
-        )
+        self.context = left_context_frames
+        decode = self.decode_streams if self.context is None else self.decode_with_context
+        self.batcher = DecodeBatcher(decode, max_batch_size or default_batch)
 
     async def run(self, request: Any) -> dict[str, Any]:
-        frames: list[torch.Tensor] = []
-        played = samples = reference = 0
+        stream = self.decoder.new_stream() if self.context is None else None
+        behind: list[torch.Tensor] = []  # played frames the next chunk decodes again
+        pending: list[torch.Tensor] = []  # frames not played yet
+        frames = samples = 0
         chunk = self.chunk_frames
         async for codes in request.stream:
             if isinstance(codes, dict):  # an in-context clone's reference: context only
-                frames.extend(torch.as_tensor(codes["reference"]).unbind(0))
-                played = reference = len(frames)
+                reference = list(torch.as_tensor(codes["reference"]).unbind(0))
+                if stream is not None and reference:
+                    await self._decode(stream, [], reference)
+                behind = self._behind(behind, reference)
                 continue
-            frames.append(codes)
-            if len(frames) - played >= chunk:
-                samples += await self._play(request, frames, played)
-                played = len(frames)
+            pending.append(codes)
+            frames += 1
+            if len(pending) >= chunk:
+                samples += await self._play(request, stream, behind, pending)
+                behind, pending = self._behind(behind, pending), []
                 chunk = min(2 * chunk, self.max_chunk_frames)
-        if len(frames) > played:
-            samples += await self._play(request, frames, played)
-        return {"frames": len(frames) - reference, "samples": samples, "sample_rate": SAMPLE_RATE}
+        if pending:
+            samples += await self._play(request, stream, behind, pending)
+        return {"frames": frames, "samples": samples, "sample_rate": SAMPLE_RATE}
 
-    async def _play(self, request: Any, frames: list[torch.Tensor], played: int) -> int:
-        """Emit the audio of ``frames[played:]``, decoded behind the configured left context."""
-        context = min(self.context, played)
-        audio = await self.batcher.decode(torch.stack(frames[played - context :]), context)
+    def _behind(self, behind: list[torch.Tensor], played: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The left context kept for the next chunk (none when decoding statefully)."""
+        if not self.context:
+            return []
+        return (behind + played)[-self.context :]
+
+    async def _play(
+        self, request: Any, stream: Any, behind: list[torch.Tensor], new: list[torch.Tensor]
+    ) -> int:
+        audio = await self._decode(stream, behind, new)
         await request.emit(audio)
         return int(audio.shape[0])
 
-    def decode_batch(self, codes: torch.Tensor, context: int) -> Any:
-        """Codes ``[B, 16, T]`` -> float32 audio ``[B, N]`` of the frames after ``context``."""
+    async def _decode(
+        self, stream: Any, behind: list[torch.Tensor], new: list[torch.Tensor]
+    ) -> Any:
+        """The audio of ``new`` (``behind``, if any, is decoded again as left context)."""
+        if stream is not None:
+            return await self.batcher.decode(torch.stack(new), "stream", stream)
+        return await self.batcher.decode(torch.stack(behind + new), len(behind), len(behind))
+
+    def decode_streams(self, codes: torch.Tensor, streams: list[Any]) -> Any:
+        """Codes ``[B, 16, T]`` -> float32 audio ``[B, N]``, each row advancing its stream."""
+        from .speech_tokenizer.streaming import StreamState
+
+        batch = StreamState.stack(streams)
         with torch.inference_mode():
-            wav = self.decoder.decode_chunk(codes.to(self.device).clamp(min=0), context)
+            wav = self.decoder.stream(codes.to(self.device).clamp(min=0), batch)
+        if len(streams) > 1:
+            for stream, row in zip(streams, batch.split([1] * len(streams)), strict=True):
+                stream.adopt(row)
+        return wav[:, 0].float().cpu().numpy()
+
+    def decode_with_context(self, codes: torch.Tensor, contexts: list[int]) -> Any:
+        """Codes ``[B, 16, T]`` -> float32 audio ``[B, N]`` of the frames after the context."""
+        with torch.inference_mode():
+            wav = self.decoder.decode_chunk(codes.to(self.device).clamp(min=0), contexts[0])
         return wav[:, 0].float().cpu().numpy()
 
 
@@ -347,7 +388,7 @@ def create_vocoder(
     seed: int = 0,
     chunk_frames: int = 12,
     max_chunk_frames: int | None = 48,
-    left_context_frames: int | None = 25,
+    left_context_frames: int | None = None,
     max_batch_size: int | None = None,
 ) -> Vocoder:
     device = torch_device(gpu_id, "vocoder")

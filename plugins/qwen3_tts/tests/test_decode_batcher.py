@@ -23,7 +23,9 @@ class Recorder:
         self.calls: list[tuple[int, int, int]] = []
         self.fail = fail
 
-    def __call__(self, codes: torch.Tensor, context: int) -> torch.Tensor:
+    def __call__(self, codes: torch.Tensor, contexts: list[int]) -> torch.Tensor:
+        assert len(set(contexts)) == 1  # one key, one context
+        context = contexts[0]
         self.calls.append((codes.shape[0], codes.shape[2], context))
         if self.fail:
             raise RuntimeError("codec broke")
@@ -34,7 +36,8 @@ async def _decode_all(batcher: DecodeBatcher, items: list[tuple[torch.Tensor, in
     results: list = [None] * len(items)
 
     async def one(i: int) -> None:
-        results[i] = await batcher.decode(*items[i])
+        codes, context = items[i]
+        results[i] = await batcher.decode(codes, context, context)
 
     async with anyio.create_task_group() as group:
         for i in range(len(items)):
@@ -65,5 +68,26 @@ async def test_shapes_are_never_mixed_and_max_batch_is_kept():
 async def test_a_failing_decode_fails_every_chunk_of_its_batch():
     batcher = DecodeBatcher(Recorder(fail=True), max_batch=4)
     with pytest.raises(RuntimeError, match="codec broke"):
-        await batcher.decode(torch.ones(3, 16), 0)
+        await batcher.decode(torch.ones(3, 16), 0, 0)
     assert not batcher.busy and not batcher.pending
+
+
+async def test_each_row_of_a_batch_gets_its_own_payload_in_order():
+    seen: list[list[str]] = []
+
+    def decode(codes: torch.Tensor, payloads: list[str]) -> torch.Tensor:
+        seen.append(list(payloads))
+        return codes[:, 0, :]  # audio = codebook 0, so each row is recognisable
+
+    batcher = DecodeBatcher(decode, max_batch=8)
+    results: dict[str, torch.Tensor] = {}
+
+    async def one(name: str, value: int) -> None:
+        results[name] = await batcher.decode(torch.full((3, 16), value), "stream", name)
+
+    async with anyio.create_task_group() as group:
+        for value, name in enumerate("abcd"):
+            group.start_soon(one, name, value)
+    assert sorted(p for batch in seen for p in batch) == ["a", "b", "c", "d"]
+    for value, name in enumerate("abcd"):
+        assert torch.equal(results[name], torch.full((3,), value))

@@ -158,3 +158,33 @@ def test_mrope_with_equal_streams_is_plain_rope():
     assert torch.allclose(cos[0, :, 1], torch.cos(100 * inv[1]).expand(7))
     assert torch.allclose(cos[0, :, 2], torch.cos(200 * inv[2]).expand(7))
     assert torch.allclose(cos[0, :, 0], torch.cos(pos[0] * inv[0]))
+
+
+def test_the_cpu_engine_stage_packs_large_linear_weights_and_frames_do_not_change(tmp_path):
+    """factory.pack_weights (default on the CPU): oneDNN-packed talker, the same frames."""
+    import json
+    import shutil
+
+    from omni_core.engine.cpu_linear import PackedLinear, packing_available
+    from omni_qwen3_tts.model import Qwen3TTSModel
+    from omni_qwen3_tts.stages import create_tts_engine
+    from omni_qwen3_tts.weights import PRESETS_DIR
+
+    if not packing_available():
+        pytest.skip("torch built without oneDNN")
+    root = tmp_path / "wide"
+    shutil.copytree(PRESETS_DIR / "tiny", root)
+    config = json.loads((root / "config.json").read_text())
+    config["talker_config"]["intermediate_size"] = 1 << 15  # MLP weights of 1M elements
+    (root / "config.json").write_text(json.dumps(config))
+
+    dense = Qwen3TTSModel.from_pretrained(root, load_format="dummy", seed=3)
+    packed = create_tts_engine(str(root), load_format="dummy", seed=3).model
+    mlp = packed.talker.model.layers[0].mlp
+    assert isinstance(mlp.gate_proj, PackedLinear) and isinstance(mlp.down_proj, PackedLinear)
+    assert type(packed.talker.model.layers[0].self_attn.q_proj) is torch.nn.Linear  # small
+    for prompt in _prompts(dense)[:2]:
+        assert torch.equal(packed.generate(prompt, 8), dense.generate(prompt, 8))
+
+    kept = create_tts_engine(str(root), load_format="dummy", seed=4, pack_weights=False).model
+    assert type(kept.talker.model.layers[0].mlp.gate_proj) is torch.nn.Linear

@@ -41,6 +41,53 @@ def test_streaming_decode_equals_full_decode(tiny_model):
     torch.testing.assert_close(streamed, full, atol=1e-5, rtol=0)
 
 
+def test_stateful_stream_equals_full_decode_past_the_attention_window(tiny_model):
+    """Each frame decoded once, carrying every causal operation's look-back."""
+    decoder = tiny_model.speech_tokenizer.decoder
+    codes = _codes(30, seed=3).T[None]
+    assert codes.shape[-1] > 3 * decoder.cfg.sliding_window  # the window's cache is trimmed
+    full = decoder(codes)
+    state = decoder.new_stream()
+    pieces, start = [], 0
+    for size in (1, 2, 5, 3, 4, 9, 6):
+        pieces.append(decoder.stream(codes[..., start : start + size], state))
+        start += size
+    assert int(state.position[0]) == 30
+    assert int(state.valid[0]) == decoder.cfg.sliding_window - 1
+    streamed = torch.cat(pieces, dim=-1)
+    assert streamed.shape == full.shape
+    torch.testing.assert_close(streamed, full, atol=1e-5, rtol=0)
+
+
+def test_stacked_streams_at_different_positions_equal_separate_streams(tiny_model):
+    from omni_qwen3_tts.speech_tokenizer.streaming import StreamState
+
+    decoder = tiny_model.speech_tokenizer.decoder
+    ahead, behind = _codes(26, seed=4).T[None], _codes(20, seed=5).T[None]
+    first, second = decoder.new_stream(), decoder.new_stream()
+    heard_first = [decoder.stream(ahead[..., :6], first)]  # 6 frames ahead, own look-back
+    heard_second = []
+    for start in range(0, 20, 4):
+        both = StreamState.stack([first, second])
+        assert both.batch == 2
+        wav = decoder.stream(
+            torch.cat([ahead[..., 6 + start : 10 + start], behind[..., start : start + 4]]), both
+        )
+        row_first, row_second = both.split([1, 1])
+        first.adopt(row_first)
+        second.adopt(row_second)
+        heard_first.append(wav[:1])
+        heard_second.append(wav[1:])
+    torch.testing.assert_close(torch.cat(heard_first, -1), decoder(ahead), atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat(heard_second, -1), decoder(behind), atol=1e-5, rtol=0)
+
+
+def test_a_stream_refuses_codes_of_another_batch_size(tiny_model):
+    decoder = tiny_model.speech_tokenizer.decoder
+    with pytest.raises(ValueError, match="codes have 2 rows, the stream 1"):
+        decoder.stream(_codes(3).T[None].expand(2, -1, -1), decoder.new_stream())
+
+
 def test_short_context_is_only_approximate(tiny_model):
     """The release's chunked decode uses a fixed context; below the exact one it drifts."""
     decoder = tiny_model.speech_tokenizer.decoder

@@ -36,7 +36,7 @@ from omni_qwen3_tts.weights import PRESETS_DIR  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[3] / "examples" / "qwen3_tts_demo.toml"
 SAMPLES_PER_FRAME = 1920
-# The vocoder decodes with the decoder's exact receptive field, in small chunks.
+# The vocoder's stateful decoding (exact), in small equal chunks.
 EXACT = [
     "--vocoder.factory.left_context_frames",
     "none",

@@ -2,16 +2,23 @@
 
 Every convolution pads only on the left, so an output sample depends on
 inputs at or before it: that is what makes chunked (streaming) decoding with
-enough left context equal to decoding everything at once.
+enough left context equal to decoding everything at once. The ``stream``
+methods go one step further: they carry each operation's look-back in a
+:class:`~.streaming.StreamState` between chunks, so a stream decodes every
+frame once and still equals the full decode.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from .streaming import StreamState
 
 
 class CausalConv1d(nn.Module):
@@ -57,6 +64,16 @@ class CausalConv1d(nn.Module):
             x = _pad_non_constant(x, self.left_pad, right, self.pad_mode)
         return self.conv(x)
 
+    def stream(self, x: torch.Tensor, state: StreamState) -> torch.Tensor:
+        """The next samples of a stream: the full decode's zero padding, then the carried tail."""
+        if self.stride != 1 or self.pad_mode != "constant":
+            raise ValueError("only stride-1, zero-padded causal convolutions can stream")
+        if self.left_pad == 0:
+            return self.conv(x)
+        joined = torch.cat((state.tail(self, x, self.left_pad), x), dim=-1)
+        state.keep_tail(self, joined, self.left_pad)
+        return self.conv(joined)
+
 
 def _pad_non_constant(x: torch.Tensor, left: int, right: int, mode: str) -> torch.Tensor:
     """Reflect padding that also works when the input is shorter than the padding."""
@@ -79,12 +96,25 @@ class CausalTransConv1d(nn.Module):
         super().__init__()
         self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
         self.right_trim = kernel_size - stride
+        self.stride = stride
+        # Earlier inputs whose kernels still overlap the outputs of a new one.
+        self.overlap_inputs = math.ceil(kernel_size / stride) - 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv(x)
         if self.right_trim > 0:
             x = x[..., : x.shape[-1] - self.right_trim]
         return x
+
+    def stream(self, x: torch.Tensor, state: StreamState) -> torch.Tensor:
+        """Outputs of the new inputs, completed by the overhang of the carried ones."""
+        carried = self.overlap_inputs
+        if carried == 0:  # kernel == stride: every input owns its outputs
+            return self.conv(x)
+        joined = torch.cat((state.tail(self, x, carried), x), dim=-1)
+        state.keep_tail(self, joined, carried)
+        start = carried * self.stride
+        return self.conv(joined)[..., start : start + x.shape[-1] * self.stride]
 
 
 class SnakeBeta(nn.Module):
@@ -97,8 +127,15 @@ class SnakeBeta(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         alpha = self.alpha.exp()[None, :, None]
-        beta = self.beta.exp()[None, :, None]
-        return x + torch.sin(x * alpha).pow(2) / (beta + 1e-9)
+        inverse_beta = 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
+        if torch.is_grad_enabled():
+            return x + torch.sin(x * alpha).pow(2) * inverse_beta
+        # Inference: one scratch tensor updated in place. On the CPU these
+        # element-wise passes over long audio-rate signals are a large part of
+        # the decode, and every fresh full-size temporary costs page faults.
+        wave = torch.mul(x, alpha)
+        wave.sin_().square_()
+        return torch.addcmul(x, wave, inverse_beta)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -113,6 +150,11 @@ class ConvNeXtBlock(nn.Module):
         self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.dwconv(x).transpose(1, 2)
-        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return self._pointwise(x, self.dwconv(x))
+
+    def stream(self, x: torch.Tensor, state: StreamState) -> torch.Tensor:
+        return self._pointwise(x, self.dwconv.stream(x, state))
+
+    def _pointwise(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(mixed.transpose(1, 2)))))
         return x + (self.gamma * h).transpose(1, 2)

@@ -6,10 +6,12 @@ with its own 1x1 projections) -> causal pre-conv -> sliding-window
 transformer -> transposed-conv upsampling with ConvNeXt blocks -> SnakeBeta
 decoder blocks (transposed conv + dilated residual units) -> clamp to [-1, 1].
 
-Everything is causal, so :meth:`Decoder.decode_chunk` with at least
-:meth:`Decoder.exact_context_frames` frames of left context reproduces the
-full decode; the release streams with a shorter context (25 frames), which
-is an approximation we keep available.
+Everything is causal. :meth:`Decoder.stream` carries every operation's
+look-back between chunks (``streaming.py``), so a stream decodes each frame
+once and equals the full decode. The release instead re-decodes a fixed left
+context (25 frames) with every chunk, an approximation we keep available as
+:meth:`Decoder.decode_chunk`; with at least :meth:`Decoder.exact_context_frames`
+of context that too reproduces the full decode, at a much higher cost.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import nn
 from ..config import DecoderConfig
 from ..layers import Attention, RMSNorm, SwiGLU, inv_frequencies, rope_cos_sin
 from .convs import CausalConv1d, CausalTransConv1d, ConvNeXtBlock, SnakeBeta
+from .streaming import StreamState, WindowKV
 
 
 class Codebook(nn.Module):
@@ -115,8 +118,9 @@ class CodecTransformerLayer(nn.Module):
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
-    def forward(self, x, cos, sin, mask):
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+    def forward(self, x, cos, sin, mask, store=None):
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, mask, store)
+        x = x + self.self_attn_layer_scale(attended)
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -150,6 +154,31 @@ class CodecTransformer(nn.Module):
             x = layer(x, cos, sin, mask)
         return self.output_proj(self.norm(x))
 
+    def stream(self, x: torch.Tensor, state: StreamState) -> torch.Tensor:
+        """The next frames ``[B, n, latent]``, attending to the carried window.
+
+        Keys are the ``window - 1`` carried ones (relative positions
+        ``-(window-1)..-1``) and the chunk's own (``0..n-1``); query ``i``
+        sees key ``r`` when ``i - window < r <= i`` and the key is real
+        (not before the stream's start), exactly the full decode's mask.
+        """
+        x = self.input_proj(x)
+        steps = x.shape[1]
+        carried = state.keys[0].shape[2]
+        arange = torch.arange(steps, device=x.device)
+        cos, sin = rope_cos_sin(state.position[:, None] + arange[None], self.inv_freq, x.dtype)
+        key = torch.arange(carried + steps, device=x.device) - carried
+        query = arange[:, None]
+        in_window = (key[None] <= query) & (key[None] > query - self.window)  # [n, S]
+        real = key[None] >= -state.valid[:, None]  # [B, S]
+        mask = (in_window[None] & real[:, None])[:, None]
+        store = WindowKV(state)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, store)
+        state.valid = (state.valid + steps).clamp(max=carried)
+        state.position = state.position + steps
+        return self.output_proj(self.norm(x))
+
 
 class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int):
@@ -161,6 +190,9 @@ class ResidualUnit(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+
+    def stream(self, x: torch.Tensor, state: StreamState) -> torch.Tensor:
+        return x + self.conv2.stream(self.act2(self.conv1.stream(self.act1(x), state)), state)
 
 
 class DecoderBlock(nn.Module):
@@ -180,6 +212,17 @@ class DecoderBlock(nn.Module):
         for module in self.block:
             x = module(x)
         return x
+
+    def stream(self, x: torch.Tensor, state: StreamState) -> torch.Tensor:
+        for module in self.block:
+            x = _stream(module, x, state)
+        return x
+
+
+def _stream(module: nn.Module, x: torch.Tensor, state: StreamState) -> torch.Tensor:
+    """A module's streaming step; modules without look-back (activations) just run."""
+    step = getattr(module, "stream", None)
+    return step(x, state) if step is not None else module(x)
 
 
 class Decoder(nn.Module):
@@ -222,6 +265,42 @@ class Decoder(nn.Module):
             hidden = convnext(trans_conv(hidden))
         for stage in self.decoder:
             hidden = stage(hidden)
+        return hidden.clamp(-1.0, 1.0)
+
+    def new_stream(self, batch: int = 1) -> StreamState:
+        """An empty stream state for ``batch`` rows (see :meth:`stream`)."""
+        cfg = self.cfg
+        param = next(self.parameters())
+        return StreamState(
+            batch,
+            cfg.num_hidden_layers,
+            cfg.num_key_value_heads,
+            cfg.sliding_window,
+            cfg.attn_head_dim,
+            param.device,
+            param.dtype,
+        )
+
+    @torch.no_grad()
+    def stream(self, codes: torch.Tensor, state: StreamState) -> torch.Tensor:
+        """The audio of the next frames ``[B, K, n]`` of a stream: ``[B, 1, n * upsample]``.
+
+        Concatenating the audio of successive calls equals ``self(all codes)``
+        (up to float rounding); ``state`` carries what each causal operation
+        needs from earlier frames.
+        """
+        if codes.shape[1] != self.cfg.num_quantizers:
+            raise ValueError(
+                f"the decoder expects {self.cfg.num_quantizers} codebooks, got {codes.shape[1]}"
+            )
+        if codes.shape[0] != state.batch:
+            raise ValueError(f"codes have {codes.shape[0]} rows, the stream {state.batch}")
+        hidden = self.pre_conv.stream(self.quantizer.decode(codes), state)
+        hidden = self.pre_transformer.stream(hidden.transpose(1, 2), state).transpose(1, 2)
+        for trans_conv, convnext in self.upsample:
+            hidden = convnext.stream(trans_conv.stream(hidden, state), state)
+        for stage in self.decoder:
+            hidden = _stream(stage, hidden, state)
         return hidden.clamp(-1.0, 1.0)
 
     def exact_context_frames(self) -> int:

@@ -1,0 +1,89 @@
+"""Large linear layers repacked for oneDNN on the CPU: faster memory-bound decoding.
+
+Why: autoregressive decoding multiplies a handful of rows by every weight
+of the model at each step, so it is bound by how fast weights stream from
+memory. On the CPU, ``F.linear`` goes to MKL, whose small-batch kernels read
+float32 weights at roughly half the machine's memory bandwidth; oneDNN's
+inner-product kernel reads the same weights held as a oneDNN tensor about
+1.5x faster (``benchmarks/bench_cpu_linear.py`` prints both). The
+numbers do not change beyond float rounding (same float32 weights, another
+summation order).
+
+Only float32 weights on the CPU with at least ``min_elements`` elements are
+repacked: small ones live in cache, where MKL is as fast. Inference only: a
+packed layer has no gradient, and its weight leaves ``state_dict`` (save a
+checkpoint before packing, never after). Imported only in stage processes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+DEFAULT_MIN_ELEMENTS = 1 << 20  # 4 MiB of float32: beyond the per-core caches
+
+
+class PackedLinear(nn.Module):
+    """``nn.Linear`` whose weight is a oneDNN tensor; same inputs, same outputs."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = linear.weight.detach().to_mkldnn()
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A dense copy, for code that inspects weights (slow; never on the hot path)."""
+        return self.packed.to_dense()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            raise TypeError(
+                f"a packed linear layer takes float32 CPU inputs, got {x.dtype} on {x.device}"
+            )
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed=onednn"
+
+
+@functools.cache
+def packing_available() -> bool:
+    """Whether this torch build can run a packed layer (checked once, on a tiny layer)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
+    try:
+        probe = nn.Linear(4, 3)
+        with torch.no_grad():
+            x = torch.arange(8.0).reshape(2, 4)
+            return torch.allclose(PackedLinear(probe)(x), probe(x), atol=1e-5)
+    except (RuntimeError, NotImplementedError):  # a build without the kernel
+        return False
+
+
+def pack_linear_weights(module: nn.Module, min_elements: int = DEFAULT_MIN_ELEMENTS) -> int:
+    """Replace every eligible ``nn.Linear`` under ``module`` in place; return how many.
+
+    Eligible: float32, on the CPU, at least ``min_elements`` weight
+    elements. Nothing happens (0) where the torch build cannot run packed
+    layers; packing twice packs nothing new.
+    """
+    if not packing_available():
+        return 0
+    targets = [
+        (parent, name, child)
+        for parent in module.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+        and child.weight.dtype == torch.float32
+        and child.weight.device.type == "cpu"
+        and child.weight.numel() >= min_elements
+    ]
+    for parent, name, child in targets:
+        setattr(parent, name, PackedLinear(child))
+    return len(targets)

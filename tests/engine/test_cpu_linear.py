@@ -1,0 +1,62 @@
+"""Linear layers repacked for oneDNN: same outputs, only the eligible layers, idempotent."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch import nn  # noqa: E402
+
+from omni_core.engine.cpu_linear import (  # noqa: E402
+    PackedLinear,
+    pack_linear_weights,
+    packing_available,
+)
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
+
+
+def _net(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(64, 256),  # 16384 elements, with bias
+        nn.SiLU(),
+        nn.Linear(256, 64, bias=False),  # 16384 elements, no bias
+        nn.Linear(64, 8),  # 512 elements: below the threshold used here
+    )
+
+
+def test_packed_layers_compute_what_the_dense_ones_did():
+    dense = _net()
+    packed = _net()
+    assert pack_linear_weights(packed, min_elements=1000) == 2
+    assert [type(m).__name__ for m in packed] == ["PackedLinear", "SiLU", "PackedLinear", "Linear"]
+    with torch.no_grad():
+        for shape in [(1, 64), (8, 64), (3, 5, 64), (0, 64)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(packed(x), dense(x), atol=1e-5, rtol=1e-5)
+        strided = torch.randn(5, 3, 64).transpose(0, 1)  # not contiguous
+        torch.testing.assert_close(packed(strided), dense(strided), atol=1e-5, rtol=1e-5)
+
+
+def test_packing_twice_packs_nothing_new_and_weights_stay_readable():
+    net = _net()
+    original = net[0].weight.detach().clone()
+    assert pack_linear_weights(net, min_elements=1000) == 2
+    assert pack_linear_weights(net, min_elements=1000) == 0
+    assert torch.equal(net[0].weight, original)
+    assert "packed=onednn" in repr(net[0])
+    # The packed weight leaves state_dict: a checkpoint must be saved before packing.
+    assert "0.weight" not in net.state_dict() and "0.bias" in net.state_dict()
+
+
+def test_non_float32_layers_are_left_alone():
+    net = _net().to(torch.float64)
+    assert pack_linear_weights(net, min_elements=0) == 0
+
+
+def test_a_packed_layer_refuses_inputs_it_cannot_take():
+    layer = PackedLinear(nn.Linear(4, 4))
+    with pytest.raises(TypeError, match=r"float32 CPU inputs, got torch\.float64"):
+        layer(torch.zeros(2, 4, dtype=torch.float64))
