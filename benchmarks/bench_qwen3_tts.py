@@ -10,7 +10,7 @@ tokenizer files, weights seeded by our ``dummy`` loader) and measures:
 
 * ours: the ``tts_engine`` and ``vocoder`` stages' own code (``TTSEngine``
   over ``TorchEngine`` + the model's StepModel, ``Vocoder`` with its defaults:
-  a first chunk of 12 frames, then 24 and 48, decoded statefully so that
+  a first chunk of 4 frames, then 8, 16, 20, decoded statefully so that
   every frame is decoded once; ``--left-context 25`` re-decodes 25 frames
   before every chunk instead, the release's way; the talker's large linear
   weights repacked for oneDNN as the stage does on the CPU,
@@ -308,7 +308,7 @@ async def ours(
     engine = TTSEngine(model, TorchEngine(model, settings))
     vocoder = Vocoder(
         model,
-        chunk_frames=12,
+        chunk_frames=4,
         left_context_frames=left_context,
         max_batch_size=vocoder_batch,
         max_chunk_frames=48,

@@ -108,7 +108,7 @@ def test_explain_accepts_both_spellings_and_shows_untouched_defaults(deploy, cli
     code, out, _ = cli("config", "explain", path, "stages.vocoder.factory.max_batch_size")
     assert code == 0 and "16" in out
     code, out, _ = cli("config", "explain", path, "vocoder.factory.chunk_frames")
-    assert out.splitlines()[0] == "stages.vocoder.factory.chunk_frames = 12"
+    assert out.splitlines()[0] == "stages.vocoder.factory.chunk_frames = 4"
     assert "model default (nothing overrides it)" in out
     code, out, _ = cli("config", "explain", "--pipeline", "qwen3-tts", "mps")
     assert code == 0 and out.startswith('mps = "off"')

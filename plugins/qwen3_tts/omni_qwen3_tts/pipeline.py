@@ -33,7 +33,10 @@ class VocoderArgs(FactoryArgs):
     load_format: str = "auto"
     seed: int = 0
     max_batch_size: int | None = None  # chunks decoded together (default: 16 GPU, 1 CPU)
-    chunk_frames: int = 12  # frames in the first audio chunk (12 frames = 0.96 s)
+    # frames in the first audio chunk (4 frames = 0.32 s of audio): stateful decoding
+    # re-decodes nothing, so a short first chunk costs ~5% more codec work in all and
+    # brings the first audio 8 frames earlier than the release's 12
+    chunk_frames: int = 4
     max_chunk_frames: int | None = 48  # later chunks double up to this (none: all equal)
     # none: stateful streaming, each frame decoded once, equal to a full decode;
     # a number: re-decode that many frames before every chunk (the release uses 25)

@@ -386,7 +386,7 @@ def create_vocoder(
     dtype: str | None = None,
     load_format: str = "auto",
     seed: int = 0,
-    chunk_frames: int = 12,
+    chunk_frames: int = 4,
     max_chunk_frames: int | None = 48,
     left_context_frames: int | None = None,
     max_batch_size: int | None = None,

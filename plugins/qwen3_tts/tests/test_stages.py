@@ -134,8 +134,8 @@ async def test_the_demo_deploy_file_serves_speech_in_chunks(demo):
     spoken = await speak(demo, body)
     check_audio(spoken)
     frames = [chunk.shape[0] // SAMPLES_PER_FRAME for chunk in spoken.chunks]
-    # chunk_frames 12, then doubling up to max_chunk_frames 48; the last holds the rest
-    sizes = [min(12 * 2**i, 48) for i in range(len(frames))]
+    # chunk_frames 4, then doubling up to max_chunk_frames 48; the last holds the rest
+    sizes = [min(4 * 2**i, 48) for i in range(len(frames))]
     assert len(frames) >= 2
     assert frames[:-1] == sizes[:-1]
     assert 0 < frames[-1] <= sizes[-1]
