@@ -278,10 +278,12 @@ class Vocoder:
 
     ``left_context_frames = None`` (the default) decodes statefully: each
     request keeps a :class:`StreamState` that carries every causal
-    operation's look-back, so each frame is decoded once and the streamed
-    audio equals a full decode. A number instead re-decodes that many earlier
-    frames with every chunk, the release's way (25 frames: an approximation,
-    and about three times the codec work at 12-frame chunks).
+    operation's look-back (about 5 MB per request at the release's size,
+    mostly the codec transformer's key/value window), so each frame is
+    decoded once and the streamed audio equals a full decode. A number
+    instead re-decodes that many earlier frames with every chunk, the
+    release's way (25 frames: an approximation, and about three times the
+    codec work at 12-frame chunks).
 
     An in-context voice clone's stream starts with ``{"reference": codes}``:
     those frames are context only (decoded into the state, never played), as
@@ -365,8 +367,8 @@ class Vocoder:
         """Codes ``[B, 16, T]`` -> float32 audio ``[B, N]``, each row advancing its stream."""
         from .speech_tokenizer.streaming import StreamState
 
-        batch = StreamState.stack(streams)
         with torch.inference_mode():
+            batch = StreamState.stack(streams)
             wav = self.decoder.stream(codes.to(self.device).clamp(min=0), batch)
         if len(streams) > 1:
             for stream, row in zip(streams, batch.split([1] * len(streams)), strict=True):
