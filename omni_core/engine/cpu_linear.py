@@ -76,7 +76,7 @@ def pack_linear_weights(module: nn.Module, min_elements: int = DEFAULT_MIN_ELEME
     if not packing_available():
         return 0
     targets = [
-        (parent, name, child)
+        (parent, name)
         for parent in module.modules()
         for name, child in parent.named_children()
         if type(child) is nn.Linear
@@ -84,6 +84,8 @@ def pack_linear_weights(module: nn.Module, min_elements: int = DEFAULT_MIN_ELEME
         and child.weight.device.type == "cpu"
         and child.weight.numel() >= min_elements
     ]
-    for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child))
+    # One layer at a time, holding no reference to the dense ones already
+    # replaced, so that packing needs one layer's worth of extra memory.
+    for parent, name in targets:
+        setattr(parent, name, PackedLinear(getattr(parent, name)))
     return len(targets)
