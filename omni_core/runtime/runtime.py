@@ -24,11 +24,11 @@ from ..errors import ConfigError, NotImplementedYet
 from ..plan.model import DeploymentPlan
 from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
-from ..transport import ChannelClosed
 from . import messages as m
 from .coordinator import Coordinator, RequestHandle
 from .graph import StageGraph
 from .mps import MpsDaemon, daemons_for
+from .outbound import Outbound
 from .processes import Child, StartupError, describe_exit
 from .routing_table import RoutingTable
 from .transport_choice import check_edges, default_transport
@@ -92,7 +92,7 @@ class Runtime:
         self.transport_name = default_transport(config)
         self.transport = self.plugins.transport(self.transport_name)
         self.inbox: Any = None
-        self.outbound: dict[str, Any] = {}
+        self.outbound = Outbound()
         self._tg: Any = None
         self._stack: Any = None
         self.started_at = 0.0
@@ -183,26 +183,39 @@ class Runtime:
         """Stop admitting, let in-flight requests finish (grace), stop children, clean up."""
         grace = self.config.runtime.grace_period if grace is None else grace
         self.coordinator.accepting = False
-        with anyio.move_on_after(grace):
-            while self.coordinator.inflight:
-                await anyio.sleep(0.02)
-        for handle in list(self.coordinator.requests.values()):
-            await self._abort_everywhere(handle)
-            self.coordinator.abort(handle, "the server stopped before the request finished")
+        cancelled: BaseException | None = None
+        try:
+            with anyio.move_on_after(grace):
+                while self.coordinator.inflight:
+                    await anyio.sleep(0.02)
+        except anyio.get_cancelled_exc_class() as exc:
+            # The caller is being cancelled (a signal during start-up, say): skip the
+            # grace period, but still stop everything below, then let it propagate.
+            cancelled = exc
         if self._tg is not None:  # first the monitor, so that nothing is restarted
             self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(None, None, None)
+            try:
+                await self._tg.__aexit__(None, None, None)
+            except anyio.get_cancelled_exc_class() as exc:
+                # Entered in start(), under the caller's scope, the group re-raises the
+                # caller's cancellation when it exits: stop everything first.
+                cancelled = cancelled or exc
             self._tg = None
         with anyio.CancelScope(shield=True):
+            for handle in list(self.coordinator.requests.values()):
+                await self._abort_everywhere(handle)
+                self.coordinator.abort(handle, "the server stopped before the request finished")
             for child in self.children.values():
                 await child.stop()
             for daemon in self.mps.values():  # after the last client stopped
                 await anyio.to_thread.run_sync(daemon.stop)
-            for channel in [*self.outbound.values(), *([self.inbox] if self.inbox else [])]:
-                await channel.aclose()
-            self.outbound.clear()
+            await self.outbound.aclose()
+            if self.inbox is not None:
+                await self.inbox.aclose()
             self.inbox = None
         shutil.rmtree(self.plan.endpoints.runtime_dir, ignore_errors=True)
+        if cancelled is not None:
+            raise cancelled
 
     # -- requests -------------------------------------------------------------
     async def submit(self, data: Any, params: dict[str, Any] | None = None) -> RequestHandle:
@@ -239,19 +252,7 @@ class Runtime:
         await self._send(self.table.address_for(envelope.target, envelope.binding), envelope)
 
     async def _send(self, address: str, envelope: m.Envelope) -> None:
-        for attempt in (1, 2):
-            channel = self.outbound.get(address)
-            if channel is None:
-                channel = self.outbound[address] = self.transport.connect(address)
-            try:
-                await channel.send(envelope)
-                return
-            except ChannelClosed:
-                # The process restarted since this channel last sent: reconnect once.
-                del self.outbound[address]
-                await channel.aclose()
-                if attempt == 2:
-                    raise
+        await self.outbound.send(address, lambda: self.transport.connect(address), envelope)
 
     async def _receive(self) -> None:
         while True:

@@ -32,9 +32,9 @@ from ..factory import StageContext, import_object
 from ..plan.model import DeploymentPlan
 from ..plugins import OmniPlugins
 from ..schema import PipelineConfig
-from ..transport import ChannelClosed
 from . import messages as m
 from .graph import StageGraph
+from .outbound import Outbound
 from .routing_table import RoutingTable
 from .stage_api import StageRequest, as_stage
 from .transport_choice import address_for, default_transport, edge_transport, incoming_transports
@@ -113,7 +113,7 @@ class Worker:
         self.process = spec.plan.process(spec.process)
         self.stages: dict[str, Any] = {}
         self.inboxes: list[Any] = []
-        self.outbound: dict[tuple[str, str], Any] = {}
+        self.outbound = Outbound()
         self.tg: TaskGroup | None = None
         self.scopes: dict[str, set[anyio.CancelScope]] = {}
         self.fanin: dict[tuple[str, str], dict[str, Any]] = {}
@@ -338,20 +338,9 @@ class Worker:
             address = address_for(base, transport, default)
         else:
             transport, address = default, self.table.coordinator
-        key = (transport, address)
-        for attempt in (1, 2):
-            channel = self.outbound.get(key)
-            if channel is None:
-                channel = self.outbound[key] = self.plugins.transport(transport).connect(address)
-            try:
-                await channel.send(env)
-                return
-            except ChannelClosed:
-                # The receiver restarted since this channel last sent: reconnect once.
-                del self.outbound[key]
-                await channel.aclose()
-                if attempt == 2:
-                    raise
+        await self.outbound.send(
+            (transport, address), lambda: self.plugins.transport(transport).connect(address), env
+        )
 
     def _import(self, path: str | None, what: str) -> Callable[..., Any]:
         assert path is not None
@@ -365,7 +354,9 @@ class Worker:
             if close is not None:
                 with anyio.CancelScope(shield=True):
                     await close()
-        for channel in [*self.outbound.values(), *self.inboxes]:
+        with anyio.CancelScope(shield=True):
+            await self.outbound.aclose()
+        for channel in self.inboxes:
             with anyio.CancelScope(shield=True):
                 await channel.aclose()
 

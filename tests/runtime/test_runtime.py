@@ -200,6 +200,22 @@ async def test_a_start_that_hangs_times_out_with_the_log_tail(deployment):
     assert not runtime.children["p"].proc.is_alive()
 
 
+async def test_cancelling_start_up_still_stops_what_started(deployment):
+    """A signal during start-up cancels the caller; the children must stop all the same."""
+    runtime = deployment("t-slow-start")  # its stage sleeps 60 s while loading
+
+    async def serve() -> None:
+        async with runtime:
+            pass  # pragma: no cover
+
+    async with anyio.create_task_group() as group:  # as `omni serve` cancels on SIGTERM
+        group.start_soon(serve)
+        await anyio.sleep(1.0)
+        group.cancel_scope.cancel()
+    assert not runtime.children["p"].proc.is_alive()
+    assert not os.path.exists(runtime.plan.endpoints.runtime_dir)
+
+
 async def test_stage_env_defaults_never_override_the_user(deployment, monkeypatch):
     monkeypatch.setenv("OMNI_TEST_USER", "user")
     async with deployment("t-env") as runtime:
