@@ -60,3 +60,18 @@ def test_a_packed_layer_refuses_inputs_it_cannot_take():
     layer = PackedLinear(nn.Linear(4, 4))
     with pytest.raises(TypeError, match=r"float32 CPU inputs, got torch\.float64"):
         layer(torch.zeros(2, 4, dtype=torch.float64))
+
+
+def test_a_layer_shared_by_two_parents_is_packed_once_and_stays_shared():
+    shared = nn.Linear(64, 64)
+    net = nn.ModuleDict({"a": nn.Sequential(shared), "b": nn.Sequential(shared)})
+    assert pack_linear_weights(net, min_elements=0) == 1
+    assert isinstance(net["a"][0], PackedLinear) and net["a"][0] is net["b"][0]
+
+
+def test_a_packed_layer_refuses_to_silently_drop_a_gradient():
+    layer = PackedLinear(nn.Linear(4, 4))
+    with pytest.raises(RuntimeError, match="for inference: it has no gradient"):
+        layer(torch.zeros(2, 4, requires_grad=True))
+    with torch.no_grad():
+        assert layer(torch.zeros(2, 4, requires_grad=True)).shape == (2, 4)
