@@ -11,21 +11,31 @@ SGLang sizes its pool. Pure arithmetic (no torch), so it is tested on any host.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .interface import CacheLayout, EngineSettings
 
-_DTYPE_BYTES = {
-    "float32": 4,
-    "float": 4,
+# Bytes per element by dtype name: the one table both the engine (sizing its
+# cache) and the planner (estimating memory, :mod:`omni_core.plan.estimates`) use.
+DTYPE_BYTES: Mapping[str, float] = {
     "float64": 8,
     "double": 8,
-    "float16": 2,
-    "half": 2,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
     "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "float8": 1,
+    "fp8": 1,
     "float8_e4m3fn": 1,
     "float8_e5m2": 1,
+    "int8": 1,
+    "int4": 0.5,
 }
 
 
@@ -42,20 +52,34 @@ class SlotPlan:
         return self.num_slots * self.slot_len
 
 
-def dtype_bytes(dtype: object) -> int:
-    """Bytes per element of a torch dtype (or its name), without importing torch."""
+def dtype_bytes(dtype: object) -> float:
+    """Bytes per element of a torch dtype (or its name), without importing torch.
+
+    Names are matched case-insensitively, with or without ``torch.``; an
+    unknown one is a ValueError (the planner turns it into a ConfigError).
+    """
     size = getattr(dtype, "itemsize", None)  # torch >= 2.1 dtypes carry it
     if isinstance(size, int):
         return size
-    name = str(dtype).removeprefix("torch.")
-    if name not in _DTYPE_BYTES:
+    name = str(dtype).lower().removeprefix("torch.")
+    if name not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}")
-    return _DTYPE_BYTES[name]
+    return DTYPE_BYTES[name]
+
+
+def kv_bytes_per_token(*, layers: int, kv_heads: int, head_dim: int, dtype: object) -> int:
+    """Cache bytes one position costs: keys and values of every layer, in ``dtype``."""
+    return int(2 * layers * kv_heads * head_dim * dtype_bytes(dtype))
 
 
 def bytes_per_token(layout: CacheLayout) -> int:
-    """Cache bytes one position costs: keys and values of every layer."""
-    return 2 * layout.num_layers * layout.num_kv_heads * layout.head_dim * dtype_bytes(layout.dtype)
+    """Cache bytes one position of ``layout`` costs (see :func:`kv_bytes_per_token`)."""
+    return kv_bytes_per_token(
+        layers=layout.num_layers,
+        kv_heads=layout.num_kv_heads,
+        head_dim=layout.head_dim,
+        dtype=layout.dtype,
+    )
 
 
 def plan_slots(

@@ -26,7 +26,9 @@ class EngineSettings(BaseModel):
     """The ``engine.*`` keys the PyTorch backend accepts (unknown keys are refused).
 
     Planning validates a stage's ``engine`` group against this model, so a typo
-    fails before any process starts, naming the key and the accepted ones.
+    fails before any process starts, naming the key and the accepted ones. The
+    engine keeps its cache in the model's dtype (the stage's ``factory.dtype``),
+    so there is no ``engine.dtype``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -41,7 +43,6 @@ class EngineSettings(BaseModel):
         default=None, gt=0, le=1, description="GPU memory share for weights and KV cache"
     )
     device: str | None = Field(default=None, description="cpu, cuda or cuda:N; placement decides")
-    dtype: str | None = Field(default=None, description="float32, bfloat16, float16")
 
 
 @dataclass

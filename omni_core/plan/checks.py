@@ -9,8 +9,10 @@ that would size their memory first-come-first-served on one GPU.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from ..engine.backends import validate_engine_settings
+from ..engine.interface import EngineSettings
 from ..errors import OmniError
 from ..schema import PipelineConfig
 from ..schema.sizes import format_bytes
@@ -20,21 +22,31 @@ from .usage import process_on
 _EPSILON = 1e-9
 
 
+def engine_settings(stage: Any) -> EngineSettings:
+    """An engine stage's ``engine.*`` group as its backend validates it (defaults filled in).
+
+    The schema lets the group hold any key (the backend, not the schema, knows
+    what it accepts); the backend's own declared settings refuse the rest, and
+    supply the defaults of what the stage leaves unset, so the planner's
+    estimates use the numbers the engine will. No torch:
+    :mod:`omni_core.engine.backends` is light. Raises the backend's OmniError.
+    """
+    engine = getattr(stage, "engine", None)
+    written = {} if engine is None else engine.model_dump(exclude_unset=True)
+    return validate_engine_settings(stage.name, {k: v for k, v in written.items() if v is not None})
+
+
 def check_engine_settings(config: PipelineConfig) -> list[Refusal]:
     """Every engine stage's ``engine.*`` group is accepted by the backend it selects.
 
-    The schema lets the group hold any key (the backend, not the schema, knows
-    what it accepts); the backend's own declared settings refuse the rest here,
-    before any process starts. No torch: :mod:`omni_core.engine.backends` is light.
+    Checked here, before any process starts (see :func:`engine_settings`).
     """
     problems: list[Refusal] = []
     for stage in config.stages:
-        engine = getattr(stage, "engine", None)
-        if not stage.is_engine or engine is None:
+        if not stage.is_engine or getattr(stage, "engine", None) is None:
             continue
-        written = {k: v for k, v in engine.model_dump(exclude_unset=True).items() if v is not None}
         try:
-            validate_engine_settings(stage.name, written)
+            engine_settings(stage)
         except OmniError as exc:
             problems.append(Refusal(exc.message, stage=stage.name, fix=exc.hint))
     return problems
@@ -76,6 +88,17 @@ def check_assignments(
                 )
             )
         fraction = assignment.memory_fraction
+        if fraction is not None and assignment.reserve_bytes is not None:
+            problems.append(
+                Refusal(
+                    f"stage {instance.name!r}: the policy gave it both a memory fraction "
+                    f"({fraction:g}) and a byte reserve "
+                    f"({format_bytes(assignment.reserve_bytes)}); "
+                    "an assignment promises one or the other",
+                    stage=instance.stage,
+                    fix="the placement policy must set memory_fraction or reserve_bytes, not both",
+                )
+            )
         if fraction is not None and not 0 < fraction <= 1:
             problems.append(
                 Refusal(

@@ -14,32 +14,28 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..engine.budget import DTYPE_BYTES
+from ..engine.budget import dtype_bytes as _engine_dtype_bytes
+from ..engine.budget import kv_bytes_per_token as _engine_kv_bytes_per_token
 from ..errors import ConfigError, PluginError
+from .checks import engine_settings
 from .model import MemoryEstimate
 
 GiB = 1024**3
 MiB = 1024**2
 
-DTYPE_BYTES: Mapping[str, float] = {
-    "float32": 4,
-    "fp32": 4,
-    "float": 4,
-    "bfloat16": 2,
-    "bf16": 2,
-    "float16": 2,
-    "fp16": 2,
-    "half": 2,
-    "float8": 1,
-    "fp8": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "int8": 1,
-    "int4": 0.5,
-}
-
 
 def dtype_bytes(dtype: str, *, what: str = "dtype") -> float:
-    """Bytes per element of ``dtype`` (``torch.`` prefix accepted)."""
+    """Bytes per element of ``dtype`` (``torch.`` prefix accepted; ``auto`` is bfloat16).
+
+    The table is the engine's (:data:`omni_core.engine.budget.DTYPE_BYTES`),
+    so an estimate sizes a dtype as the engine does.
+    """
+    return _engine_dtype_bytes(canonical_dtype(dtype, what=what))
+
+
+def canonical_dtype(dtype: str, *, what: str = "dtype") -> str:
+    """``dtype`` as a key of the engine's table: lower case, no ``torch.``, ``auto`` -> bfloat16."""
     key = str(dtype).lower().removeprefix("torch.")
     if key in ("auto", ""):
         key = "bfloat16"
@@ -48,7 +44,7 @@ def dtype_bytes(dtype: str, *, what: str = "dtype") -> float:
             f"{what}: unknown dtype {dtype!r}",
             hint=f"known dtypes: {', '.join(sorted(DTYPE_BYTES))}",
         )
-    return DTYPE_BYTES[key]
+    return key
 
 
 def attention_params(hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
@@ -93,24 +89,58 @@ def encoder_params(*, layers: int, hidden: int, intermediate: int) -> int:
 def kv_bytes_per_token(
     *, layers: int, kv_heads: int, head_dim: int, dtype: str = "bfloat16"
 ) -> int:
-    """Keys and values of one token across all layers."""
-    return int(2 * layers * kv_heads * head_dim * dtype_bytes(dtype))
+    """Keys and values of one token across all layers, as the engine sizes its cache."""
+    return _engine_kv_bytes_per_token(
+        layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=canonical_dtype(dtype)
+    )
 
 
 def weights_bytes(params: int, dtype: str, *, what: str = "dtype") -> int:
     return int(params * dtype_bytes(dtype, what=what))
 
 
-def engine_tokens(stage: Any, default: int) -> int:
-    """The engine's KV budget in tokens: ``engine.max_total_tokens`` or ``default``."""
-    engine = getattr(stage, "engine", None)
-    value = getattr(engine, "max_total_tokens", None) if engine is not None else None
-    return int(value) if value else default
+def engine_tokens(stage: Any) -> int:
+    """The engine's KV budget in tokens: ``engine.max_total_tokens``, else the backend's default.
+
+    The default is the one the stage's engine backend declares
+    (:class:`~omni_core.engine.interface.EngineSettings`), read through the
+    same torch-free validation the planner's checks use, so the estimate and
+    the engine agree on it.
+    """
+    return int(engine_settings(stage).max_total_tokens)
 
 
 def factory_dtype(stage: Any, default: str = "bfloat16") -> str:
     """The dtype a stage's factory loads in (``factory.dtype``), if it has one."""
     return str(getattr(stage.factory, "dtype", None) or default)
+
+
+def engine_estimate(
+    stage: Any,
+    params: int,
+    shape: Mapping[str, int],
+    *,
+    source: str,
+    overhead_bytes: int,
+) -> MemoryEstimate:
+    """The estimate of an engine stage: weights and KV cache in the stage's dtype.
+
+    ``params`` are the weights the stage loads; ``shape`` is the architecture
+    whose KV cache the engine keeps (``layers``, ``kv_heads``, ``head_dim``).
+    The dtype is the stage's ``factory.dtype`` (the engine keeps its cache in
+    the model's dtype), the token count :func:`engine_tokens`.
+    """
+    dtype = factory_dtype(stage)
+    tokens = engine_tokens(stage)
+    per_token = kv_bytes_per_token(
+        layers=shape["layers"], kv_heads=shape["kv_heads"], head_dim=shape["head_dim"], dtype=dtype
+    )
+    return MemoryEstimate(
+        weights_bytes(params, dtype),
+        per_token * tokens,
+        overhead_bytes,
+        f"{source}, {dtype}, KV for {tokens} tokens",
+    )
 
 
 def read_local_config(model_path: str, name: str = "config.json") -> dict[str, Any] | None:

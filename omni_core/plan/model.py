@@ -236,7 +236,8 @@ class Assignment:
     """Where one stage instance runs and the memory it may take on each of its GPUs.
 
     ``gpus`` empty means the host (no GPU). ``memory_fraction`` is per GPU;
-    ``reserve_bytes`` is an absolute budget per GPU. ``share_source`` says where
+    ``reserve_bytes`` is an absolute budget per GPU; set one of them at most
+    (the checks refuse both, as the schema does for a stage). ``share_source`` says where
     the share came from: ``declared`` (the config), ``estimate`` (a policy
     computed it) or ``none``.
     """
@@ -247,10 +248,6 @@ class Assignment:
     reserve_bytes: int | None = None
     share_source: str = "none"
 
-    @property
-    def declares_share(self) -> bool:
-        return self.memory_fraction is not None or self.reserve_bytes is not None
-
 
 @dataclass
 class PlacementResult:
@@ -259,10 +256,6 @@ class PlacementResult:
     assignments: dict[str, Assignment] = field(default_factory=dict)
     refusals: list[Refusal] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.refusals
 
     def assign(self, assignment: Assignment) -> None:
         self.assignments[assignment.instance] = assignment

@@ -27,7 +27,7 @@ from omni_core.errors import ConfigError, NotImplementedYet
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.toml"))
 TTS = next(p for p in EXAMPLES if p.stem == "qwen3_tts")
 ACCEPTED = (
-    "backend, device, dtype, max_prefill_tokens, max_running_requests, max_total_tokens, "
+    "backend, device, max_prefill_tokens, max_running_requests, max_total_tokens, "
     "mem_fraction_static"
 )
 
@@ -49,6 +49,14 @@ def test_an_unknown_key_is_refused_naming_it_and_the_accepted_ones() -> None:
     assert f"accepted engine.* keys: {ACCEPTED}" in message
     assert "did you mean: max_running_requests" in message
     assert info.value.exit_code == 2
+
+
+def test_engine_dtype_is_refused_since_the_cache_follows_the_model_dtype() -> None:
+    # nothing read engine.dtype: it is refused instead of silently doing nothing
+    with pytest.raises(ConfigError) as info:
+        validate_engine_settings("tts_engine", {"dtype": "float32"})
+    assert "engine.dtype is not a setting of the 'torch' engine backend" in str(info.value)
+    assert f"accepted engine.* keys: {ACCEPTED}" in str(info.value)
 
 
 def test_a_value_out_of_range_is_refused_with_its_key() -> None:
@@ -126,7 +134,23 @@ LAYOUT = CacheLayout(2, 4, 16, torch.bfloat16, torch.device("cpu"))
 
 def test_bytes_per_position_counts_keys_values_layers_heads() -> None:
     assert dtype_bytes(torch.bfloat16) == dtype_bytes("bfloat16") == 2
+    assert dtype_bytes(torch.float32) == dtype_bytes("torch.float32") == 4
     assert bytes_per_token(LAYOUT) == 2 * 2 * 4 * 16 * 2
+    fp32 = CacheLayout(2, 4, 16, torch.float32, torch.device("cpu"))
+    assert bytes_per_token(fp32) == 2 * bytes_per_token(LAYOUT)
+    with pytest.raises(ValueError, match="unknown dtype 'float13'"):
+        dtype_bytes("float13")
+
+
+def test_the_planner_sizes_the_cache_with_the_engine_table() -> None:
+    from omni_core.plan import estimates
+
+    for dtype in (torch.bfloat16, torch.float32, torch.float16):
+        name = str(dtype)
+        assert estimates.dtype_bytes(name) == dtype_bytes(dtype)
+        assert estimates.kv_bytes_per_token(
+            layers=2, kv_heads=4, head_dim=16, dtype=name
+        ) == bytes_per_token(CacheLayout(2, 4, 16, dtype, torch.device("cpu")))
 
 
 def test_slots_split_max_total_tokens() -> None:

@@ -7,6 +7,8 @@ import json
 import pytest
 
 from omni_core import EngineArgs
+from omni_core.engine.backends import validate_engine_settings
+from omni_core.engine.interface import EngineSettings
 from omni_core.errors import ConfigError
 from omni_core.plan.estimates import (
     collect_estimates,
@@ -17,8 +19,11 @@ from omni_core.plan.estimates import (
     shape_from_config,
 )
 from omni_core.plan.model import MemoryEstimate
+from omni_moss_tts import memory as moss_memory
 from omni_moss_tts.pipeline import MossTTSPipeline
+from omni_qwen3_omni import memory as qwen3_omni_memory
 from omni_qwen3_omni.pipeline import Qwen3OmniSpeechPipeline, Qwen3OmniTextPipeline
+from omni_qwen3_tts import memory as qwen3_tts_memory
 from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
 
 GiB = 1024**3
@@ -28,6 +33,7 @@ def test_dtype_bytes():
     assert dtype_bytes("bfloat16") == 2
     assert dtype_bytes("torch.float32") == 4
     assert dtype_bytes("auto") == 2
+    assert dtype_bytes("BF16") == 2
     with pytest.raises(ConfigError, match="unknown dtype 'float13'"):
         dtype_bytes("float13")
 
@@ -62,6 +68,11 @@ def test_dense_and_moe_parameter_counts():
 
 def test_kv_bytes_per_token():
     assert kv_bytes_per_token(layers=48, kv_heads=4, head_dim=128) == 2 * 48 * 4 * 128 * 2
+    bf16 = kv_bytes_per_token(layers=48, kv_heads=4, head_dim=128, dtype="bfloat16")
+    fp32 = kv_bytes_per_token(layers=48, kv_heads=4, head_dim=128, dtype="float32")
+    assert fp32 == 2 * bf16
+    with pytest.raises(ConfigError, match="unknown dtype 'float13'"):
+        kv_bytes_per_token(layers=1, kv_heads=1, head_dim=1, dtype="float13")
 
 
 def test_shape_from_config_spellings():
@@ -117,6 +128,44 @@ def test_qwen3_tts_sizes_and_settings(plugins, configure):
     factory = engine.factory.model_copy(update={"dtype": "float32"})
     fp32 = configure(Qwen3TTSPipeline, {"tts_engine": {"factory": factory}})
     assert collect_estimates(fp32, plugins)["tts_engine"].weights_bytes == 2 * small.weights_bytes
+
+
+ENGINE_STAGES = [
+    (Qwen3TTSPipeline, "tts_engine", qwen3_tts_memory.TALKERS["0.6B"]),
+    (MossTTSPipeline, "tts_engine", moss_memory.BACKBONE),
+    (Qwen3OmniSpeechPipeline, "thinker", qwen3_omni_memory.THINKER),
+    (Qwen3OmniSpeechPipeline, "talker_ar", qwen3_omni_memory.TALKER),
+]
+
+
+@pytest.mark.parametrize(
+    "cls, stage, shape", ENGINE_STAGES, ids=[f"{c.pipeline_name}-{s}" for c, s, _ in ENGINE_STAGES]
+)
+def test_engine_kv_follows_the_dtype_and_the_backend_default(plugins, configure, cls, stage, shape):
+    # unset engine.max_total_tokens: the backend's declared default, as the engine uses it
+    default_tokens = EngineSettings.model_fields["max_total_tokens"].default
+    assert validate_engine_settings(stage, {}).max_total_tokens == default_tokens
+    per_token_bf16 = 2 * shape["layers"] * shape["kv_heads"] * shape["head_dim"] * 2
+    bf16 = collect_estimates(cls(), plugins)[stage]
+    assert bf16.kv_bytes == default_tokens * per_token_bf16
+    assert f"bfloat16, KV for {default_tokens} tokens" in bf16.source
+    # factory.dtype = float32: the engine keeps weights and KV cache in float32
+    factory = cls().stage(stage).factory.model_copy(update={"dtype": "float32"})
+    fp32 = collect_estimates(configure(cls, {stage: {"factory": factory}}), plugins)[stage]
+    assert fp32.kv_bytes == 2 * bf16.kv_bytes
+    assert fp32.weights_bytes == 2 * bf16.weights_bytes
+    assert f"float32, KV for {default_tokens} tokens" in fp32.source
+    # a written budget replaces the default
+    written = configure(cls, {stage: {"engine": EngineArgs(max_total_tokens=512)}})
+    assert collect_estimates(written, plugins)[stage].kv_bytes == 512 * per_token_bf16
+
+
+def test_an_engine_group_the_backend_refuses_fails_the_estimate(plugins, configure):
+    typo = configure(
+        Qwen3TTSPipeline, {"tts_engine": {"engine": EngineArgs(max_runing_requests=8)}}
+    )
+    with pytest.raises(ConfigError, match=r"engine\.max_runing_requests is not a setting"):
+        collect_estimates(typo, plugins)
 
 
 def test_unknown_checkpoint_is_not_estimated(plugins):

@@ -129,3 +129,43 @@ def test_unregistered_after_the_test(plugins):
 
     with pytest.raises(PluginError, match="no plugin provides a placement policy"):
         plugins.policy("spread-free")
+
+
+class BothShares(PlacementPolicy):
+    """A faulty policy: every GPU stage on GPU 0 with both a fraction and a byte reserve."""
+
+    name = "both-shares"
+    description = "sets memory_fraction and reserve_bytes together (refused)"
+
+    def place(self, request: PlacementRequest) -> PlacementResult:
+        result = PlacementResult()
+        for instance in request.instances:
+            if instance.uses_gpu:
+                result.assign(Assignment(instance.name, (0,), 0.2, 4 * GiB, "estimate"))
+            else:
+                result.assign(Assignment(instance.name))
+        return result
+
+
+class BothSharesPlugin:
+    @staticmethod
+    @hookimpl
+    def omni_register_placement_policies():
+        return [BothShares()]
+
+
+def test_a_policy_setting_fraction_and_reserve_is_refused(plugins):
+    """The ledger would count only the fraction, so 4 GiB per stage would go unchecked."""
+    config = Qwen3TTSPipeline(placement={"policy": "both-shares"})
+    with (
+        plugins.registered(BothSharesPlugin, name="both-shares-plugin"),
+        pytest.raises(ConfigError) as info,
+    ):
+        plan_deployment(config, GpuInventory.uniform(1, 80 * GiB), plugins=plugins)
+    message = info.value.message
+    assert "placement policy 'both-shares': 2 problems" in message
+    for name in ("tts_engine", "vocoder"):
+        assert (
+            f"stage {name!r}: the policy gave it both a memory fraction (0.2) and a byte "
+            "reserve (4GiB); an assignment promises one or the other"
+        ) in message

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
+from omni_core import EngineStageConfig, StageConfig
 from omni_core.errors import ConfigError
 from omni_core.plan import GpuInventory, plan_deployment
 from omni_qwen3_omni.pipeline import Qwen3OmniSpeechPipeline
 from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
+
+from .conftest import TpPipeline
 
 GiB = 1024**3
 SHARES = {"tts_engine": {"gpu_memory_fraction": 0.2}, "vocoder": {"gpu_memory_fraction": 0.05}}
@@ -52,8 +57,23 @@ def test_weight_share_needs_exactly_one_engine(plugins, h100, configure):
         plan_deployment(config, plugins=plugins)
 
 
-def test_weight_share_skips_tensor_parallel(plugins, tp_pipeline):
-    config = tp_pipeline(
+class TpAndSharedPipeline(TpPipeline):
+    """TpPipeline with ``back`` an engine stage, so its replicas can share weights."""
+
+    pipeline_name: ClassVar[str] = "test-tp-shared"
+
+    @classmethod
+    def default_stages(cls) -> list[StageConfig]:
+        stages = TpPipeline.default_stages()
+        back = stages[-1]
+        engine = EngineStageConfig(**{**back.model_dump(exclude_unset=True), "name": "back"})
+        return [*stages[:-1], engine]
+
+
+def test_weight_share_skips_tensor_parallel(plugins):
+    # big (TP 2): both replicas put rank 0 on GPU 0 and rank 1 on GPU 1, which would be a
+    # sharing group per GPU were it not tensor-parallel; back's replicas share GPU 0
+    config = TpAndSharedPipeline(
         processes={
             "big": {"num_replicas": 2, "replica_devices": [0, 1, 0, 1]},
             "back": {"num_replicas": 2, "replica_devices": [0, 0]},
@@ -68,8 +88,23 @@ def test_weight_share_skips_tensor_parallel(plugins, tp_pipeline):
             ]
         }
     )
-    with pytest.raises(ConfigError, match="process 'back' has no engine stage"):
-        plan_deployment(config, GpuInventory.uniform(2, 80 * GiB), plugins=plugins)
+    plan = plan_deployment(config, GpuInventory.uniform(2, 80 * GiB), plugins=plugins)
+    note = (
+        "process 'big' is tensor-parallel: its replicas load their own shards "
+        "(weight sharing skipped)"
+    )
+    assert note in plan.notes
+    assert note in plan.weight_share.notes
+    groups = [(g.process, g.gpu, g.leader, g.followers) for g in plan.weight_share.groups]
+    assert groups == [("back", 0, "back@r0", ["back@r1"])]
+    big = [p for p in plan.processes if p.logical == "big"]
+    assert sorted((p.replica, p.tp_rank, p.gpu) for p in big) == [
+        (0, 0, 0),
+        (0, 1, 1),
+        (1, 0, 0),
+        (1, 1, 1),
+    ]
+    assert {(p.weight_share, p.start_wave) for p in big} == {("none", 0)}
 
 
 def test_mps_off_on_auto(plugins, h100x2, configure):

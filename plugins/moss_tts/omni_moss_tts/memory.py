@@ -4,8 +4,9 @@ The engine is a Qwen3 backbone (8B shapes below, or the checkpoint's
 ``config.json`` when ``model_path`` is a local directory) with 32 audio
 codebook embeddings and heads; the vocoder loads the MOSS audio tokenizer
 (about 1.6B parameters, encoder and decoder, published as float32). Weights
-by the stage's ``factory.dtype``; the engine adds a KV budget of
-``engine.max_total_tokens`` tokens. Approximate by design; declare
+by the stage's ``factory.dtype``; the engine adds a KV cache, in the same
+dtype, of ``engine.max_total_tokens`` tokens (the engine backend's default
+when unset). Approximate by design; declare
 ``total_reserve_bytes`` on a stage to replace its estimate.
 """
 
@@ -17,9 +18,8 @@ from typing import Any
 from omni_core.plan.estimates import (
     GiB,
     decoder_params,
-    engine_tokens,
+    engine_estimate,
     factory_dtype,
-    kv_bytes_per_token,
     read_local_config,
     shape_from_config,
     weights_bytes,
@@ -32,7 +32,6 @@ BACKBONE = dict(
 AUDIO_CODEBOOKS = 32
 AUDIO_VOCAB = 1025  # 1024 entries + pad
 CODEC_PARAMS = 1_600_000_000
-DEFAULT_KV_TOKENS = 32768
 ENGINE_OVERHEAD = 2 * GiB
 VOCODER_OVERHEAD = 1 * GiB
 
@@ -53,18 +52,10 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
     for stage in pipeline.stages:
         if stage.name == "tts_engine":
             shape, source = backbone_shape(pipeline.model_path)
-            dtype = factory_dtype(stage)
-            tokens = engine_tokens(stage, DEFAULT_KV_TOKENS)
             params = decoder_params(**shape, tied_embeddings=False)
             params += 2 * AUDIO_CODEBOOKS * AUDIO_VOCAB * shape["hidden"]  # embeddings + heads
-            kv = kv_bytes_per_token(
-                layers=shape["layers"], kv_heads=shape["kv_heads"], head_dim=shape["head_dim"]
-            )
-            estimates[stage.name] = MemoryEstimate(
-                weights_bytes(params, dtype),
-                kv * tokens,
-                ENGINE_OVERHEAD,
-                f"{source}, {dtype}, KV for {tokens} tokens",
+            estimates[stage.name] = engine_estimate(
+                stage, params, shape, source=source, overhead_bytes=ENGINE_OVERHEAD
             )
         elif stage.name == "vocoder":
             dtype = factory_dtype(stage, "float32")

@@ -4,8 +4,9 @@ Each GPU stage loads one part of the checkpoint (``thinker.`` model and
 towers, ``talker.``, ``code2wav.``), so each is sized from its own
 architecture: the checkpoint's ``config.json`` sections when ``model_path``
 is a local directory, else the 30B-A3B shapes below. Weights by the stage's
-``factory.dtype``; engine stages add a KV budget of ``engine.max_total_tokens``
-tokens (defaults below). Approximate by design (norms, biases and small
+``factory.dtype``; engine stages add a KV cache, in the same dtype, of
+``engine.max_total_tokens`` tokens (the engine backend's default when unset).
+Approximate by design (norms, biases and small
 projections left out; overheads are round allowances). Declare
 ``total_reserve_bytes`` on a stage to replace its estimate.
 """
@@ -20,9 +21,8 @@ from omni_core.plan.estimates import (
     MiB,
     decoder_params,
     encoder_params,
-    engine_tokens,
+    engine_estimate,
     factory_dtype,
-    kv_bytes_per_token,
     read_local_config,
     shape_from_config,
     weights_bytes,
@@ -59,8 +59,6 @@ PREDICTOR = dict(layers=5, hidden=1024, heads=16, kv_heads=8, head_dim=128, inte
 CODEBOOKS = 16
 CODEBOOK_SIZE = 2048
 CODE2WAV_PARAMS = 200_000_000
-THINKER_KV_TOKENS = 65536
-TALKER_KV_TOKENS = 32768
 ENGINE_OVERHEAD = 2 * GiB
 ENCODER_OVERHEAD = 1 * GiB
 CODE2WAV_OVERHEAD = 512 * MiB
@@ -95,34 +93,21 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
     )
     out = thinker["hidden"]
 
-    def kv(shape: dict[str, int]) -> int:
-        return kv_bytes_per_token(
-            layers=shape["layers"], kv_heads=shape["kv_heads"], head_dim=shape["head_dim"]
-        )
-
     estimates: dict[str, MemoryEstimate] = {}
     for stage in pipeline.stages:
         dtype = factory_dtype(stage)
         if stage.name == "thinker":
-            tokens = engine_tokens(stage, THINKER_KV_TOKENS)
             params = decoder_params(**thinker, tied_embeddings=False)
-            estimates[stage.name] = MemoryEstimate(
-                weights_bytes(params, dtype),
-                kv(thinker) * tokens,
-                ENGINE_OVERHEAD,
-                f"{source}, {dtype}, KV for {tokens} tokens",
+            estimates[stage.name] = engine_estimate(
+                stage, params, thinker, source=source, overhead_bytes=ENGINE_OVERHEAD
             )
         elif stage.name == "talker_ar":
-            tokens = engine_tokens(stage, TALKER_KV_TOKENS)
             params = decoder_params(**talker, tied_embeddings=False)
             params += 2 * (out * out + out * talker["hidden"])  # text and hidden projections
             params += decoder_params(**predictor)
             params += 2 * (CODEBOOKS - 1) * CODEBOOK_SIZE * predictor["hidden"]
-            estimates[stage.name] = MemoryEstimate(
-                weights_bytes(params, dtype),
-                kv(talker) * tokens,
-                ENGINE_OVERHEAD,
-                f"{source}, {dtype}, KV for {tokens} tokens",
+            estimates[stage.name] = engine_estimate(
+                stage, params, talker, source=source, overhead_bytes=ENGINE_OVERHEAD
             )
         elif stage.name == "audio_encoder":
             params = encoder_params(**audio) + audio["hidden"] * out

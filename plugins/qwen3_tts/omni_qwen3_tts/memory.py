@@ -3,8 +3,9 @@
 Weights are counted from the architecture (the checkpoint's ``config.json``
 when ``model_path`` is a local directory, else the known 0.6B / 1.7B shapes
 picked by the model name) and sized by the stage's ``factory.dtype``. The
-engine's KV budget is ``engine.max_total_tokens`` tokens (default below) of
-the talker's cache; the code predictor's cache is rebuilt every frame and is
+engine's KV budget is ``engine.max_total_tokens`` tokens (the engine
+backend's default when unset) of the talker's cache, in the same dtype; the
+code predictor's cache is rebuilt every frame and is
 counted in the overhead. Approximate by design: norms and biases are left
 out, and the overhead figures are round allowances for activations and CUDA
 graphs. Declare ``total_reserve_bytes`` on a stage to replace its estimate.
@@ -19,9 +20,8 @@ from omni_core.plan.estimates import (
     GiB,
     MiB,
     decoder_params,
-    engine_tokens,
+    engine_estimate,
     factory_dtype,
-    kv_bytes_per_token,
     read_local_config,
     shape_from_config,
     weights_bytes,
@@ -43,7 +43,6 @@ TEXT_VOCAB = 151936
 TEXT_HIDDEN = 2048
 CODEBOOKS = 16
 SPEECH_TOKENIZER_PARAMS = 170_000_000  # ~682 MB of float32 safetensors
-DEFAULT_KV_TOKENS = 32768
 ENGINE_OVERHEAD = 1 * GiB
 VOCODER_OVERHEAD = 512 * MiB
 
@@ -85,16 +84,12 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
     for stage in pipeline.stages:
         if stage.name == "tts_engine" and shapes is not None:
             talker, predictor, source = shapes
-            dtype = factory_dtype(stage)
-            tokens = engine_tokens(stage, DEFAULT_KV_TOKENS)
-            kv = kv_bytes_per_token(
-                layers=talker["layers"], kv_heads=talker["kv_heads"], head_dim=talker["head_dim"]
-            )
-            estimates[stage.name] = MemoryEstimate(
-                weights_bytes=weights_bytes(engine_params(talker, predictor), dtype),
-                kv_bytes=kv * tokens,
+            estimates[stage.name] = engine_estimate(
+                stage,
+                engine_params(talker, predictor),
+                talker,
+                source=source,
                 overhead_bytes=ENGINE_OVERHEAD,
-                source=f"{source}, {dtype}, KV for {tokens} tokens",
             )
         elif stage.name == "vocoder":
             dtype = factory_dtype(stage, "float32")
