@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .config import TransformerConfig
-from .layers import DecoderLayer, RMSNorm, inv_frequencies, rope_cos_sin
+from .layers import DecoderLayer, RMSNorm, register_rope, rope_cos_sin
 from .sampling import RowSampling, select_tokens
 
 
@@ -58,10 +58,7 @@ class CodePredictorModel(nn.Module):
         self.codec_embedding = nn.ModuleList(
             nn.Embedding(cfg.vocab_size, embedding_dim) for _ in range(cfg.num_code_groups - 1)
         )
-        self.rope_spec = (cfg.head_dim, cfg.rope_theta)
-        self.register_buffer(
-            "inv_freq", inv_frequencies(cfg.head_dim, cfg.rope_theta), persistent=False
-        )
+        register_rope(self, cfg.head_dim, cfg.rope_theta)
 
     def forward(self, x: torch.Tensor, start: int, store: ScratchKV) -> torch.Tensor:
         steps = x.shape[1]

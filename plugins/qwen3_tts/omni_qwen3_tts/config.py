@@ -6,8 +6,7 @@ code predictor, speaker encoder, special token ids), ``generation_config.json``
 Mimi encoder and our decoder). We parse them into frozen dataclasses with the
 release's defaults, so that model code reads attributes instead of dict keys
 and a missing key falls back to what the reference would have used.
-Keys we do not model are kept in ``extra`` so nothing is silently dropped
-when a config is written back.
+Keys we do not model are ignored: we only read configs, never write them back.
 """
 
 from __future__ import annotations
@@ -40,11 +39,10 @@ def _rope_type(raw: dict[str, Any]) -> str:
     return "default"
 
 
-def _split_known(cls: type, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _known_fields(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``raw`` that name fields of ``cls`` (releases add keys we do not use)."""
     names = {f.name for f in dataclasses.fields(cls)}
-    known = {k: v for k, v in raw.items() if k in names}
-    extra = {k: v for k, v in raw.items() if k not in names}
-    return known, extra
+    return {k: v for k, v in raw.items() if k in names}
 
 
 @dataclass(frozen=True)
@@ -218,7 +216,7 @@ class SpeakerEncoderConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> SpeakerEncoderConfig:
-        known, _ = _split_known(cls, raw)
+        known = _known_fields(cls, raw)
         for key in ("enc_channels", "enc_kernel_sizes", "enc_dilations"):
             if key in known:
                 known[key] = tuple(int(v) for v in known[key])
@@ -300,7 +298,7 @@ class GenerationDefaults:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> GenerationDefaults:
-        known, _ = _split_known(cls, raw)
+        known = _known_fields(cls, raw)
         return cls(**known)
 
 
@@ -341,7 +339,7 @@ class DecoderConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> DecoderConfig:
-        known, _ = _split_known(cls, raw)
+        known = _known_fields(cls, raw)
         for key in ("upsample_rates", "upsampling_ratios"):
             if key in known:
                 known[key] = tuple(int(v) for v in known[key])
@@ -413,7 +411,7 @@ class EncoderConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> EncoderConfig:
-        known, _ = _split_known(cls, raw)
+        known = _known_fields(cls, raw)
         if "upsampling_ratios" in known:
             known["upsampling_ratios"] = tuple(int(v) for v in known["upsampling_ratios"])
         known["rope_theta"] = _rope_theta(raw, 10000.0)

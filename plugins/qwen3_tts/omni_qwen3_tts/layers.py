@@ -42,6 +42,17 @@ def inv_frequencies(
     return 1.0 / (theta**exponents)
 
 
+def register_rope(module: nn.Module, head_dim: int, theta: float) -> None:
+    """Give ``module`` its rotary table ``inv_freq`` and the ``rope_spec`` that rebuilds it.
+
+    The table is a non-persistent buffer (checkpoints do not carry it), so
+    ``to_empty`` leaves it uninitialised; ``weights.reset_rope_buffers``
+    recomputes it from ``rope_spec``. Setting both here keeps them in step.
+    """
+    module.rope_spec = (head_dim, theta)
+    module.register_buffer("inv_freq", inv_frequencies(head_dim, theta), persistent=False)
+
+
 def rope_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -315,18 +315,18 @@ class Qwen3TTSModel:
         main_rows, sub_rows = self._rows(sequences)
         generators = [self._generator(seq) for seq in sequences]
         logits = self.talker.codec_head(last_hidden)
-        suppressed = self.talker.suppressed_ids(self.device)
-        eos = torch.tensor([tc.codec_eos_token_id], device=self.device)
+        suppressed, suppressed_and_eos = self._banned_ids()
         banned, histories = [], []
         for seq in sequences:
             frames = seq.state.setdefault("frames", 0)
             early = frames < self.generation.min_new_tokens
-            banned.append(torch.cat([suppressed, eos]) if early else suppressed)
+            banned.append(suppressed_and_eos if early else suppressed)
             history = seq.state.setdefault("history", [])
             histories.append(torch.tensor(history, dtype=torch.long) if history else None)
         code0 = select_tokens(logits, main_rows, generators, histories, banned)
-        go = [i for i in range(len(sequences)) if int(code0[i]) != tc.codec_eos_token_id]
-        rest = None
+        code0_ids = code0.tolist()  # one device sync for the batch
+        go = [i for i, code in enumerate(code0_ids) if code != tc.codec_eos_token_id]
+        frames_cpu = None
         if go:
             index = torch.tensor(go, device=self.device)
             rest = self.talker.code_predictor.generate_frame(
@@ -335,6 +335,8 @@ class Qwen3TTSModel:
                 [sub_rows[i] for i in go],
                 [generators[i] for i in go],
             )
+            # [B_go, G] on the device, then one copy to the CPU for the whole batch.
+            frames_cpu = torch.cat([code0[index, None], rest], dim=1).to("cpu", torch.long)
         results = []
         position = {row: k for k, row in enumerate(go)}
         for i, seq in enumerate(sequences):
@@ -342,16 +344,30 @@ class Qwen3TTSModel:
                 seq.state["done"] = True
                 results.append(StepResult(output=None, finished=True))
                 continue
-            assert rest is not None
-            frame = torch.cat([code0[i : i + 1], rest[position[i]]]).to("cpu", torch.long)
+            assert frames_cpu is not None
+            frame = frames_cpu[position[i]]
             seq.state["last_codes"] = frame
             seq.state["last_hidden"] = last_hidden[i]
-            seq.state["history"].append(int(code0[i]))
+            seq.state["history"].append(code0_ids[i])
             seq.state["frames"] += 1
             limit = seq.sampling.max_new_tokens
             finished = limit is not None and seq.state["frames"] >= limit
             results.append(StepResult(output=frame, finished=finished))
         return results
+
+    def _banned_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codebook-0 ids banned always, and before ``min_new_tokens`` (those plus EOS).
+
+        Constant for the model, so built once per device instead of every step
+        (building the suppressed ids filters on the device, which syncs).
+        """
+        cached = getattr(self, "_banned", None)
+        if cached is None or cached[0] != self.device:
+            suppressed = self.talker.suppressed_ids(self.device)
+            eos = torch.tensor([self.config.talker.codec_eos_token_id], device=self.device)
+            cached = (self.device, suppressed, torch.cat([suppressed, eos]))
+            self._banned = cached
+        return cached[1], cached[2]
 
     @torch.no_grad()
     def prefill(self, sequences: list[Any], cache: Any) -> list[Any]:

@@ -17,7 +17,7 @@ from torch import nn
 
 from .code_predictor import CodePredictor
 from .config import TalkerConfig
-from .layers import DecoderLayer, RMSNorm, inv_frequencies, mrope_cos_sin, rope_cos_sin
+from .layers import DecoderLayer, RMSNorm, mrope_cos_sin, register_rope, rope_cos_sin
 
 
 class SlotStore:
@@ -56,10 +56,7 @@ class TalkerModel(nn.Module):
         self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps)
         self.codec_embedding = nn.Embedding(t.vocab_size, t.hidden_size)
         self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
-        self.rope_spec = (t.head_dim, t.rope_theta)
-        self.register_buffer(
-            "inv_freq", inv_frequencies(t.head_dim, t.rope_theta), persistent=False
-        )
+        register_rope(self, t.head_dim, t.rope_theta)
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype):
         """cos/sin for positions ``[B, T]`` (the three M-RoPE streams are all ``positions``)."""

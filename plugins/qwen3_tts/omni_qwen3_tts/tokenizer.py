@@ -77,10 +77,3 @@ class TextTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
-
-    def token_id(self, token: str) -> int | None:
-        return self._tok.token_to_id(token)
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,7 +282,3 @@ def parse_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.
     if dtype not in table:
         raise ValueError(f"dtype {dtype!r} is not one of {', '.join(table)}")
     return table[dtype]
-
-
-def seed_from_env(default: int = 0) -> int:
-    return int(os.environ.get("OMNI_DUMMY_SEED", default))

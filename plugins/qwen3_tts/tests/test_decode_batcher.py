@@ -66,9 +66,22 @@ async def test_shapes_are_never_mixed_and_max_batch_is_kept():
 
 
 async def test_a_failing_decode_fails_every_chunk_of_its_batch():
-    batcher = DecodeBatcher(Recorder(fail=True), max_batch=4)
-    with pytest.raises(RuntimeError, match="codec broke"):
-        await batcher.decode(torch.ones(3, 16), 0, 0)
+    recorder = Recorder(fail=True)
+    batcher = DecodeBatcher(recorder, max_batch=4)
+    errors: list[BaseException] = []
+
+    async def one() -> None:
+        with pytest.raises(RuntimeError, match="codec broke") as caught:
+            await batcher.decode(torch.ones(3, 16), 0, 0)
+        errors.append(caught.value)
+
+    async with anyio.create_task_group() as group:
+        for _ in range(3):
+            group.start_soon(one)
+    assert len(errors) == 3
+    # the first chunk fails alone, then the two that waited fail together in one batch
+    assert recorder.calls == [(1, 3, 0), (2, 3, 0)]
+    assert batcher.batches == batcher.chunks == 0
     assert not batcher.busy and not batcher.pending
 
 

@@ -117,6 +117,32 @@ def test_eos_is_banned_for_two_frames_then_stops(tiny_model):
     assert codes.shape == (2, 16)
 
 
+def test_step_outputs_are_separate_int64_frames_and_banned_ids_are_built_once(tiny_model):
+    prompts = _prompts(tiny_model)[:3]
+    cache = SlotKVCache(tiny_model.cache_layout(), len(prompts), 256)
+    seqs = []
+    for i, prompt in enumerate(prompts):
+        seq = Sequence(request_id=str(i), prompt=prompt, sampling=SamplingParams(temperature=0))
+        seq.slot = cache.allocate()
+        seqs.append(seq)
+    for step in (tiny_model.prefill, tiny_model.decode):
+        results = step(seqs, cache)
+        outputs = [r.output for r in results]
+        for seq, frame in zip(seqs, outputs, strict=True):
+            assert frame.dtype == torch.long and frame.shape == (16,)
+            assert frame.device.type == "cpu"
+            assert seq.state["last_codes"] is frame
+            assert seq.state["history"][-1] == int(frame[0])
+        assert len({tuple(f.tolist()) for f in outputs}) > 1  # each row its own frame
+
+    suppressed, with_eos = tiny_model._banned_ids()
+    again = tiny_model._banned_ids()
+    assert again[0] is suppressed and again[1] is with_eos  # cached, not rebuilt per step
+    eos = tiny_model.config.talker.codec_eos_token_id
+    assert torch.equal(suppressed, tiny_model.talker.suppressed_ids(tiny_model.device))
+    assert torch.equal(with_eos, torch.cat([suppressed, torch.tensor([eos])]))
+
+
 def test_prefill_reports_its_length(tiny_model):
     prompt = _prompts(tiny_model)[1]
     cache = SlotKVCache(tiny_model.cache_layout(), 1, 64)

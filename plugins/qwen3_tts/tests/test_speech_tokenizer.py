@@ -25,7 +25,8 @@ def test_decode_shape_and_range(tiny_model):
     assert float(wav.std()) > 1e-3  # dummy weights still make a signal, not silence
 
 
-def test_streaming_decode_equals_full_decode(tiny_model):
+def test_decode_chunk_with_the_exact_context_equals_full_decode(tiny_model):
+    """The release's way (re-decoding left context per chunk) with enough context is exact."""
     decoder = tiny_model.speech_tokenizer.decoder
     codes = _codes(24, seed=1).T[None]
     full = decoder(codes)[0, 0]
@@ -39,6 +40,27 @@ def test_streaming_decode_equals_full_decode(tiny_model):
     streamed = torch.cat(pieces)
     assert streamed.shape == full.shape
     torch.testing.assert_close(streamed, full, atol=1e-5, rtol=0)
+
+
+def test_codebook_vectors_are_cached_until_the_weights_change():
+    from omni_qwen3_tts.speech_tokenizer.decoder import Codebook
+
+    book = Codebook(8, 4)
+    with torch.no_grad():
+        first = book.vectors()
+        assert book.vectors() is first  # reused across decodes
+        assert torch.equal(first, torch.zeros(8, 4))
+        book.embedding_sum.copy_(torch.arange(32.0).view(8, 4))  # weights loaded later
+        loaded = book.vectors()
+        assert torch.equal(loaded, torch.arange(32.0).view(8, 4))
+        book.cluster_usage.fill_(2.0)
+        assert torch.equal(book.vectors(), torch.arange(32.0).view(8, 4) / 2)
+        book.load_state_dict({"cluster_usage": torch.ones(8), "embedding_sum": torch.ones(8, 4)})
+        assert torch.equal(book.vectors(), torch.ones(8, 4))
+        book.to(torch.float64)  # new storage
+        assert book.vectors().dtype == torch.float64
+    with_grad = book.vectors()  # grad enabled: computed fresh, never cached with its graph
+    assert with_grad.requires_grad and book.vectors() is not with_grad
 
 
 def test_stateful_stream_equals_full_decode_past_the_attention_window(tiny_model):

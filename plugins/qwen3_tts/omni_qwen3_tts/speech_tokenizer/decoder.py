@@ -17,27 +17,55 @@ of context that too reproduces the full decode, at a much higher cost.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..config import DecoderConfig
-from ..layers import Attention, RMSNorm, SwiGLU, inv_frequencies, rope_cos_sin
+from ..layers import Attention, RMSNorm, SwiGLU, register_rope, rope_cos_sin
 from .convs import CausalConv1d, CausalTransConv1d, ConvNeXtBlock, SnakeBeta
 from .streaming import StreamState, WindowKV
 
 
 class Codebook(nn.Module):
-    """EMA codebook stored as ``embedding_sum / cluster_usage`` (as trained)."""
+    """EMA codebook stored as ``embedding_sum / cluster_usage`` (as trained).
+
+    Every decode (every vocoder chunk) reads all vectors, while the two
+    parameters only change when weights are loaded or moved, so the quotient
+    is cached and recomputed whenever either parameter's storage or version
+    counter changes (loading weights after construction still takes effect).
+    """
 
     def __init__(self, size: int, dim: int):
         super().__init__()
         self.cluster_usage = nn.Parameter(torch.ones(size))
         self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+        self._cached: tuple[tuple[Any, ...], torch.Tensor] | None = None
+
+    def _state_key(self) -> tuple[Any, ...] | None:
+        """What identifies the parameters' contents; ``None`` when the cache must not be used.
+
+        Writes through ``param.data`` bypass the version counter and are not seen.
+        Inference tensors have no version counter, and a result built with grad
+        enabled would carry a graph that must not be reused.
+        """
+        params = (self.embedding_sum, self.cluster_usage)
+        if any(p.is_inference() for p in params):
+            return None
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return None
+        return tuple(item for p in params for item in (p.data_ptr(), p._version, p.dtype, p.device))
 
     def vectors(self) -> torch.Tensor:
-        return self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+        """The code vectors ``[size, dim]``."""
+        key = self._state_key()
+        if key is not None and self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
+        vectors = self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+        self._cached = None if key is None else (key, vectors)
+        return vectors
 
 
 class _VQ(nn.Module):
@@ -136,10 +164,7 @@ class CodecTransformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
-        self.rope_spec = (cfg.attn_head_dim, cfg.rope_theta)
-        self.register_buffer(
-            "inv_freq", inv_frequencies(cfg.attn_head_dim, cfg.rope_theta), persistent=False
-        )
+        register_rope(self, cfg.attn_head_dim, cfg.rope_theta)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[B, T, latent]`` -> ``[B, T, latent]``."""

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import EncoderConfig
-from ..layers import Attention, inv_frequencies, rope_cos_sin
+from ..layers import Attention, register_rope, rope_cos_sin
 from .convs import CausalConv1d
 from .decoder import LayerScale
 
@@ -122,10 +122,7 @@ class EncoderTransformer(nn.Module):
         self.layers = nn.ModuleList(
             EncoderTransformerLayer(cfg, i) for i in range(cfg.num_hidden_layers)
         )
-        self.rope_spec = (cfg.attn_head_dim, cfg.rope_theta)
-        self.register_buffer(
-            "inv_freq", inv_frequencies(cfg.attn_head_dim, cfg.rope_theta), persistent=False
-        )
+        register_rope(self, cfg.attn_head_dim, cfg.rope_theta)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         steps = x.shape[1]
