@@ -107,12 +107,11 @@ def build_from_factory(stage: Any, pipeline: Any, context: StageContext) -> Any:
     group = stage.factory
     values = group.model_dump()
     # Declared defaults fill in under the author channel; what a deploy file
-    # or flag wrote (fields_set) and free-form keys form the config channel.
+    # or flag wrote forms the config channel (fields_set holds free-form keys too).
     declared_defaults = {
         k: v for k, v in values.items() if k not in group.model_fields_set and v is not None
     }
     config = {k: v for k, v in values.items() if k in group.model_fields_set}
-    config.update(group.model_extra or {})
     kwargs = factory_kwargs(
         factory,
         stage_name=stage.name,

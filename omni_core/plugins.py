@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import os
 import re
-import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,12 +43,7 @@ class PluginRecord:
     builtin: bool = False
     entry_point: str | None = None
     error: str | None = None
-    traceback: str | None = None
     plugin: object | None = None
-
-    @property
-    def loaded(self) -> bool:
-        return self.plugin is not None and self.error is None
 
 
 @dataclass
@@ -124,7 +118,6 @@ class OmniPlugins:
                 record.plugin = ep.load()
             except Exception as exc:  # a broken plugin must not break the listing
                 record.error = f"{type(exc).__name__}: {exc}"
-                record.traceback = traceback.format_exc()
             if record.name in self.records:
                 record.name = f"{record.name}:{ep.name}"
             self._add(record)

@@ -20,7 +20,11 @@ INSTALLED = {
     "omni-qwen3-omni": ["qwen3-omni", "qwen3-omni-colocated", "qwen3-omni-text"],
     "omni-qwen3-tts": ["qwen3-tts"],
 }
-BUILTINS = {"omni_core.builtins.factory", "omni_core.builtins.placement"}
+BUILTINS = {
+    "omni_core.builtins.factory",
+    "omni_core.builtins.placement",
+    "omni_core.builtins.transports",
+}
 
 
 def invoke(*args: str, omni_plugins: str | None = None) -> Any:
@@ -36,13 +40,36 @@ def pipelines_by_plugin(payload: dict[str, Any]) -> dict[str, list[str]]:
     return {row["name"]: row["pipelines"] for row in payload["plugins"]}
 
 
+def table_column(output: str, column: str) -> dict[str, list[str]]:
+    """One column of the rich table, by plugin: the lines of each plugin's cell.
+
+    Reading cells (not searching the whole output) matters: pipeline names are
+    substrings of plugin names, so a search passes with an empty column.
+    """
+    lines = output.splitlines()
+    header = next(line for line in lines if line.startswith("┃"))
+    index = [cell.strip() for cell in header.strip("┃").split("┃")].index(column)
+    cells: dict[str, list[str]] = {}
+    plugin = ""
+    for line in lines:
+        if not line.startswith("│"):
+            continue
+        row = [cell.strip() for cell in line.strip("│").split("│")]
+        plugin = row[0] or plugin
+        cells.setdefault(plugin, [])
+        if row[index]:
+            cells[plugin].append(row[index])
+    return cells
+
+
 @pytest.mark.usefixtures("plugins")
 def test_the_table_lists_every_installed_plugin_and_its_pipelines() -> None:
     output = invoke().output
-    for plugin, pipelines in INSTALLED.items():
-        assert plugin in output
-        for pipeline in pipelines:
-            assert pipeline in output
+    assert table_column(output, "pipelines") == INSTALLED
+    # The table shows what --json reports.
+    assert table_column(output, "pipelines") == pipelines_by_plugin(
+        json.loads(invoke("--json").output)
+    )
     assert "register_pipelines" in output
     for name in BUILTINS:
         assert name not in output
@@ -73,6 +100,12 @@ def test_builtins_appear_only_with_all() -> None:
     assert builtin >= BUILTINS
     assert pipelines_by_plugin(payload).items() >= INSTALLED.items()
     table = invoke("--all").output
+    assert table_column(table, "pipelines") == pipelines_by_plugin(payload)
+    assert table_column(table, "transports")["omni_core.builtins.transports"] == [
+        "inproc",
+        "shm",
+        "socket",
+    ]
     for name in BUILTINS:
         assert name in table
 
@@ -146,6 +179,5 @@ def test_the_installed_command_lists_plugins(
 def test_the_installed_command_prints_a_table() -> None:
     done = run_omni([*console_script(), "plugins", "list"], None)
     assert done.returncode == 0, done.stderr
-    for plugin in INSTALLED:
-        assert plugin in done.stdout
+    assert table_column(done.stdout, "pipelines") == INSTALLED
     assert "Traceback" not in done.stderr

@@ -1,4 +1,4 @@
-"""The core never imports an ML framework: listing and looking up pipelines stays light.
+"""The core never imports an ML framework: listing, resolving and planning stay light.
 
 Checked in a fresh interpreter, because this test session may already have
 imported anything. torch is installed here (the plugins depend on it), so only
@@ -29,16 +29,21 @@ SCRIPT = textwrap.dedent(
     for name in plugins.pipelines():
         config = plugins.pipeline(name)()
         built[name] = config.stage_names
-    main(["plugins", "list", "--json", "--all"])
+    codes = {
+        "plugins": main(["plugins", "list", "--json", "--all"]),
+        "plan": main(["plan", "--pipeline", "qwen3-omni", "--no-detect", "--json"]),
+        "config": main(["config", "resolve", "--pipeline", "qwen3-tts"]),
+    }
     print(json.dumps({
         "pipelines": built,
+        "codes": codes,
         "heavy": sorted(m for m in sys.modules if m.split(".")[0] in HEAVY),
     }))
     """
 )
 
 
-def test_listing_plugins_and_building_default_configs_imports_no_ml_framework() -> None:
+def test_listing_resolving_and_planning_import_no_ml_framework() -> None:
     env = {k: v for k, v in os.environ.items() if k != "OMNI_PLUGINS"}
     done = subprocess.run(
         [sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{SCRIPT}"],
@@ -58,6 +63,8 @@ def test_listing_plugins_and_building_default_configs_imports_no_ml_framework() 
         "qwen3-omni-text",
         "qwen3-tts",
     }
+    # ... and every command ran to completion.
+    assert report["codes"] == {"plugins": 0, "plan": 0, "config": 0}
     assert report["heavy"] == []
 
 

@@ -59,7 +59,7 @@ def explain_command(
     positionals, flags = split_positionals(list(args or []), 2)
     if len(positionals) == 2:
         deploy, path = positionals
-    elif len(positionals) == 1 and (pipeline or "--pipeline" in flags):
+    elif len(positionals) == 1 and pipeline:
         deploy, path = None, positionals[0]
     else:
         raise UsageError(

@@ -101,7 +101,7 @@ class FileSource:
         except ValueError as exc:
             raise ConfigError(f"{dotted(path)}: {exc}", origin=str(origin)) from None
         self.counter[0] += 1
-        self.patches.append(Patch(node.path, coerced, origin, self.counter[0], raw=value))
+        self.patches.append(Patch(node.path, coerced, origin, self.counter[0]))
 
     def _shared(self, entries: Any) -> None:
         if not isinstance(entries, list):

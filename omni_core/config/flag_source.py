@@ -80,7 +80,7 @@ def _patch(path, text: str, schema: PathSchema, counter: list[int], origin: Orig
     except ValueError as exc:
         raise ConfigError(f"{dotted(path)}: {exc}", origin=str(origin)) from None
     counter[0] += 1
-    return Patch(node.path, value, origin, counter[0], raw=text)
+    return Patch(node.path, value, origin, counter[0])
 
 
 def _broadcast(text: str, schema: PathSchema, counter: list[int], label: str) -> list[Patch]:

@@ -26,11 +26,6 @@ def load_deployment(
     """
     plugins = plugins or get_plugins()
     pairs = split_flags(list(flags or []))
-    for _, value in [p for p in pairs if p[0] == "pipeline"]:
-        if pipeline is not None and value != pipeline:
-            raise UsageError(f"--pipeline is given twice: {pipeline!r} and {value!r}")
-        pipeline = value
-    pairs = [p for p in pairs if p[0] != "pipeline"]
     document = DeployFile.read(deploy) if deploy is not None else None
 
     if pipeline is not None:
@@ -64,6 +59,5 @@ def load_deployment(
         pipeline_cls,
         patches,
         schema=schema,
-        pipeline_origin=origin,
         deploy_file=document.label if document else None,
     )

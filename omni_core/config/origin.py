@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
@@ -48,7 +48,6 @@ class Patch:
     value: Any
     origin: Origin
     seq: int = 0
-    raw: Any = field(default=None, repr=False)
 
     @property
     def precedence(self) -> tuple[int, int, int, int]:

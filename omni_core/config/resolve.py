@@ -19,9 +19,9 @@ from pydantic import ValidationError
 
 from ..errors import ConfigError
 from ..schema import PipelineConfig, StageConfig
-from ..schema.stage import SchemaProblems
-from .origin import DEFAULT_ORIGIN, Origin, Patch, Path, dotted
-from .paths import TOP_GROUPS, PathSchema
+from ..schema.validation import validation_problems
+from .origin import Patch, Path, dotted
+from .paths import TOP_GROUPS, TOP_LEAVES, PathSchema
 
 MISSING = object()
 
@@ -70,7 +70,6 @@ class Resolution:
     defaults: PipelineConfig
     schema: PathSchema
     records: dict[Path, PathRecord]
-    pipeline_origin: Origin
     deploy_file: str | None = None
 
     def record(self, path: Path) -> PathRecord:
@@ -86,7 +85,6 @@ def resolve(
     patches: list[Patch],
     *,
     schema: PathSchema,
-    pipeline_origin: Origin = DEFAULT_ORIGIN,
     deploy_file: str | None = None,
 ) -> Resolution:
     defaults = schema.defaults
@@ -101,7 +99,7 @@ def resolve(
     config = _build(pipeline_cls, defaults, winners)
     for record in records.values():
         record.final = read_path(config, record.path)
-    return Resolution(pipeline_cls, config, defaults, schema, records, pipeline_origin, deploy_file)
+    return Resolution(pipeline_cls, config, defaults, schema, records, deploy_file)
 
 
 def _refuse_conflicts(path: Path, writes: list[Patch]) -> None:
@@ -121,9 +119,7 @@ def _build(
     pipeline_cls: type[PipelineConfig], defaults: PipelineConfig, winners: dict[Path, Patch]
 ) -> PipelineConfig:
     top: dict[str, Any] = {
-        "model_path": defaults.model_path,
-        "mps": defaults.mps,
-        "weight_share": defaults.weight_share,
+        **{name: getattr(defaults, name) for name in TOP_LEAVES},
         **{name: getattr(defaults, name).model_dump() for name in TOP_GROUPS},
         "processes": {name: p.model_dump() for name, p in defaults.processes.items()},
     }
@@ -160,7 +156,6 @@ def _build_stage(
         if name in ("factory", "engine"):
             group = getattr(default, name)
             group_data = {k: getattr(group, k) for k in group.model_fields_set}
-            group_data.update(group.model_extra or {})
             group_data.update(value)
             try:
                 data[name] = type(group).model_validate(group_data)
@@ -179,23 +174,11 @@ def _build_stage(
 def _explained(
     exc: ValidationError, prefix: Path, winners: dict[Path, Patch], stage_names: list[str] = ()
 ) -> ConfigError:
-    """One line per problem, each with the origin of the value that caused it."""
-    lines = []
-    for error in exc.errors():
-        loc = [str(p) for p in error["loc"] if not str(p).startswith("function-")]
-        if loc[:1] == ["stages"] and len(loc) > 1 and loc[1].isdigit():
-            loc[1] = stage_names[int(loc[1])]
-        base = (*prefix, *loc)
-        cause = (error.get("ctx") or {}).get("error")
-        if isinstance(cause, SchemaProblems):
-            for fields, message in cause.problems:
-                lines.append(_with_origin(message, [(*base, f) for f in fields], winners))
-            continue
-        message = str(error["msg"]).removeprefix("Value error, ")
-        text = (
-            f"{dotted(base)}: {message}" if base and not message.startswith("stage ") else message
-        )
-        lines.append(_with_origin(text, [base], winners))
+    """The schema's lines for ``exc``, each with the origin of the value that caused it."""
+    lines = [
+        _with_origin(problem.text, list(problem.paths), winners)
+        for problem in validation_problems(exc, stage_names, prefix)
+    ]
     return ConfigError("invalid deployment:\n  " + "\n  ".join(lines))
 
 

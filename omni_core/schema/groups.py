@@ -22,9 +22,6 @@ class SettingsGroup(BaseModel):
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
-    def declared_fields(self) -> dict[str, Any]:
-        return dict(type(self).model_fields)
-
     def free_keys(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
 

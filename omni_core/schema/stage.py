@@ -146,20 +146,6 @@ class StageConfig(BaseModel):
                 f"stage {info.data.get('name', '?')!r}: field 'total_reserve_bytes': {exc}"
             ) from None
 
-    @field_validator("gpu", mode="before")
-    @classmethod
-    def _parse_gpu_list(cls, value: Any, info: ValidationInfo) -> Any:
-        # "0,1" on a command line means the list [0, 1].
-        if isinstance(value, str) and "," in value:
-            try:
-                return [int(part) for part in value.split(",") if part.strip()]
-            except ValueError:
-                raise ValueError(
-                    f"stage {info.data.get('name', '?')!r}: field 'gpu' {value!r} is not a list "
-                    'of GPU ids; write e.g. "0,1" or [0, 1]'
-                ) from None
-        return value
-
     @model_validator(mode="after")
     def _check(self) -> StageConfig:
         problems = [(fields, f"stage {self.name!r}: {text}") for fields, text in self._problems()]

@@ -1,29 +1,60 @@
-"""Turn pydantic's ValidationError into lines a serving engineer can act on."""
+"""Turn pydantic's ValidationError into lines a serving engineer can act on.
+
+This is the one formatter: the config resolver (what ``omni`` prints) adds the
+origin of each offending value to these lines, and the schema tests read them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from .stage import SchemaProblems
 
-def _dotted(loc: Sequence[object], stage_names: Sequence[str]) -> str:
+Path = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One line of a refusal and the paths whose values caused it."""
+
+    text: str
+    paths: tuple[Path, ...]
+
+
+def _location(loc: Sequence[object], stage_names: Sequence[str]) -> Path:
     parts: list[str] = []
     for index, part in enumerate(loc):
+        if isinstance(part, str) and part.startswith("function-"):
+            continue  # pydantic's internal validator names
         if isinstance(part, int) and index > 0 and loc[index - 1] == "stages":
             parts.append(stage_names[part] if part < len(stage_names) else str(part))
-        elif isinstance(part, str) and part.startswith("function-"):
-            continue  # pydantic's internal validator names
         else:
             parts.append(str(part))
-    return ".".join(parts)
+    return tuple(parts)
+
+
+def validation_problems(
+    exc: ValidationError, stage_names: Sequence[str] = (), prefix: Path = ()
+) -> list[Problem]:
+    """One problem per line, without pydantic's URLs; ``prefix`` locates the validated model."""
+    problems: list[Problem] = []
+    for error in exc.errors():
+        base = (*prefix, *_location(error["loc"], stage_names))
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, SchemaProblems):
+            for fields, message in cause.problems:
+                problems.append(Problem(message, tuple((*base, f) for f in fields)))
+            continue
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if base and not message.startswith("stage "):
+            message = f"{'.'.join(base)}: {message}"
+        problems.append(Problem(message, (base,)))
+    return problems
 
 
 def validation_message(exc: ValidationError, stage_names: Sequence[str] = ()) -> str:
-    """One line per problem: ``path: message``, without pydantic's URLs."""
-    lines = []
-    for error in exc.errors():
-        message = str(error["msg"]).removeprefix("Value error, ")
-        path = _dotted(error["loc"], stage_names)
-        lines.append(f"{path}: {message}" if path else message)
-    return "\n".join(lines)
+    """The lines of :func:`validation_problems`, one per problem."""
+    return "\n".join(problem.text for problem in validation_problems(exc, stage_names))

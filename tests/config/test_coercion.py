@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from omni_core.config.coerce import coerce, toml_scalar
 from omni_core.errors import ConfigError
+from omni_core.schema import validation_message
 
 from .conftest import SEED
 
@@ -80,11 +82,23 @@ def test_none_means_null(resolve):
     assert res.config.stage("vocoder").gpu is None
 
 
-def test_gpu_accepts_an_id_or_a_list(resolve):
+def test_gpu_accepts_an_id_or_a_list(deploy, resolve):
     res = resolve(None, "--thinker.tp_size", "2", "--thinker.gpu", "0,1", pipeline="qwen3-omni")
     assert res.config.stage("thinker").gpu == [0, 1]
     res = resolve(None, "--thinker.tp_size", "2", "--thinker.gpu", "[2, 3]", pipeline="qwen3-omni")
     assert res.config.stage("thinker").gpu == [2, 3]
+    # A deploy file may write the list as a string too: coercion reads it the same way.
+    path = deploy('pipeline = "qwen3-omni"\n\n[stages.thinker]\ntp_size = 2\ngpu = "0,1"\n')
+    assert resolve(path).config.stage("thinker").gpu == [0, 1]
+    for written in ('"0,one"', '"zero"'):
+        path = deploy(f'pipeline = "qwen3-omni"\n\n[stages.thinker]\ngpu = {written}\n')
+        with pytest.raises(
+            ConfigError, match=r"stages\.thinker\.gpu: expected an integer or a list"
+        ):
+            resolve(path)
+    with pytest.raises(ConfigError, match=r"stages\.thinker\.gpu: expected") as info:
+        resolve(None, "--thinker.gpu", "0,one", pipeline="qwen3-omni")
+    assert info.value.origin == "--thinker.gpu"
 
 
 def test_constraint_errors_name_the_path_and_the_origin(deploy, resolve):
@@ -98,6 +112,24 @@ def test_constraint_errors_name_the_path_and_the_origin(deploy, resolve):
         resolve(deploy(SEED), "--processes.pipeline.num_replicas", "0")
     assert "num_replicas must be >= 1" in str(info.value)
     assert "--processes.pipeline.num_replicas" in str(info.value)
+
+
+def test_refusals_are_the_schemas_lines_with_their_origins(deploy, resolve, plugins):
+    """Users read exactly the lines the schema tests check, each followed by its origin."""
+    text = "[stages.vocoder]\ngpu_memory_fraction = 0.5\ntotal_reserve_bytes = 4096\n"
+    path = deploy(f'pipeline = "qwen3-tts"\n\n{text}')
+    with pytest.raises(ConfigError) as info:
+        resolve(path)
+    vocoder = plugins.pipeline("qwen3-tts")().stage("vocoder")
+    data = {**vocoder.model_dump(), "gpu_memory_fraction": 0.5, "total_reserve_bytes": 4096}
+    with pytest.raises(ValidationError) as raw:
+        type(vocoder).model_validate(data)
+    lines = validation_message(raw.value).splitlines()
+    assert any("exclusive" in line for line in lines)
+    assert str(info.value).splitlines() == [
+        "invalid deployment:",
+        *(f"  {line} (set by {path}:4, {path}:5)" for line in lines),
+    ]
 
 
 def test_validated_value_is_shown_when_validation_changed_it(resolve):
