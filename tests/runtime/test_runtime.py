@@ -309,13 +309,16 @@ async def test_health_reports_each_stages_queue_depth(deployment):
         def queue() -> dict:
             return runtime.health()["processes"]
 
-        slow = {"images": [1], "delay": {"images": 1.0}}
+        slow = {"images": [1], "delay": {"images": 3.0}}
         handles = [await runtime.submit(slow) for _ in range(3)]
         with anyio.fail_after(10):
             while queue()["enc"]["queue"].get("images", {}).get("running") != 3:
                 await anyio.sleep(0.05)
         # the fan-in stage holds the three requests while it waits for their images
-        assert queue()["p"]["queue"]["join"] == {"running": 0, "waiting": 3}
+        # (each process reports every 0.5 s on its own clock: wait for p's report)
+        with anyio.fail_after(2.0):
+            while queue()["p"]["queue"].get("join") != {"running": 0, "waiting": 3}:
+                await anyio.sleep(0.02)
         for handle in handles:
             await handle.result()
         with anyio.fail_after(10):
