@@ -27,6 +27,8 @@ import tempfile
 import time
 
 SIZES_MB = (1, 16, 256)
+# Both ends authenticate with the deployment's secret, as the runtime's processes do.
+SECRET = b"bench-transport-secret-32-bytes!"
 BURST_BYTES = 2 << 30  # per measurement: enough to dwarf start-up costs
 
 
@@ -43,7 +45,7 @@ def _receiver(name: str, address: str, sizes: list[int], read: bool, ready: obje
     transport = {"shm": ShmTransport(), "socket": SocketTransport()}[name]
 
     async def main() -> None:
-        async with transport.listen(address) as channel:
+        async with transport.listen(address, secret=SECRET) as channel:
             ready.set()  # type: ignore[attr-defined]
             for size_mb in sizes:
                 for _ in range(2 * _count(size_mb)):  # warm-up burst, then the timed one
@@ -55,7 +57,7 @@ def _receiver(name: str, address: str, sizes: list[int], read: bool, ready: obje
                     del tensor
                     # (the ack channel below tells the sender a burst is done)
                 await channel.recv()  # the sender's "burst over" marker, answered below
-                ack = transport.connect(address + ".ack")
+                ack = transport.connect(address + ".ack", secret=SECRET)
                 await ack.send(size_mb)
                 await ack.aclose()
 
@@ -82,8 +84,8 @@ def _measure(name: str, read: bool) -> dict[int, float]:
     results: dict[int, float] = {}
 
     async def main() -> None:
-        sender = transport.connect(address)
-        acks = transport.listen(address + ".ack")
+        sender = transport.connect(address, secret=SECRET)
+        acks = transport.listen(address + ".ack", secret=SECRET)
         for size_mb in SIZES_MB:
             tensor = torch.randn((size_mb << 20) // 4)
             count = _count(size_mb)

@@ -12,7 +12,8 @@ Which process calls which hook:
   :func:`omni_register_pipelines`, :func:`omni_register_placement_policies`,
   :func:`omni_register_transports`, :func:`omni_estimate_memory`;
 * the child process that runs a stage: :func:`omni_build_stage` (and
-  :func:`omni_register_transports`, to open the transports of its edges).
+  :func:`omni_register_transports`, to open the transports of its edges);
+* both, when a deployment starts: :func:`omni_register_wire_types`.
 
 Registration hooks are called once per plugin-manager state and cached; they
 must be cheap and must not import ML frameworks (the parent never imports
@@ -117,4 +118,22 @@ def omni_register_transports() -> list[Transport]:
 
     Called in the parent (planning, listing) and in child processes (to open
     the edges they own).
+    """
+
+
+@hookspec
+def omni_register_wire_types() -> list[type | str]:
+    """Declare the classes your stages put into payloads that cross processes.
+
+    Return classes, or ``"module:Qualname"`` strings (which import nothing
+    until a message needs them). Messages between processes are decoded by an
+    unpickler that builds plain data, tensors, arrays and bytes, and only the
+    classes declared here (see :mod:`omni_core.wire`): declare dataclasses,
+    enums and named tuples whose construction runs no code of consequence,
+    never a class whose ``__reduce__`` or ``__setstate__`` does. A payload
+    holding an undeclared type fails its request on the sending side, with
+    the type's name.
+
+    Called in the parent and in every child when a deployment starts; all
+    plugins' results are collected.
     """

@@ -303,6 +303,15 @@ class OmniPlugins:
             )
         return rows
 
+    def wire_types(self) -> set[str]:
+        """Every class the plugins allow in messages between processes, as ``module:Qualname``."""
+        from .wire import type_name
+
+        names: set[str] = set()
+        for impl in self.pm.hook.omni_register_wire_types.get_hookimpls():
+            names.update(type_name(item) for item in impl.function() or [])
+        return names
+
     # -- stage construction (child process) ------------------------------
     def build_stage(self, stage: Any, pipeline: Any, context: Any) -> Any:
         return self.pm.hook.omni_build_stage(stage=stage, pipeline=pipeline, context=context)

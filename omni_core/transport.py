@@ -8,17 +8,23 @@ registers instances of :class:`Transport` through the
 
 The contract, kept httpx-small:
 
-* ``transport.listen(address)`` returns the *receiving* end of an edge. It binds
+* ``transport.listen(address, secret=...)`` returns the *receiving* end of an edge. It binds
   at once (so a bad or busy address fails where it is written, not at the first
   message) and owns what it bound: closing it removes the socket file.
   Any number of senders may connect to one receiver, and come and go (a
   restarted process reconnects); messages of one sender arrive in send order.
-* ``transport.connect(address)`` returns the *sending* end. It does no I/O:
+* ``transport.connect(address, secret=...)`` returns the *sending* end. It does no I/O:
   the connection is made by the first ``send``, which waits (bounded) for the
   receiver to appear, so processes may start in any order.
 * ``transport.check_address(address)`` validates and normalises an address
   without binding anything, so the planner can refuse a bad one before any
   child process starts.
+* ``secret`` is the deployment's random key (bytes). A transport that crosses a
+  process boundary must make every connection prove it knows the secret
+  before it decodes anything the peer sent, and must never decode a message
+  in a way that can run code (the built-in ones use an HMAC
+  handshake and :mod:`omni_core.wire`'s restricted decoding); one that stays in
+  a process may ignore it.
 * ``Channel.send`` / ``Channel.recv`` move one message; ``Channel.aclose``
   releases what the channel holds. A channel is an async context manager.
 
@@ -90,11 +96,11 @@ class Transport(ABC):
     scopes: frozenset[Scope] = frozenset()
 
     @abstractmethod
-    def listen(self, address: str) -> Channel:
+    def listen(self, address: str, *, secret: bytes) -> Channel:
         """The receiving end of an edge, bound at ``address`` (owned by the receiver)."""
 
     @abstractmethod
-    def connect(self, address: str) -> Channel:
+    def connect(self, address: str, *, secret: bytes) -> Channel:
         """The sending end of an edge whose receiver listens at ``address``."""
 
     def check_address(self, address: str) -> str:
@@ -131,11 +137,11 @@ class LazyTransport(Transport):
     def scopes(self) -> frozenset[Scope]:
         return self.load().scopes
 
-    def listen(self, address: str) -> Channel:
-        return self.load().listen(address)
+    def listen(self, address: str, *, secret: bytes) -> Channel:
+        return self.load().listen(address, secret=secret)
 
-    def connect(self, address: str) -> Channel:
-        return self.load().connect(address)
+    def connect(self, address: str, *, secret: bytes) -> Channel:
+        return self.load().connect(address, secret=secret)
 
     def check_address(self, address: str) -> str:
         return self.load().check_address(address)

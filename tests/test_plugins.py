@@ -491,3 +491,29 @@ def test_every_installed_pipeline_builds_its_default_config(plugins: OmniPlugins
         config: PipelineConfig = registered.value()
         assert config.model_path == registered.value.default_model_path
         assert config.stage_names, name
+
+
+def test_wire_types_are_collected_from_every_plugin(plugins: OmniPlugins) -> None:
+    class Payload:
+        pass
+
+    class PayloadPlugin:
+        @hookimpl
+        def omni_register_wire_types(self) -> list[type | str]:
+            return [Payload, "some.module:Frame"]
+
+    with plugins.registered(PayloadPlugin(), name="payloads"):
+        names = plugins.wire_types()
+        assert external(plugins)["payloads"]["hooks"] == ["omni_register_wire_types"]
+    assert {f"{Payload.__module__}:{Payload.__qualname__}", "some.module:Frame"} <= names
+    assert "some.module:Frame" not in plugins.wire_types()
+
+
+def test_a_malformed_wire_type_is_refused_by_name(plugins: OmniPlugins) -> None:
+    class BadPlugin:
+        @hookimpl
+        def omni_register_wire_types(self) -> list[str]:
+            return ["no-colon-here"]
+
+    with plugins.registered(BadPlugin(), name="bad"), pytest.raises(ValueError, match="no-colon"):
+        plugins.wire_types()

@@ -78,7 +78,14 @@ async def _serve(resolution: Any, sock: Any, key: str | None, signals: Any) -> N
     runtime = build_runtime(resolution)
     say(f"starting {pipeline}: {len(runtime.children)} process(es)")
     async with runtime:
-        server = make_server(create_app(runtime, resolution, api_key=key), "", 0, grace=grace)
+        server = make_server(
+            create_app(runtime, resolution, api_key=key),
+            "",
+            0,
+            grace=grace,
+            header_timeout=config.server.header_timeout,
+            body_timeout=config.server.body_timeout,
+        )
 
         def on_signal(count: int) -> None:
             runtime.coordinator.accepting = False

@@ -17,10 +17,12 @@ from typing import Any, Literal, Union
 import tomli
 
 from ..schema.sizes import parse_bytes
+from .toml_lines import too_deep
 
 NoneType = type(None)
 _INT = re.compile(r"^[+-]?\d[\d_]*$")
 _NULL = ("none", "null")
+MAX_FLAG_DEPTH = 64  # as a deploy file's MAX_DEPTH: far below Python's recursion limit
 
 
 class BytesField:
@@ -28,7 +30,12 @@ class BytesField:
 
 
 def toml_scalar(text: str) -> Any:
-    """Parse command-line text with TOML's rules; anything unparsable is a string."""
+    """Parse command-line text with TOML's rules; anything unparsable is a string.
+
+    Text nested too deeply to parse safely (tomli recurses) counts as unparsable.
+    """
+    if too_deep(text, MAX_FLAG_DEPTH) is not None:
+        return text
     try:
         return tomli.loads(f"v = {text}")["v"]
     except tomli.TOMLDecodeError:

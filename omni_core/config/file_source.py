@@ -13,9 +13,12 @@ from ..errors import ConfigError, suggestion
 from .coerce import coerce
 from .origin import Layer, Origin, Patch, Path, Rank, dotted
 from .paths import PathError, PathSchema
-from .toml_lines import key_lines, line_of
+from .toml_lines import key_lines, line_of, too_deep
 
 SELECT_KEYS = ("stages", "engine", "exclude")
+# Far beyond any real deploy file, far below where recursive code (tomli's
+# parser, pydantic, deepcopy, rendering) would exhaust Python's stack.
+MAX_DEPTH = 64
 
 
 @dataclass
@@ -39,15 +42,50 @@ class DeployFile:
 
     @classmethod
     def parse(cls, text: str, label: str) -> DeployFile:
+        line = too_deep(text, MAX_DEPTH)
+        if line is not None:
+            raise _too_deep(f"{label}:{line}", "arrays and inline tables")
         try:
             data = tomli.loads(text)
         except tomli.TOMLDecodeError as exc:
             raise ConfigError(_decode_message(exc), origin=_decode_origin(exc, label)) from None
-        return cls(label=label, data=data, lines=key_lines(text))
+        except RecursionError:  # the scan above should make this unreachable
+            raise _too_deep(label, "values") from None
+        lines = key_lines(text)
+        path = _deeper_than(data, MAX_DEPTH)
+        if path is not None:
+            line = line_of(lines, path)
+            raise _too_deep(f"{label}:{line}" if line else label, "keys and tables")
+        return cls(label=label, data=data, lines=lines)
 
     def origin(self, path: Path, rank: Rank = Rank.EXPLICIT) -> Origin:
         line = line_of(self.lines, path)
         return Origin(f"{self.label}:{line}" if line else self.label, Layer.FILE, rank)
+
+
+def _too_deep(origin: str, what: str) -> ConfigError:
+    return ConfigError(
+        f"{what} nest more than {MAX_DEPTH} levels deep",
+        origin=origin,
+        hint="no omni setting nests that deep; is this the deploy file you meant?",
+    )
+
+
+def _deeper_than(data: dict[str, Any], limit: int) -> Path | None:
+    """The path of a value nested deeper than ``limit`` (dotted keys count), or None.
+
+    Iterative, so that the check itself cannot exhaust the stack.
+    """
+    todo: list[tuple[Path, Any]] = [((), data)]
+    while todo:
+        path, value = todo.pop()
+        if len(path) > limit:
+            return path
+        if isinstance(value, dict):
+            todo.extend(((*path, str(k)), v) for k, v in value.items())
+        elif isinstance(value, list):
+            todo.extend(((*path, str(i)), v) for i, v in enumerate(value))
+    return None
 
 
 def _decode_origin(exc: tomli.TOMLDecodeError, label: str) -> str:

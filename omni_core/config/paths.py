@@ -39,6 +39,7 @@ BYTE_FIELDS = {
     ("stage", "total_reserve_bytes"),
     ("cluster", "gpu_memory"),
     ("server", "max_body_bytes"),
+    ("server", "remote_media_max_bytes"),
 }
 TOP_LEVEL_NAMES = (*TOP_LEAVES, *TOP_GROUPS, "processes", "pipeline")
 

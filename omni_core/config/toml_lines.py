@@ -52,6 +52,7 @@ class _Depth:
 
     def __init__(self) -> None:
         self.brackets = 0
+        self.deepest = 0
         self.multiline: str | None = None
 
     @property
@@ -84,6 +85,7 @@ class _Depth:
                 return
             elif char in "[{":
                 self.brackets += 1
+                self.deepest = max(self.deepest, self.brackets)
             elif char in "]}":
                 self.brackets -= 1
             index += 1
@@ -118,6 +120,20 @@ def key_lines(text: str) -> dict[Path, int]:
             lines[(*table, *_split_key(key))] = number
             depth.feed(raw[raw.index("=") + 1 :])
     return lines
+
+
+def too_deep(text: str, limit: int) -> int | None:
+    """The first line where arrays and inline tables nest deeper than ``limit``, or None.
+
+    A scan, not a parse: tomli parses nesting by recursion, so text thousands
+    of brackets deep would exhaust Python's stack before it could be refused.
+    """
+    depth = _Depth()
+    for number, line in enumerate(text.splitlines(), start=1):
+        depth.feed(line)
+        if depth.deepest > limit:
+            return number
+    return None
 
 
 def line_of(lines: dict[Path, int], path: Path) -> int | None:

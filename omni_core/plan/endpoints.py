@@ -1,7 +1,10 @@
 """IPC endpoints: one runtime directory per deployment, Unix sockets inside it.
 
 The directory is ``<endpoints.base_path>/<deployment id>`` (mode 0700; the
-runtime creates it and removes it on exit — planning creates nothing). The id
+runtime creates it and removes it on exit — planning creates nothing). The
+base defaults to a directory of the user's own: ``$XDG_RUNTIME_DIR/omni``
+where the session has one, else ``omni-<uid>`` in the temp directory, never a
+directory shared by all users (see :mod:`omni_core.runtime.rundir`). The id
 is derived from the pipeline name and a digest of the resolved config, so the
 same deployment always plans the same paths and two different deployments
 never share a directory. Each process gets an endpoint (control), the
@@ -13,8 +16,10 @@ socket path must fit ``sun_path``: 107 bytes and a NUL.
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 import re
+import tempfile
 
 from ..schema import PipelineConfig
 from .model import EndpointsPlan, ProcessPlan, Refusal, StagePlacement
@@ -25,6 +30,14 @@ SOCKET_PATH_MAX = 107
 RUNTIME_DIR_MODE = 0o700
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._@-]")
+
+
+def default_base_path() -> str:
+    """The user's private base: ``$XDG_RUNTIME_DIR/omni``, else ``<tmp>/omni-<uid>``."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime) and os.path.isdir(runtime):
+        return posixpath.join(runtime, "omni")
+    return posixpath.join(tempfile.gettempdir(), f"omni-{os.geteuid()}")
 
 
 def deployment_id(config: PipelineConfig) -> str:
@@ -77,7 +90,7 @@ def plan_endpoints(
     problems: list[Refusal],
 ) -> EndpointsPlan:
     """Socket paths for the coordinator, each process and each stage that needs one."""
-    base = config.endpoints.base_path
+    base = config.endpoints.base_path or default_base_path()
     ident = deployment_id(config)
     runtime_dir = posixpath.join(base, ident)
     names = _Names()
@@ -93,7 +106,7 @@ def plan_endpoints(
             Refusal(
                 f"endpoints.base_path {base!r} is not an absolute path; sockets would depend "
                 "on the directory omni is started from",
-                fix="write an absolute path, e.g. --endpoints.base_path /tmp/omni",
+                fix=f"write an absolute path, e.g. --endpoints.base_path {default_base_path()}",
             )
         )
     for process in processes:
@@ -115,7 +128,7 @@ def plan_endpoints(
                 f"limit of {SOCKET_PATH_MAX} bytes ({len(too_long)} of {len(every)} endpoints "
                 "are too long)",
                 fix=f"shorten endpoints.base_path ({len(base.encode())} bytes now) by at least "
-                f"{over} bytes, e.g. --endpoints.base_path /tmp/omni",
+                f"{over} bytes, e.g. --endpoints.base_path {default_base_path()}",
             )
         )
     return plan

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -37,11 +38,22 @@ class RequestFailed(OmniError):
 
     ``client_error`` is true when a stage refused the request as invalid
     (:class:`~omni_core.errors.RequestError`): the API answers 400, not 500.
+    ``process_lost`` is true when a process the request was bound to died or
+    hung: nothing was wrong with the request, and a retry can succeed once the
+    process is restarted (the API answers 503).
     """
 
-    def __init__(self, message: str, *, client_error: bool = False, **kw: object):
+    def __init__(
+        self,
+        message: str,
+        *,
+        client_error: bool = False,
+        process_lost: bool = False,
+        **kw: object,
+    ):
         super().__init__(message, **kw)
         self.client_error = client_error
+        self.process_lost = process_lost
 
 
 @dataclass
@@ -65,6 +77,7 @@ class RequestHandle:
     outputs: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     client_error: bool = False
+    process_lost: bool = False
     done: anyio.Event = field(default_factory=anyio.Event)
 
     async def stream(self) -> AsyncIterator[Event]:
@@ -72,13 +85,17 @@ class RequestHandle:
         async for event in self.events:
             yield event
         if self.error:
-            raise RequestFailed(self.error, client_error=self.client_error)
+            raise RequestFailed(
+                self.error, client_error=self.client_error, process_lost=self.process_lost
+            )
 
     async def result(self) -> dict[str, Any]:
         """Wait for completion: the final output of every terminal stage."""
         await self.done.wait()
         if self.error:
-            raise RequestFailed(self.error, client_error=self.client_error)
+            raise RequestFailed(
+                self.error, client_error=self.client_error, process_lost=self.process_lost
+            )
         return dict(self.outputs)
 
 
@@ -106,6 +123,7 @@ class Coordinator:
         self.completed = 0
         self.failed = 0
         self.stage_stats: dict[str, dict[str, dict[str, int]]] = {}  # process -> stage -> depth
+        self.heartbeats: dict[str, float] = {}  # process -> monotonic time of its last heartbeat
 
     # -- admission and binding ---------------------------------------------
     def _bind(self) -> dict[str, int]:
@@ -152,8 +170,9 @@ class Coordinator:
 
     # -- what the stages report ---------------------------------------------
     def on_envelope(self, env: m.Envelope) -> None:
-        if env.kind == m.STATS:
+        if env.kind == m.HEARTBEAT:
             self.stage_stats[env.source] = env.data
+            self.heartbeats[env.source] = time.monotonic()
             return
         handle = self.requests.get(env.request_id)
         if handle is None:
@@ -179,6 +198,7 @@ class Coordinator:
         """A process died: fail every request bound to it, at once."""
         failed = [h for h in self.requests.values() if h.binding.get(logical) == replica]
         for handle in failed:
+            handle.process_lost = True
             self._finish(handle, reason)
         return failed
 

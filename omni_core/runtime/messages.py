@@ -19,7 +19,9 @@ OUTPUT = "output"  # a terminal stage's final result
 OUTPUT_CHUNK = "output_chunk"  # a terminal stage's incremental output
 FAILED = "failed"  # the request failed in a stage
 SKIPPED = "skipped"  # a routing decision skipped these stages
-STATS = "stats"  # a process's per-stage queue depth (data: {stage: {"running": n, "waiting": m}})
+# A process is alive, sent from its event loop every heartbeat interval (so a blocked
+# loop falls silent); data: its per-stage queue depth {stage: {"running": n, "waiting": m}}.
+HEARTBEAT = "heartbeat"
 
 
 @dataclass

@@ -53,11 +53,12 @@ class Child:
     log_path: str
     proc: Any = None
     conn: Any = None
-    state: str = "starting"  # starting, healthy, restarting, failed, stopped
+    state: str = "starting"  # starting, healthy, unresponsive, restarting, failed, stopped
     restarts: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     started_at: float = 0.0
     ready_seconds: float = 0.0
+    ready_at: float = 0.0  # monotonic; the heartbeat clock starts here
     last_exit: str = ""
 
     @property
@@ -86,7 +87,8 @@ class Child:
                     kind, detail = "died", ""
                 if kind == "ready":
                     self.timings = detail
-                    self.ready_seconds = time.monotonic() - self.started_at
+                    self.ready_at = time.monotonic()
+                    self.ready_seconds = self.ready_at - self.started_at
                     self.state = "healthy"
                     return
                 if kind == "failed":
@@ -104,11 +106,17 @@ class Child:
                 )
             await anyio.sleep(0.02)
 
-    async def stop(self) -> None:
-        """SIGTERM, then SIGKILL after a timeout; reaps the process."""
+    async def stop(self, *, kill: bool = False) -> None:
+        """SIGTERM, then SIGKILL after a timeout; reaps the process.
+
+        ``kill`` skips SIGTERM: a hung or stopped process would not handle it,
+        and waiting for it would only delay the restart.
+        """
         proc = self.proc
         if proc is None:
             return
+        if kill and proc.is_alive():
+            proc.kill()
         if proc.is_alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)

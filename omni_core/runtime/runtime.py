@@ -20,11 +20,13 @@ from typing import Any
 
 import anyio
 
-from ..errors import ConfigError, NotImplementedYet
+from ..errors import NotImplementedYet
 from ..plan.model import DeploymentPlan
 from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
+from ..wire import allow_wire_types
 from . import messages as m
+from . import rundir
 from .coordinator import Coordinator, RequestHandle
 from .graph import StageGraph
 from .mps import MpsDaemon, daemons_for
@@ -32,6 +34,7 @@ from .outbound import Outbound
 from .processes import Child, StartupError, describe_exit
 from .routing_table import RoutingTable
 from .transport_choice import check_edges, default_transport
+from .transports._auth import new_secret
 from .worker import ChildSpec
 
 DEFAULT_INFLIGHT_PER_REPLICA = 64
@@ -97,6 +100,11 @@ class Runtime:
         self._stack: Any = None
         self.started_at = 0.0
         self.mps: dict[int, MpsDaemon] = {}
+        self._owns_dir = False
+        self._heard_floor = 0.0  # see _monitor: no child is blamed for the parent's stall
+        # Every connection between this deployment's processes proves it knows this.
+        self.secret = new_secret()
+        allow_wire_types(self.plugins.wire_types())
 
     # -- lifecycle ----------------------------------------------------------
     async def __aenter__(self) -> Runtime:
@@ -108,14 +116,15 @@ class Runtime:
 
     async def start(self) -> None:
         self.started_at = time.monotonic()
-        self._make_runtime_dir()
+        rundir.prepare(self.plan.endpoints.base_path, self.plan.endpoints.runtime_dir)
+        self._owns_dir = True
         try:
             enabled = [gpu for gpu, d in self.plan.mps.gpus.items() if d.enabled]
             self.mps = daemons_for(enabled, self.plan.endpoints.runtime_dir)
             for daemon in self.mps.values():
                 await anyio.to_thread.run_sync(daemon.start)
                 self.on_progress("mps", f"gpu{daemon.gpu}", {"pipe": daemon.pipe_dir})
-            self.inbox = self.transport.listen(self.table.coordinator)
+            self.inbox = self.transport.listen(self.table.coordinator, secret=self.secret)
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
             self._tg.start_soon(self._receive)
@@ -157,27 +166,8 @@ class Runtime:
             log_path=child.log_path,
             plugin_modules=self.plugin_modules,
             extra_env=daemon.client_env() if daemon else {},
+            secret=self.secret,
         )
-
-    def _make_runtime_dir(self) -> None:
-        path = self.plan.endpoints.runtime_dir
-        owner = os.path.join(path, "owner.pid")
-        if os.path.exists(owner):
-            try:
-                with open(owner) as handle:
-                    pid = int(handle.read().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and _alive(pid):
-                raise ConfigError(
-                    f"another omni runtime (pid {pid}) is serving this deployment from {path}",
-                    hint="stop it first, or set endpoints.base_path to another directory",
-                )
-        shutil.rmtree(path, ignore_errors=True)  # a stale directory of a killed runtime
-        os.makedirs(os.path.join(path, "logs"), mode=0o700)
-        os.chmod(path, 0o700)
-        with open(owner, "w") as handle:
-            handle.write(str(os.getpid()))
 
     async def aclose(self, grace: float | None = None) -> None:
         """Stop admitting, let in-flight requests finish (grace), stop children, clean up."""
@@ -213,7 +203,9 @@ class Runtime:
             if self.inbox is not None:
                 await self.inbox.aclose()
             self.inbox = None
-        shutil.rmtree(self.plan.endpoints.runtime_dir, ignore_errors=True)
+        if self._owns_dir:  # never a directory we refused, or another runtime's
+            shutil.rmtree(self.plan.endpoints.runtime_dir, ignore_errors=True)
+            self._owns_dir = False
         if cancelled is not None:
             raise cancelled
 
@@ -252,7 +244,9 @@ class Runtime:
         await self._send(self.table.address_for(envelope.target, envelope.binding), envelope)
 
     async def _send(self, address: str, envelope: m.Envelope) -> None:
-        await self.outbound.send(address, lambda: self.transport.connect(address), envelope)
+        await self.outbound.send(
+            address, lambda: self.transport.connect(address, secret=self.secret), envelope
+        )
 
     async def _receive(self) -> None:
         while True:
@@ -261,28 +255,61 @@ class Runtime:
 
     # -- supervision ----------------------------------------------------------
     async def _monitor(self) -> None:
+        timeout = self.config.runtime.heartbeat_timeout
+        tick = time.monotonic()
         while True:
+            now = time.monotonic()
+            if now - tick > timeout / 2:
+                # This loop itself was held up (a busy parent): heartbeats may be
+                # waiting unread in the inbox. Give every child a fresh timeout
+                # rather than blame it for our delay.
+                self._heard_floor = now
+            tick = now
             for child in self.children.values():
-                if child.state == "healthy" and not child.proc.is_alive():
-                    self._tg.start_soon(self._restart, child)
+                if child.state != "healthy":
+                    continue
+                if not child.proc.is_alive():
+                    reason = f"process {child.name} {describe_exit(child.proc.exitcode)}"
+                    child.state = "restarting"
+                    self._tg.start_soon(self._restart, child, reason, "died")
+                    continue
+                silent = now - self.last_heartbeat(child)
+                if silent > timeout:
+                    reason = (
+                        f"process {child.name} is unresponsive: no heartbeat for {silent:.1f} s "
+                        f"(runtime.heartbeat_timeout is {timeout:g} s); it was killed"
+                    )
+                    child.state = "unresponsive"
+                    self._tg.start_soon(self._restart, child, reason, "unresponsive")
             await anyio.sleep(0.05)
 
-    async def _restart(self, dead: Child) -> None:
-        reason = f"process {dead.name} {describe_exit(dead.proc.exitcode)}"
+    def last_heartbeat(self, child: Child) -> float:
+        """When ``child`` was last heard of: its last heartbeat, or when it became ready."""
+        heard = self.coordinator.heartbeats.get(child.name, 0.0)
+        return max(child.ready_at, heard, self._heard_floor)
+
+    async def _restart(self, failed: Child, reason: str, event: str) -> None:
+        """Fail the group's requests, stop it, and start it again with back-off.
+
+        ``event`` is "died" or "unresponsive": an unresponsive group keeps that
+        state in /health until it is started again, and is killed at once
+        (a hung process would not handle SIGTERM).
+        """
         group = [
             c
             for c in self.children.values()
-            if (c.plan.logical, c.plan.replica) == (dead.plan.logical, dead.plan.replica)
+            if (c.plan.logical, c.plan.replica) == (failed.plan.logical, failed.plan.replica)
         ]
-        key = (dead.plan.logical, dead.plan.replica)
+        key = (failed.plan.logical, failed.plan.replica)
         self.coordinator.unavailable[key] = reason
         self.coordinator.fail_process(*key, reason)
-        self.on_progress("died", dead.name, {"reason": reason})
+        self.on_progress(event, failed.name, {"reason": reason})
+        waiting = "unresponsive" if event == "unresponsive" else "restarting"
         for child in group:
-            child.state = "restarting"
+            child.state = waiting
             child.last_exit = reason
-            await child.stop()
-            child.state = "restarting"
+            await child.stop(kill=event == "unresponsive")
+            child.state = waiting
         attempts = self.config.runtime.restart_attempts
         for attempt in range(1, attempts + 1):
             await anyio.sleep(self.config.runtime.restart_backoff * 2 ** (attempt - 1))
@@ -295,21 +322,21 @@ class Runtime:
                     await child.wait_ready(self.config.runtime.startup_timeout)
             except StartupError as exc:
                 self.on_progress(
-                    "restart-failed", dead.name, {"attempt": attempt, "error": exc.message}
+                    "restart-failed", failed.name, {"attempt": attempt, "error": exc.message}
                 )
                 for child in group:
                     await child.stop()
                     child.state = "restarting"
                 continue
             del self.coordinator.unavailable[key]
-            self.on_progress("restarted", dead.name, {"attempt": attempt})
+            self.on_progress("restarted", failed.name, {"attempt": attempt})
             return
         for child in group:
             child.state = "failed"
         self.coordinator.unavailable[key] = (
             f"{reason}; {attempts} restart attempt{'s' if attempts != 1 else ''} failed"
         )
-        self.on_progress("failed", dead.name, {"reason": self.coordinator.unavailable[key]})
+        self.on_progress("failed", failed.name, {"reason": self.coordinator.unavailable[key]})
 
     # -- state ----------------------------------------------------------------
     def health(self) -> dict[str, Any]:
@@ -320,6 +347,9 @@ class Runtime:
                 "stages": list(child.plan.stages),
                 "restarts": child.restarts,
                 "last_exit": child.last_exit or None,
+                "heartbeat_age_seconds": round(time.monotonic() - self.last_heartbeat(child), 3)
+                if child.state == "healthy"
+                else None,
                 "cold_start_seconds": child.timings,
                 "queue": self.coordinator.stage_stats.get(child.name, {})
                 if child.state == "healthy"
@@ -340,13 +370,3 @@ class Runtime:
             "max_inflight": self.coordinator.max_inflight,
             "processes": groups,
         }
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

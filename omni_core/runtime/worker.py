@@ -32,14 +32,17 @@ from ..factory import StageContext, import_object
 from ..plan.model import DeploymentPlan
 from ..plugins import OmniPlugins
 from ..schema import PipelineConfig
+from ..wire import allow_wire_types
 from . import messages as m
 from .graph import StageGraph
 from .outbound import Outbound
 from .routing_table import RoutingTable
+from .rundir import open_private
 from .stage_api import StageRequest, as_stage
 from .transport_choice import address_for, default_transport, edge_transport, incoming_transports
 
-STATS_INTERVAL = 0.5  # seconds between queue-depth reports (only sent when they change)
+HEARTBEATS_PER_TIMEOUT = 5  # a process falls silent only after missing this many in a row
+MAX_HEARTBEAT_INTERVAL = 1.0  # seconds; the queue depth in /health is at most this old
 
 
 @dataclass
@@ -53,6 +56,9 @@ class ChildSpec:
     log_path: str
     plugin_modules: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)  # set by the runtime (MPS pipes)
+    # The deployment's secret: crosses to the child inside the spawn pipe, never
+    # through a file or the environment, and is never printed.
+    secret: bytes = field(default=b"", repr=False)
 
 
 def child_main(spec: ChildSpec, conn: Any) -> None:
@@ -110,6 +116,7 @@ class Worker:
         for name in spec.plugin_modules:
             if name not in self.plugins.records:
                 self.plugins.register(importlib.import_module(name), name=name)
+        allow_wire_types(self.plugins.wire_types())
         self.process = spec.plan.process(spec.process)
         self.stages: dict[str, Any] = {}
         self.inboxes: list[Any] = []
@@ -156,14 +163,14 @@ class Worker:
         for name in sorted(incoming_transports(self.config, list(self.stages))):
             transport = self.plugins.transport(name)
             address = address_for(self.table.endpoints[self.process.name], name, default)
-            self.inboxes.append(transport.listen(address))
+            self.inboxes.append(transport.listen(address, secret=self.spec.secret))
 
     # -- serving ------------------------------------------------------------
     async def serve(self) -> None:
         async with anyio.create_task_group() as tg:
             for inbox in self.inboxes:
                 tg.start_soon(self._serve_inbox, inbox)
-            tg.start_soon(self._report_stats)
+            tg.start_soon(self._heartbeat)
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per stage: requests running in it, and fan-in requests waiting for sources."""
@@ -175,15 +182,19 @@ class Worker:
             for stage in self.stages
         }
 
-    async def _report_stats(self, interval: float = STATS_INTERVAL) -> None:
-        """Tell the coordinator the queue depth of each stage when it changed."""
-        last: dict[str, dict[str, int]] | None = None
+    async def _heartbeat(self) -> None:
+        """Tell the coordinator, from this event loop, that the process is alive.
+
+        Sent from the loop, not from a thread: a loop that is blocked (a stage
+        computing without yielding, a deadlock, SIGSTOP) goes silent, and the
+        supervisor treats silence as a hang. Each heartbeat carries the
+        stages' queue depth, which /health and /metrics show.
+        """
+        timeout = self.config.runtime.heartbeat_timeout
+        interval = min(timeout / HEARTBEATS_PER_TIMEOUT, MAX_HEARTBEAT_INTERVAL)
         while True:
-            current = self.stats()
-            if current != last:
-                with contextlib.suppress(Exception):  # the coordinator may be stopping
-                    await self._send(m.Envelope(m.STATS, "", "", self.process.name, current))
-                last = current
+            with contextlib.suppress(Exception):  # the coordinator may be stopping
+                await self._send(m.Envelope(m.HEARTBEAT, "", "", self.process.name, self.stats()))
             await anyio.sleep(interval)
 
     async def _serve_inbox(self, inbox: Any) -> None:
@@ -339,7 +350,9 @@ class Worker:
         else:
             transport, address = default, self.table.coordinator
         await self.outbound.send(
-            (transport, address), lambda: self.plugins.transport(transport).connect(address), env
+            (transport, address),
+            lambda: self.plugins.transport(transport).connect(address, secret=self.spec.secret),
+            env,
         )
 
     def _import(self, path: str | None, what: str) -> Callable[..., Any]:
@@ -373,14 +386,15 @@ def _gpu_locks(runtime_dir: str, gpus: tuple[int, ...]):
     handles = []
     try:
         for gpu in sorted(gpus):
-            handle = open(os.path.join(runtime_dir, f"gpu{gpu}.lock"), "a")  # noqa: SIM115
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            lock = os.path.join(runtime_dir, f"gpu{gpu}.lock")
+            handle = open_private(lock, os.O_RDWR | os.O_CREAT)
             handles.append(handle)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         yield
     finally:
         for handle in reversed(handles):
             fcntl.flock(handle, fcntl.LOCK_UN)
-            handle.close()
+            os.close(handle)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -402,7 +416,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _redirect_output(path: str) -> None:
-    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)

@@ -85,7 +85,15 @@ class EndpointsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    base_path: str = "/tmp/omni"
+    base_path: str | None = Field(
+        default=None,
+        description="private (0700) directory for runtime directories; default "
+        "$XDG_RUNTIME_DIR/omni, else omni-<uid> in the temp directory",
+    )
+
+
+MIN_HEARTBEAT_TIMEOUT = 0.5
+MAX_HEARTBEAT_TIMEOUT = 3600.0
 
 
 class RuntimeConfig(BaseModel):
@@ -102,6 +110,11 @@ class RuntimeConfig(BaseModel):
     restart_attempts: int = Field(default=3, description="restarts of a failed process group")
     restart_backoff: float = Field(default=1.0, description="first back-off, doubled each try")
     grace_period: float = Field(default=10.0, description="seconds in-flight requests get at stop")
+    heartbeat_timeout: float = Field(
+        default=5.0,
+        description="seconds a process may stay silent before it is declared unresponsive, "
+        "its requests failed and it is restarted",
+    )
     transport: str = Field(default="auto", description="transport between processes")
     edge_transports: dict[str, str] = Field(
         default_factory=dict, description='per edge, e.g. "tts_engine->vocoder" = "socket"'
@@ -112,6 +125,13 @@ class RuntimeConfig(BaseModel):
         for name in ("startup_timeout", "request_timeout", "grace_period"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not MIN_HEARTBEAT_TIMEOUT <= self.heartbeat_timeout <= MAX_HEARTBEAT_TIMEOUT:
+            raise ValueError(
+                f"heartbeat_timeout must be in {MIN_HEARTBEAT_TIMEOUT:g}-"
+                f"{MAX_HEARTBEAT_TIMEOUT:g} seconds, got {self.heartbeat_timeout:g} (below "
+                f"{MIN_HEARTBEAT_TIMEOUT:g} s ordinary scheduling delays on a busy machine "
+                "would restart healthy processes)"
+            )
         if self.restart_attempts < 0:
             raise ValueError(f"restart_attempts must be >= 0, got {self.restart_attempts}")
         if self.restart_backoff < 0:
@@ -136,9 +156,25 @@ class ServerConfig(BaseModel):
     media_dirs: list[str] = Field(
         default_factory=list, description="directories local media paths may be read from"
     )
+    allow_remote_media: bool = Field(
+        default=False,
+        description="accept http(s) media URLs in chat messages (public addresses only)",
+    )
+    remote_media_max_bytes: int = Field(
+        default=32 * 1024 * 1024, description="largest remote media file fetched"
+    )
+    remote_media_timeout: float = Field(
+        default=30.0, description="seconds to resolve, connect and fetch one remote media file"
+    )
+    header_timeout: float = Field(
+        default=10.0, description="seconds a client has to send a request's headers"
+    )
+    body_timeout: float = Field(
+        default=60.0, description="seconds a client has to send a request's whole body"
+    )
     served_model_name: str | None = None
 
-    @field_validator("max_body_bytes", mode="before")
+    @field_validator("max_body_bytes", "remote_media_max_bytes", mode="before")
     @classmethod
     def _parse_body(cls, value: Any) -> Any:
         return parse_bytes(value)
@@ -147,4 +183,10 @@ class ServerConfig(BaseModel):
     def _check(self) -> ServerConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0-65535, got {self.port}")
+        for name in ("max_body_bytes", "remote_media_max_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 byte, got {getattr(self, name)}")
+        for name in ("remote_media_timeout", "header_timeout", "body_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         return self

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from .bodies import ClientGone
 from .chat import PATH as CHAT_PATH
 from .chat import create_chat
 from .errors import APIError, error_response
+from .media import MediaPolicy
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
 from .service import Service
 from .speech import PATH as SPEECH_PATH
@@ -45,11 +47,15 @@ def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> 
     service.observe_first_audio = metrics.observe_first_audio
     created = int(time.time())
 
+    media = MediaPolicy.of(server)
+
     async def speech(request: Request) -> Response:
-        return await create_speech(request, service, server.max_body_bytes)
+        return await create_speech(request, service, server.max_body_bytes, server.body_timeout)
 
     async def chat(request: Request) -> Response:
-        return await create_chat(request, service, server.max_body_bytes, server.media_dirs)
+        return await create_chat(
+            request, service, server.max_body_bytes, media, server.body_timeout
+        )
 
     async def models(request: Request) -> Response:
         return JSONResponse(
@@ -94,7 +100,12 @@ def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> 
 
 
 def _guarded(endpoint: Callable[[Request], Awaitable[Response]]):
-    """Our errors become OpenAI-shaped JSON; a bug becomes a logged 500, not a dropped socket."""
+    """Our errors become OpenAI-shaped JSON; a bug becomes a logged 500, not a dropped socket.
+
+    The 500 says nothing about the bug (exception text can carry paths, data
+    or internals to an untrusted client); it carries a request id that the
+    log prints next to the traceback, so the operator can find it.
+    """
 
     async def guarded(request: Request) -> Response:
         try:
@@ -103,11 +114,15 @@ def _guarded(endpoint: Callable[[Request], Awaitable[Response]]):
             return error_response(exc)
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
-        except Exception as exc:
-            log.exception("internal error in %s %s", request.method, request.url.path)
-            return error_response(
-                APIError(500, f"internal server error: {type(exc).__name__}: {exc}")
+        except Exception:
+            incident = uuid.uuid4().hex[:16]
+            log.exception(
+                "internal error (request id %s) in %s %s",
+                incident,
+                request.method,
+                request.url.path,
             )
+            return error_response(APIError(500, f"internal server error (request id {incident})"))
 
     return guarded
 

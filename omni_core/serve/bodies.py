@@ -11,29 +11,46 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import StreamingResponse
 
 from .errors import APIError
 
 T = TypeVar("T")
+CLOSE = {"Connection": "close"}  # the unread rest of the body cannot precede another request
 
 
 class ClientGone(Exception):
     """The client disconnected before its response was ready."""
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or APIError(413) as soon as it is known to exceed ``limit``."""
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The whole body within ``timeout`` seconds, or APIError(413) as soon as it exceeds ``limit``.
+
+    A client that sends its body slowly (or never) gets a 408 and its connection
+    closed (the rest of its body will not be read), instead of holding a
+    connection and a handler for as long as it likes.
+    """
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise APIError(413, _too_large(int(declared), limit))
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, _too_large(size, limit))
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise APIError(413, _too_large(size, limit))
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(
+            408,
+            f"the request body was not received within {timeout:g} s "
+            f"({size} bytes arrived); the operator can raise server.body_timeout",
+            headers=CLOSE,
+        ) from None
+    except ClientDisconnect:
+        raise ClientGone from None
     return b"".join(chunks)
 
 

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from .audio import check_encoder, encode
 from .bodies import OwnedStreamingResponse, read_body, unless_disconnected
 from .errors import APIError
-from .media import check_media
+from .media import MediaPolicy, check_media
 from .protocol import ChatRequest, parse_body
 from .service import Piece, Service
 
@@ -54,11 +54,11 @@ def _modalities(body: ChatRequest, service: Service) -> list[str]:
 
 
 async def create_chat(
-    request: Request, service: Service, max_body: int, media_dirs: list[str]
+    request: Request, service: Service, max_body: int, media: MediaPolicy, body_timeout: float
 ) -> Response:
     started = time.perf_counter()
     service.require("chat", PATH)
-    body = parse_body(await read_body(request, max_body), ChatRequest)
+    body = parse_body(await read_body(request, max_body, body_timeout), ChatRequest)
     service.check_model(body.model)
     modalities = _modalities(body, service)
     audio_format = body.audio.format if body.audio else "wav"
@@ -72,7 +72,7 @@ async def create_chat(
         check_encoder(audio_format)
     data = body.model_dump(mode="json")
     data["modalities"] = modalities
-    check_media(data["messages"], media_dirs)
+    await check_media(data["messages"], media)
     handle = await service.submit(data, {"api": "chat"})
     pieces = service.pieces(handle, path=PATH, started=started)
     ids = {

@@ -69,7 +69,7 @@ def print_progress(event: str, process: str, detail: dict[str, Any]) -> None:
             f"{name} {seconds:.2f} s" for name, seconds in detail.get("stages", {}).items()
         )
         say(f"{process}: ready in {detail.get('seconds', 0):.2f} s ({stages})")
-    elif event == "died":
+    elif event in ("died", "unresponsive"):
         say(f"{process}: {detail.get('reason')}; restarting its group")
     elif event == "restart-failed":
         say(f"{process}: restart attempt {detail.get('attempt')} failed: {detail.get('error')}")

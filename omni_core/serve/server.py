@@ -4,17 +4,119 @@
 stop the runtime's children in that order), so :class:`OmniServer` turns off
 uvicorn's own signal capture, which would otherwise re-raise the signal after
 uvicorn returns and kill the parent before the children are stopped.
+
+uvicorn bounds only the idle time between requests (``timeout_keep_alive``):
+a client that sends half a request line, or headers and then half a body,
+holds its connection for ever. :class:`DeadlineProtocol` gives every request
+``server.header_timeout`` for its headers and ``server.body_timeout`` for its
+body, and closes the connection when either passes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ..schema.deployment import ServerConfig
+
+log = logging.getLogger("omni.serve")
+# The handler answers a slow body with a 408 at body_timeout (read_body); the
+# connection-level deadline waits this much longer, so that it only catches
+# bodies no handler reads (a 401, a 404 …) rather than racing the 408.
+BODY_GRACE = 2.0
+HEADER_TIMEOUT = ServerConfig.model_fields["header_timeout"].default
+BODY_TIMEOUT = ServerConfig.model_fields["body_timeout"].default
+
+
+class DeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for each request's headers and one for its body.
+
+    The headers' clock starts when the connection opens, or at the first byte
+    of a later request on a kept-alive connection (between requests uvicorn's
+    keep-alive timeout applies); it stops when h11 has the whole head. The
+    body's clock starts there and stops when the body is complete. h11's own
+    state says which phase a connection is in, also for pipelined requests.
+    Subclasses made by :func:`make_server` set the two timeouts.
+    """
+
+    header_timeout: float = HEADER_TIMEOUT
+    body_timeout: float = BODY_TIMEOUT
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._deadline: asyncio.TimerHandle | None = None
+        self._phase: str | None = None
+        super().connection_made(transport)
+        self._arm("headers")
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:
+            self._arm("headers")  # a new request begins (no-op while already timing one)
+        super().data_received(data)
+        self._follow()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _follow(self) -> None:
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            if self.conn.trailing_data[0]:
+                self._arm("headers")  # part of the next request is already buffered
+            else:
+                self._disarm()  # idle between requests: keep-alive's business
+        elif state is h11.SEND_BODY:
+            self._arm("body")
+        else:
+            self._disarm()
+
+    def _arm(self, phase: str) -> None:
+        if self._phase == phase:
+            return
+        self._disarm()
+        delay = self.header_timeout if phase == "headers" else self.body_timeout + BODY_GRACE
+        self._phase = phase
+        self._deadline = self.loop.call_later(delay, self._expire, phase, delay)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline, self._phase = None, None
+
+    def _expire(self, phase: str, delay: float) -> None:
+        self._deadline, self._phase = None, None
+        if self.transport.is_closing():
+            return
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+        log.info(
+            "closing the connection of %s: its request %s took over %g s", client, phase, delay
+        )
+        self.transport.close()
+
+
+def deadline_protocol(header_timeout: float, body_timeout: float) -> type[DeadlineProtocol]:
+    """A :class:`DeadlineProtocol` with these timeouts (uvicorn instantiates the class itself)."""
+    for name, value in (("header_timeout", header_timeout), ("body_timeout", body_timeout)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0 seconds, got {value}")
+    return type(
+        "OmniHTTPProtocol",
+        (DeadlineProtocol,),
+        {"header_timeout": header_timeout, "body_timeout": body_timeout},
+    )
 
 
 class OmniServer(uvicorn.Server):
@@ -54,12 +156,21 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def make_server(
-    app: Any, host: str, port: int, *, grace: float, log_level: str = "warning"
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    grace: float,
+    header_timeout: float = HEADER_TIMEOUT,
+    body_timeout: float = BODY_TIMEOUT,
+    log_level: str = "warning",
 ) -> OmniServer:
+    """A server for ``app``; the timeouts come from ``server.header_timeout``/``body_timeout``."""
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=deadline_protocol(header_timeout, body_timeout),
         lifespan="off",
         access_log=False,
         log_level=log_level,

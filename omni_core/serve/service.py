@@ -3,11 +3,15 @@ admission, and turning a request's events into text deltas and PCM audio.
 
 Runtime errors map to HTTP once, here: ``Overloaded`` 429 (with Retry-After),
 ``Unavailable`` 503, a stage's ``RequestError`` 400 with the stage's message,
-any other stage failure 500 naming the stage or process.
+the loss of a process the request was bound to (it died or hung) 503 naming
+it, any other stage failure 500 with the request id only: the failure's text
+(an exception's message, which can carry paths or data) goes to the server
+log under that id, next to the stage's traceback, never to the client.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,6 +23,8 @@ from ..errors import ConfigError
 from ..runtime.coordinator import Overloaded, RequestFailed, RequestHandle, Unavailable
 from .audio import to_pcm16
 from .errors import APIError
+
+log = logging.getLogger("omni.serve")
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,16 @@ class Service:
                 "(runtime.request_timeout)",
             ) from None
         except RequestFailed as exc:
-            raise APIError(400 if exc.client_error else 500, exc.message) from None
+            if exc.client_error:
+                raise APIError(400, exc.message) from None
+            if exc.process_lost:  # operational state, not internals: say it, invite a retry
+                raise APIError(503, exc.message, headers={"Retry-After": "1"}) from None
+            log.error("request %s failed: %s", handle.request_id, exc.message)
+            raise APIError(
+                500,
+                f"internal server error (request id {handle.request_id}); "
+                "the server log has the details",
+            ) from None
         finally:
             await stream.aclose()
 

@@ -25,10 +25,12 @@ from .service import Piece, Service
 PATH = "/v1/audio/speech"
 
 
-async def create_speech(request: Request, service: Service, max_body: int) -> Response:
+async def create_speech(
+    request: Request, service: Service, max_body: int, body_timeout: float
+) -> Response:
     started = time.perf_counter()
     service.require("speech", PATH)
-    body = parse_body(await read_body(request, max_body), SpeechRequest)
+    body = parse_body(await read_body(request, max_body, body_timeout), SpeechRequest)
     service.check_model(body.model)
     fmt = body.response_format
     check_encoder(fmt)

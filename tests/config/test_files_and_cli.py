@@ -98,6 +98,32 @@ def test_toml_syntax_error_gives_file_line_col(deploy, cli):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("value", "line", "what"),
+    [
+        ("a = " + "[" * 2000 + "]" * 2000, 2, "arrays and inline tables nest more than 64"),
+        ("x = " + "{a=" * 2000 + "1" + "}" * 2000, 2, "arrays and inline tables nest more than 64"),
+        ("[stages.vocoder.factory]\n" + ".".join(["k"] * 100) + " = 1", 3, "keys and tables nest"),
+        ('s = """\n' + "[" * 2000 + '\n"""\n# ' + "{" * 2000, None, None),  # text, not nesting
+    ],
+)
+def test_deeply_nested_files_are_a_config_error_not_a_crash(deploy, cli, value, line, what):
+    path = deploy('pipeline = "qwen3-tts"\n' + value + "\n")
+    code, _out, err = cli("plan", path, "--no-detect")
+    if what is None:  # brackets inside strings and comments do not count
+        assert "nest more than" not in err
+        return
+    assert code == 2, err
+    assert f"{path}:{line}: {what}" in err
+    assert "Traceback" not in err and "RecursionError" not in err
+
+
+def test_a_deeply_nested_flag_value_is_text_not_a_crash(deploy, resolve):
+    deep = "[" * 3000 + "]" * 3000
+    with pytest.raises(ConfigError, match=r"server\.header_timeout: expected a number"):
+        resolve(None, "--server.header_timeout", deep, pipeline="qwen3-tts")
+
+
 def test_missing_file_is_a_clear_error(cli, tmp_path):
     code, _, err = cli("config", "resolve", str(tmp_path / "nope.toml"))
     assert code == 2 and "does not exist" in err

@@ -7,6 +7,7 @@ processes the runtime spawns. Every stage runs on the CPU.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import anyio
@@ -29,6 +30,9 @@ class Append:
         delay = float(data.get("delay", {}).get(self.tag, self.delay))
         if delay:
             await anyio.sleep(delay)
+        compute = float(data.get("compute", {}).get(self.tag, 0.0))
+        if compute:  # long work off the event loop, as the engine's steps run
+            await anyio.to_thread.run_sync(time.sleep, compute)
         return {**data, "trail": [*data.get("trail", []), f"{self.tag}:{os.getpid()}"]}
 
 

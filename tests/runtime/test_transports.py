@@ -10,6 +10,7 @@ really freed the pages.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import signal
@@ -35,6 +36,7 @@ from omni_core.transport import AddressError, ChannelClosed, Transport
 
 sys.path.insert(0, str(Path(__file__).parent))
 import transport_peers as peers
+from transport_peers import SECRET
 
 pytestmark = pytest.mark.anyio
 LINUX = sys.platform.startswith("linux")
@@ -158,10 +160,11 @@ def test_importing_transports_does_not_import_torch() -> None:
     code = (
         "import sys, anyio\n"
         "from omni_core.runtime.transports import SocketTransport, ShmTransport\n"
+        "SECRET = b'k' * 32\n"
         "async def main():\n"
         "    t = ShmTransport()\n"
-        "    async with t.listen('unix:@omni-notorch-%d' % id(t)) as rx:\n"
-        "        tx = t.connect(rx.address)\n"
+        "    async with t.listen('unix:@omni-notorch-%d' % id(t), secret=SECRET) as rx:\n"
+        "        tx = t.connect(rx.address, secret=SECRET)\n"
         "        await tx.send({'b': b'x' * 200000, 'n': [1, 2]})\n"
         "        assert (await rx.recv())['b'] == b'x' * 200000\n"
         "        await tx.aclose()\n"
@@ -193,7 +196,11 @@ def test_importing_transports_does_not_import_torch() -> None:
 def test_malformed_address_is_refused_clearly(
     transport: Transport, address: str, words: str
 ) -> None:
-    for attempt in (transport.check_address, transport.listen, transport.connect):
+    for attempt in (
+        transport.check_address,
+        functools.partial(transport.listen, secret=SECRET),
+        functools.partial(transport.connect, secret=SECRET),
+    ):
         with pytest.raises(AddressError) as caught:
             attempt(address)
         assert words in str(caught.value)
@@ -203,9 +210,9 @@ def test_malformed_address_is_refused_clearly(
 async def test_second_receiver_at_one_address_is_refused(tmp_sock_dir: Path) -> None:
     for name in ("inproc", "shm", "socket-unix"):
         transport, address = make(name), addresses(name, tmp_sock_dir)
-        async with transport.listen(address):
+        async with transport.listen(address, secret=SECRET):
             with pytest.raises(AddressError, match="already listens"):
-                transport.listen(address)
+                transport.listen(address, secret=SECRET)
 
 
 async def test_stale_socket_file_is_reclaimed(tmp_sock_dir: Path) -> None:
@@ -215,8 +222,8 @@ async def test_stale_socket_file_is_reclaimed(tmp_sock_dir: Path) -> None:
     dead = socket.socket(socket.AF_UNIX)
     dead.bind(str(path))
     dead.close()  # the file stays, nobody listens: what a SIGKILLed receiver leaves
-    async with ShmTransport().listen(f"unix:{path}") as rx:
-        tx = ShmTransport().connect(rx.address)
+    async with ShmTransport().listen(f"unix:{path}", secret=SECRET) as rx:
+        tx = ShmTransport().connect(rx.address, secret=SECRET)
         await tx.send("hello")
         assert await rx.recv() == "hello"
         await tx.aclose()
@@ -224,7 +231,7 @@ async def test_stale_socket_file_is_reclaimed(tmp_sock_dir: Path) -> None:
 
 
 async def test_tcp_port_zero_reports_the_bound_port() -> None:
-    async with SocketTransport().listen("tcp://127.0.0.1:0") as rx:
+    async with SocketTransport().listen("tcp://127.0.0.1:0", secret=SECRET) as rx:
         assert rx.address.startswith("tcp://127.0.0.1:")
         assert not rx.address.endswith(":0")
 
@@ -236,8 +243,8 @@ async def test_tcp_port_zero_reports_the_bound_port() -> None:
 async def test_nested_message_round_trip(name: str, tmp_sock_dir: Path) -> None:
     transport = make(name)
     message = nested_message()
-    rx = transport.listen(addresses(name, tmp_sock_dir))
-    async with rx, transport.connect(rx.address) as tx:
+    rx = transport.listen(addresses(name, tmp_sock_dir), secret=SECRET)
+    async with rx, transport.connect(rx.address, secret=SECRET) as tx:
         await tx.send(message)
         got = await rx.recv()
     assert_same(got, message)
@@ -248,8 +255,12 @@ async def test_nested_message_round_trip(name: str, tmp_sock_dir: Path) -> None:
 @pytest.mark.parametrize("name", LOCAL)
 async def test_order_is_preserved(name: str, tmp_sock_dir: Path) -> None:
     transport = make(name)
-    rx = transport.listen(addresses(name, tmp_sock_dir))
-    async with rx, transport.connect(rx.address) as tx, anyio.create_task_group() as group:
+    rx = transport.listen(addresses(name, tmp_sock_dir), secret=SECRET)
+    async with (
+        rx,
+        transport.connect(rx.address, secret=SECRET) as tx,
+        anyio.create_task_group() as group,
+    ):
 
         async def produce() -> None:
             for i in range(300):
@@ -269,11 +280,11 @@ async def test_order_is_preserved(name: str, tmp_sock_dir: Path) -> None:
 async def test_sender_may_start_before_receiver(name: str, tmp_sock_dir: Path) -> None:
     transport = make(name)
     address = addresses(name, tmp_sock_dir)
-    tx = transport.connect(address)
+    tx = transport.connect(address, secret=SECRET)
     async with anyio.create_task_group() as group:
         group.start_soon(tx.send, "early")
         await anyio.sleep(0.05)  # let the sender find no receiver yet
-        async with transport.listen(address) as rx:
+        async with transport.listen(address, secret=SECRET) as rx:
             assert await rx.recv() == "early"
     await tx.aclose()
 
@@ -281,10 +292,10 @@ async def test_sender_may_start_before_receiver(name: str, tmp_sock_dir: Path) -
 @pytest.mark.parametrize("name", ["inproc", "shm", "socket-unix"])
 async def test_cancelled_recv_loses_nothing(name: str, tmp_sock_dir: Path) -> None:
     transport = make(name)
-    async with transport.listen(addresses(name, tmp_sock_dir)) as rx:
+    async with transport.listen(addresses(name, tmp_sock_dir), secret=SECRET) as rx:
         with anyio.move_on_after(0.05):
             await rx.recv()  # nothing comes: cancelled while waiting
-        async with transport.connect(rx.address) as tx:
+        async with transport.connect(rx.address, secret=SECRET) as tx:
             big = torch.randn(8 * MB)  # 32 MB: several reads, cancellation may hit mid-frame
             async with anyio.create_task_group() as group:
                 group.start_soon(tx.send, big)
@@ -300,8 +311,8 @@ async def test_cancelled_recv_loses_nothing(name: str, tmp_sock_dir: Path) -> No
 @pytest.mark.parametrize("name", ["inproc", "shm", "socket-unix"])
 async def test_closed_channels_say_so(name: str, tmp_sock_dir: Path) -> None:
     transport = make(name)
-    rx = transport.listen(addresses(name, tmp_sock_dir))
-    tx = transport.connect(rx.address)
+    rx = transport.listen(addresses(name, tmp_sock_dir), secret=SECRET)
+    tx = transport.connect(rx.address, secret=SECRET)
     await tx.send(1)
     assert await rx.recv() == 1
     await rx.aclose()
@@ -319,7 +330,11 @@ async def test_socket_sender_without_receiver_times_out(tmp_sock_dir: Path) -> N
     from omni_core.runtime.transports._address import parse
 
     tx = StreamSender(
-        parse(address, transport="socket"), transport="socket", shm_min=None, connect_timeout=0.2
+        parse(address, transport="socket"),
+        transport="socket",
+        shm_min=None,
+        secret=SECRET,
+        connect_timeout=0.2,
     )
     with pytest.raises(ChannelClosed, match="no receiver"):
         await tx.send("lost")
@@ -327,8 +342,8 @@ async def test_socket_sender_without_receiver_times_out(tmp_sock_dir: Path) -> N
 
 async def test_receiver_closed_in_process_releases_shared_memory(tmp_sock_dir: Path) -> None:
     transport = ShmTransport()
-    rx = transport.listen(f"unix:{tmp_sock_dir}/a.sock")
-    tx = transport.connect(rx.address)
+    rx = transport.listen(f"unix:{tmp_sock_dir}/a.sock", secret=SECRET)
+    tx = transport.connect(rx.address, secret=SECRET)
     for _ in range(4):
         await tx.send(torch.ones(4 * MB))
     assert peers.memfds(os.getpid()) > 0
@@ -341,8 +356,8 @@ async def test_receiver_closed_in_process_releases_shared_memory(tmp_sock_dir: P
 
 async def test_received_tensors_outlive_the_channel(tmp_sock_dir: Path) -> None:
     transport = ShmTransport()
-    rx = transport.listen(f"unix:{tmp_sock_dir}/a.sock")
-    async with rx, transport.connect(rx.address) as tx:
+    rx = transport.listen(f"unix:{tmp_sock_dir}/a.sock", secret=SECRET)
+    async with rx, transport.connect(rx.address, secret=SECRET) as tx:
         await tx.send({"t": torch.arange(1_000_000)})
         got = await rx.recv()
     assert int(got["t"][-1]) == 999_999  # its segment stays mapped while it lives
@@ -377,11 +392,11 @@ async def test_cross_process_round_trip_and_large_payload(name: str, tmp_sock_di
         inbox, outbox = f"unix:{tmp_sock_dir}/in.sock", f"unix:{tmp_sock_dir}/out.sock"
     large = torch.randint(0, 1 << 30, (16 * MB,), dtype=torch.int32)  # 64 MB
     messages = [nested_message(), {"large": large}, "done"]
-    async with transport.listen(outbox) as replies:
+    async with transport.listen(outbox, secret=SECRET) as replies:
         child = SPAWN.Process(target=peers.echo, args=(kind, inbox, replies.address, len(messages)))
         child.start()
         try:
-            async with transport.connect(inbox) as tx:
+            async with transport.connect(inbox, secret=SECRET) as tx:
                 for message in messages:
                     await tx.send(message)
                 echoed = [await replies.recv() for _ in messages]
@@ -402,7 +417,7 @@ async def test_receiver_closed_with_messages_in_flight_leaks_nothing(
     baseline = shmem_bytes()
     before = omni_dev_shm()
     sent, go_on = SPAWN.Queue(), SPAWN.Event()
-    rx = ShmTransport().listen(f"unix:{tmp_sock_dir}/a.sock")
+    rx = ShmTransport().listen(f"unix:{tmp_sock_dir}/a.sock", secret=SECRET)
     child = SPAWN.Process(target=peers.flood, args=("shm", rx.address, 32 * MB, 8, sent, go_on))
     child.start()
     try:
@@ -432,7 +447,7 @@ async def test_sender_killed_mid_stream_leaks_nothing(tmp_sock_dir: Path) -> Non
     baseline = shmem_bytes()
     before = omni_dev_shm()
     sent = SPAWN.Queue()
-    async with ShmTransport().listen(f"unix:{tmp_sock_dir}/a.sock") as rx:
+    async with ShmTransport().listen(f"unix:{tmp_sock_dir}/a.sock", secret=SECRET) as rx:
         child = SPAWN.Process(target=peers.flood, args=("shm", rx.address, 16 * MB, -1, sent, None))
         child.start()
         try:

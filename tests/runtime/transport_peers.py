@@ -12,6 +12,10 @@ from typing import Any
 
 import anyio
 
+from omni_core.wire import allow_wire_types
+
+SECRET = b"test-deployment-secret-32-bytes!"  # what the runtime would hand both sides
+
 
 @dataclass
 class Point:
@@ -19,6 +23,10 @@ class Point:
 
     x: int
     label: str
+
+
+# Registered at import, so that the test process and the spawned peers both accept it.
+allow_wire_types([Point])
 
 
 def _transport(name: str) -> Any:
@@ -34,7 +42,10 @@ def echo(name: str, inbox: str, outbox: str, count: int) -> None:
     transport = _transport(name)
 
     async def main() -> None:
-        async with transport.listen(inbox) as rx, transport.connect(outbox) as tx:
+        async with (
+            transport.listen(inbox, secret=SECRET) as rx,
+            transport.connect(outbox, secret=SECRET) as tx,
+        ):
             for _ in range(count):
                 await tx.send(await rx.recv())
 
@@ -52,7 +63,7 @@ def flood(name: str, address: str, nbytes: int, count: int, sent: Any, go_on: An
 
     async def main() -> None:
         tensor = torch.full((nbytes // 4,), 7.0)
-        tx = transport.connect(address)
+        tx = transport.connect(address, secret=SECRET)
         done = 0
         while count < 0 or done < count:
             await tx.send({"seq": done, "data": tensor})

@@ -70,7 +70,14 @@ class LiveServer:
         self.runtime = Runtime(plan, config, plugins=self.plugins, plugin_modules=[ts.HERE])
         async with self.runtime:
             app = create_app(self.runtime, self.resolution, api_key=self.api_key)
-            self.server = make_server(app, "", 0, grace=1)
+            self.server = make_server(
+                app,
+                "",
+                0,
+                grace=1,
+                header_timeout=config.server.header_timeout,
+                body_timeout=config.server.body_timeout,
+            )
 
             def started(urls: list[str]) -> None:
                 self.url = urls[0]
@@ -114,6 +121,20 @@ def speech_server(tmp_path_factory: pytest.TempPathFactory, media_dir: Path):
 @pytest.fixture(scope="session")
 def chat_server(tmp_path_factory: pytest.TempPathFactory):
     yield from _live("t-chat", [], tmp_path_factory.mktemp("chat"))
+
+
+@pytest.fixture(scope="session")
+def remote_media_server(tmp_path_factory: pytest.TempPathFactory):
+    """t-speech whose operator allows remote media URLs (public addresses only)."""
+    flags = ["--server.allow_remote_media", "true"]
+    yield from _live("t-speech", flags, tmp_path_factory.mktemp("remote"))
+
+
+@pytest.fixture(scope="session")
+def deadline_server(tmp_path_factory: pytest.TempPathFactory):
+    """t-speech giving clients 1 s for a request's headers and 1 s for its body."""
+    flags = ["--server.header_timeout", "1", "--server.body_timeout", "1"]
+    yield from _live("t-speech", flags, tmp_path_factory.mktemp("deadline"))
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import socket
 import threading
 import time
@@ -172,3 +175,112 @@ def test_a_client_that_leaves_a_stream_midway_aborts_its_request(speech_server):
     while coordinator.inflight and time.monotonic() < deadline:
         time.sleep(0.02)
     assert coordinator.inflight == 0
+
+
+def test_deeply_nested_json_is_a_400_naming_the_limit(chat_server):
+    import urllib.error
+    import urllib.request
+
+    url = f"{chat_server.url}/v1/chat/completions"
+    hello = '"messages": [{"role": "user", "content": "hi"}]'
+    for nested in ("[" * 2000 + "]" * 2000, '{"a":' * 2000 + "1" + "}" * 2000):
+        body = f'{{{hello}, "x": {nested}}}'.encode()
+        request = urllib.request.Request(
+            url, data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
+        try:
+            urllib.request.urlopen(request, timeout=30)
+            raise AssertionError("a 2000-deep body was accepted")
+        except urllib.error.HTTPError as error:
+            assert error.code == 400
+            message = json.loads(error.read())["error"]["message"]
+        assert message == (
+            "the request body nests arrays and objects 2001 levels deep; the limit is 64"
+        )
+    # Brackets inside strings do not count, and 64 levels are allowed.
+    messages = [{"role": "user", "content": "[{" * 3000}]
+    reply = raw("POST", url, json_body={"messages": messages})
+    assert reply.status_code == 200, reply.text
+    reply = raw(
+        "POST", url, json_body={"messages": [{"role": "user", "content": "hi"}], "x": nest(63)}
+    )
+    assert reply.status_code == 200, reply.text
+
+
+def nest(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_an_internal_error_is_a_500_with_a_request_id_and_no_details(caplog):
+    """A bug in a handler: the client sees an id, the log the traceback under the same id."""
+    import re
+
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    from omni_core.serve.app import _guarded
+
+    async def broken(request):
+        raise RuntimeError("secret detail: /home/operator/key.pem")
+
+    app = Starlette(routes=[Route("/boom", _guarded(broken))])
+    caplog.set_level(logging.ERROR, logger="omni.serve")
+    with serving(app) as url:
+        reply = raw("GET", f"{url}/boom")
+    assert reply.status_code == 500
+    error = reply.json()["error"]
+    assert error["type"] == "server_error"
+    assert "secret" not in reply.text and "RuntimeError" not in reply.text
+    match = re.fullmatch(r"internal server error \(request id ([0-9a-f]{16})\)", error["message"])
+    assert match, error["message"]
+    logged = [r for r in caplog.records if match.group(1) in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None
+    assert "secret detail" in str(logged[0].exc_info[1])
+
+
+@contextlib.contextmanager
+def serving(app):
+    """``app`` on our uvicorn server (127.0.0.1, a free port) in a thread."""
+    import anyio
+
+    from omni_core.serve.server import bind, make_server, serve_runtime
+
+    server = make_server(app, "", 0, grace=1)
+    ready = threading.Event()
+    urls: list[str] = []
+
+    def started(found: list[str]) -> None:
+        urls.extend(found)
+        ready.set()
+
+    sock = bind("127.0.0.1", 0)
+    thread = threading.Thread(
+        target=anyio.run, args=(lambda: serve_runtime(server, [sock], on_started=started),)
+    )
+    thread.start()
+    try:
+        assert ready.wait(30), "the server did not start"
+        yield urls[0]
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def test_a_stage_s_bug_is_a_500_whose_details_stay_in_the_log(speech_server, caplog):
+    """t-speech's first stage reads ``test_delay`` with float(): "soon" raises ValueError there."""
+    import re
+
+    caplog.set_level(logging.ERROR, logger="omni.serve")
+    body = {"input": "hi", "voice": "alice", "test_delay": "soon"}
+    reply = raw("POST", f"{speech_server.url}/v1/audio/speech", json_body=body)
+    assert reply.status_code == 500
+    message = reply.json()["error"]["message"]
+    assert "ValueError" not in reply.text and "soon" not in reply.text
+    match = re.fullmatch(r"internal server error \(request id (\S+)\); the server log .*", message)
+    assert match, message
+    logged = [r.getMessage() for r in caplog.records if match.group(1) in r.getMessage()]
+    assert len(logged) == 1 and "ValueError" in logged[0] and "'soon'" in logged[0]

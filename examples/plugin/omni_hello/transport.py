@@ -1,7 +1,9 @@
 """Step 4: a transport. This one wraps another and records every message it carries.
 
-A transport is ``listen(address)`` and ``connect(address)``, each returning a
-Channel with ``send`` / ``recv``. Wrapping the built-in ``shm`` transport
+A transport is ``listen(address, secret=...)`` and ``connect(address,
+secret=...)``, each returning a Channel with ``send`` / ``recv``; ``secret``
+is the deployment's key, which the inner transport uses to authenticate
+every connection. Wrapping the built-in ``shm`` transport
 keeps tensors on the fast path and adds a trace line per message, written to
 the file named by ``OMNI_HELLO_TRACE`` (one JSON object per line).
 """
@@ -46,11 +48,11 @@ class TracedTransport(Transport):
     def check_address(self, address: str) -> str:
         return self.inner.check_address(address)
 
-    def listen(self, address: str) -> Channel:
-        return TracedChannel(self.inner.listen(address), "in")
+    def listen(self, address: str, *, secret: bytes) -> Channel:
+        return TracedChannel(self.inner.listen(address, secret=secret), "in")
 
-    def connect(self, address: str) -> Channel:
-        return TracedChannel(self.inner.connect(address), "out")
+    def connect(self, address: str, *, secret: bytes) -> Channel:
+        return TracedChannel(self.inner.connect(address, secret=secret), "out")
 
 
 def _trace(direction: str, message: Any) -> None:

@@ -13,8 +13,11 @@ loop. What we give up (zmq's reconnecting sockets) is a few lines here: a
 sender connects on first use, retrying while the receiver is not up yet, and
 reconnects after a broken connection.
 
-Peers are trusted: a frame's skeleton is a pickle. Listen on loopback or on
-Unix sockets unless the network between the hosts of a deployment is private.
+Peers are not trusted until they prove it: every connection first passes the
+handshake of :mod:`._auth` (the deployment's secret, and on Unix sockets the
+peer's user id), and only then is a frame read; a frame's skeleton is decoded
+by an unpickler that builds plain data and registered types only
+(:mod:`omni_core.wire`), so even an authenticated peer cannot run code.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import logging
 import os
 import socket
 import stat
+import time
 import weakref
 from typing import Any
 
@@ -32,6 +36,16 @@ import anyio
 
 from ...transport import AddressError, Channel, ChannelClosed
 from ._address import SocketAddress
+from ._auth import (
+    MAC_BYTES,
+    AuthError,
+    ReceiverHandshake,
+    check_answer,
+    check_peer_user,
+    check_secret,
+    send_all,
+    sender_hello,
+)
 from ._segment import POOL_BYTES, RELEASE, Segment, SegmentPool
 from ._wire import FrameReader, ProtocolError, prepare, write
 
@@ -43,6 +57,7 @@ CONNECT_TIMEOUT = 60.0  # how long a first send waits for its receiver to appear
 # segment before it allocates one more (backpressure that cannot deadlock).
 POOL_WAIT = 1.0
 _RETRYABLE = (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, BlockingIOError)
+MAX_HANDSHAKES = 64  # connections authenticating at once; the oldest is dropped beyond
 
 
 def _tune(sock: socket.socket) -> None:
@@ -100,6 +115,7 @@ def bind(address: SocketAddress, transport: str) -> tuple[socket.socket, str, in
     _tune(sock)
     inode = None
     if address.scheme == "unix" and not address.abstract:
+        os.chmod(address.path, 0o600)  # only our user may connect (the peer check says so too)
         inode = os.stat(address.path).st_ino
     bound = address
     if address.scheme == "tcp":
@@ -137,11 +153,15 @@ async def _wait_any(socks: list[socket.socket]) -> socket.socket:
 class StreamReceiver(Channel):
     """The listening end: accepts any number of senders, reads whole frames."""
 
-    def __init__(self, address: SocketAddress, *, transport: str, fds: bool) -> None:
+    def __init__(self, address: SocketAddress, *, transport: str, fds: bool, secret: bytes) -> None:
         self._transport = transport
         self._fds = fds
+        self._secret = check_secret(secret, transport)
         self._listener, self.address, inode = bind(address, transport)
+        self._names = tuple(dict.fromkeys((str(address), self.address)))  # as asked, as bound
+        self._seen: dict[bytes, float] = {}  # nonces of accepted proofs (no replays)
         self._readers: list[FrameReader] = []
+        self._handshakes: list[ReceiverHandshake] = []  # accepted, not yet authenticated
         self._turn = 0
         self._polls = 0
         self._pending_accept = True
@@ -165,11 +185,20 @@ class StreamReceiver(Channel):
                 # A connection in the middle of a frame is served alone until the
                 # frame is whole; otherwise wait for whichever socket wakes first.
                 busy = [r.sock for r in self._readers if r.mid_frame][:1]
+                waiting = [h.sock for h in self._handshakes]
+                # A connection that stalls its handshake is dropped at its deadline
+                # even when nothing else wakes us.
+                timeout = (
+                    max(0.0, min(h.deadline for h in self._handshakes) - time.monotonic())
+                    if waiting and not busy
+                    else None
+                )
                 try:
-                    woke = await _wait_any(
-                        busy or [self._listener, *(r.sock for r in self._readers)]
-                    )
-                    self._pending_accept = woke is self._listener
+                    with anyio.move_on_after(timeout):
+                        woke = await _wait_any(
+                            busy or [self._listener, *(r.sock for r in self._readers), *waiting]
+                        )
+                        self._pending_accept = woke is self._listener
                 except anyio.ClosedResourceError:
                     continue  # closed under us: the loop reports it
 
@@ -181,6 +210,8 @@ class StreamReceiver(Channel):
         if self._pending_accept or not self._readers or self._polls % 32 == 0:
             self._pending_accept = False
             self._accept()
+        if self._handshakes:
+            self._authenticate()
         count = len(self._readers)
         for step in range(count):
             reader = self._readers[(self._turn + step) % count]
@@ -188,7 +219,9 @@ class StreamReceiver(Channel):
             try:
                 found, message = reader.poll()
             except (EOFError, OSError, ProtocolError) as exc:
-                if reader.mid_frame or not isinstance(exc, EOFError):
+                # A sender that left between frames is no news. (A reset instead of
+                # an end: it closed with our handshake answer unread.)
+                if reader.mid_frame or not isinstance(exc, (EOFError, ConnectionResetError)):
                     log.warning(
                         "%s: dropped a connection to %s: %r", self._transport, self.address, exc
                     )
@@ -209,7 +242,36 @@ class StreamReceiver(Channel):
                 log.warning("%s: accept failed at %s: %r", self._transport, self.address, exc)
                 return
             _tune(sock)
-            self._readers.append(FrameReader(sock, fds=self._fds))
+            try:
+                check_peer_user(sock)
+            except (AuthError, OSError) as exc:
+                self._refuse(sock, exc)
+                continue
+            if len(self._handshakes) >= MAX_HANDSHAKES:
+                oldest = self._handshakes.pop(0)
+                self._refuse(oldest.sock, AuthError("too many connections authenticating"))
+            self._handshakes.append(ReceiverHandshake(sock, self._secret, self._names, self._seen))
+
+    def _authenticate(self) -> None:
+        """Advance every pending handshake; an authenticated peer's frames are read next."""
+        now = time.monotonic()
+        for handshake in list(self._handshakes):
+            try:
+                if handshake.step():
+                    self._handshakes.remove(handshake)
+                    self._readers.append(FrameReader(handshake.sock, fds=self._fds))
+                    continue
+                if now > handshake.deadline:
+                    raise AuthError("no proof of the deployment secret in time")
+            except (AuthError, EOFError, OSError) as exc:
+                self._handshakes.remove(handshake)
+                self._refuse(handshake.sock, exc)
+
+    def _refuse(self, sock: socket.socket, reason: BaseException) -> None:
+        """Close a connection that did not authenticate; nothing it sent was decoded."""
+        if not isinstance(reason, EOFError):
+            log.warning("%s: refused a connection to %s: %s", self._transport, self.address, reason)
+        sock.close()
 
     def _drop(self, reader: FrameReader) -> None:
         self._readers.remove(reader)
@@ -219,10 +281,17 @@ class StreamReceiver(Channel):
         if self._closed:
             return
         self._closed = True
-        for sock in [self._listener, *(r.sock for r in self._readers)]:
+        for sock in [
+            self._listener,
+            *(r.sock for r in self._readers),
+            *(h.sock for h in self._handshakes),
+        ]:
             anyio.notify_closing(sock)
         for reader in list(self._readers):
             self._drop(reader)  # queued frames and their segments are released here
+        for handshake in self._handshakes:
+            handshake.sock.close()
+        self._handshakes.clear()
         self._finalizer()
 
 
@@ -235,9 +304,11 @@ class StreamSender(Channel):
         *,
         transport: str,
         shm_min: int | None,
+        secret: bytes,
         pool_bytes: int = POOL_BYTES,
         connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
+        self._secret = check_secret(secret, transport)
         self.address = str(address)
         self._target = address
         self._transport = transport
@@ -247,6 +318,8 @@ class StreamSender(Channel):
         self._sock: socket.socket | None = None
         self._pool: SegmentPool | None = None  # shared memory of this connection
         self._notices = bytearray()
+        self._answer = bytearray()  # the receiver's proof, as it arrives
+        self._expected_answer = b""
         self._closed = False
         self._lock = anyio.Lock(fast_acquire=True)
 
@@ -296,12 +369,28 @@ class StreamSender(Channel):
                 break
             if not data:
                 raise ConnectionResetError(errno.ECONNRESET, "the receiver closed the connection")
+            if len(self._answer) < MAC_BYTES:  # the receiver's proof comes first
+                take = MAC_BYTES - len(self._answer)
+                self._answer += data[:take]
+                data = data[take:]
+                if len(self._answer) == MAC_BYTES:
+                    self._check_answer()
             self._notices += data
         whole = len(self._notices) - len(self._notices) % RELEASE.size
         if whole and self._pool is not None:
             for (seg_id,) in RELEASE.iter_unpack(self._notices[:whole]):
                 self._pool.release(seg_id)
         del self._notices[:whole]
+
+    def _check_answer(self) -> None:
+        try:
+            check_answer(bytes(self._answer), self._expected_answer)
+        except AuthError as exc:
+            log.warning("%s: dropped the receiver at %s: %s", self._transport, self.address, exc)
+            # An OSError: send() turns it into ChannelClosed after disconnecting.
+            raise ConnectionAbortedError(
+                errno.ECONNABORTED, f"the receiver at {self.address} failed authentication"
+            ) from None
 
     async def recv(self) -> Any:
         raise TypeError(f"this is the sending end of a {self._transport} edge")
@@ -350,6 +439,19 @@ class StreamSender(Channel):
         except BaseException:
             sock.close()
             raise
+        try:
+            check_peer_user(sock)
+            hello, self._expected_answer = sender_hello(self._secret, self.address)
+            await send_all(sock, hello)
+        except AuthError as exc:
+            sock.close()
+            raise ChannelClosed(
+                f"{self._transport}: refused the receiver at {self.address}: {exc}"
+            ) from None
+        except BaseException:
+            sock.close()
+            raise
+        self._answer = bytearray()
         return sock
 
     def _disconnect(self) -> None:

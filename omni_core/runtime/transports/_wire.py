@@ -3,7 +3,8 @@
 One message is one frame::
 
     header   magic "OMT1" | flags (u32) | meta length (u64), little-endian
-    meta     pickle of (skeleton, buffer table, segment size)
+    meta     (skeleton, buffer table, segment, forgotten segments), pickled
+             plain: decoding it resolves no global at all
     buffers  the raw bytes of each inline buffer, back to back
 
 The buffer table lists, per buffer, its kind, dtype, shape, size and where it
@@ -20,8 +21,8 @@ next ``recv`` continues where it stopped.
 from __future__ import annotations
 
 import array
+import logging
 import os
-import pickle
 import socket
 import struct
 from collections import deque
@@ -31,7 +32,9 @@ from typing import Any
 import anyio
 
 from . import _segment
-from ._codec import BufferSpec, Source, build, decode, encode
+from ._codec import Source, build, checked_spec, decode, dumps_plain, encode, loads_plain
+
+log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<4sIQ")
 MAGIC = b"OMT1"
@@ -80,7 +83,7 @@ def _materialize(
         seg_info = (segment.id, segment.size, used)
         if not segment.sent:
             fd, segment.sent = segment.fd, True
-    meta = pickle.dumps((skeleton, table, seg_info, forgotten), protocol=pickle.HIGHEST_PROTOCOL)
+    meta = dumps_plain((skeleton, table, seg_info, forgotten))
     header = HEADER.pack(MAGIC, SEGMENT if fd is not None else 0, len(meta))
     return Outgoing([header + meta, *inline], fd, sources)
 
@@ -203,7 +206,9 @@ class FrameReader:
             return False, None
         if self._stage == 1:
             try:
-                skeleton, table, seg_info, forgotten = pickle.loads(self._meta)
+                skeleton, table, seg_info, forgotten = loads_plain(self._meta)
+                specs = [checked_spec(kind, dtype, shape, n) for kind, dtype, shape, n, _ in table]
+                offsets = [int(row[4]) for row in table]
             except Exception as exc:
                 raise ProtocolError(f"unreadable frame metadata: {exc!r}") from exc
             self._segments.forget(forgotten)
@@ -218,8 +223,11 @@ class FrameReader:
                     segment = self._segments.lease(seg_id, used)
                 except KeyError:
                     raise ProtocolError(f"unknown segment {seg_id}") from None
-            specs = [BufferSpec(kind, dtype, shape, n) for kind, dtype, shape, n, _ in table]
-            offsets = [row[4] for row in table]
+            if segment is not None and any(
+                off >= 0 and off + spec.nbytes > used
+                for spec, off in zip(specs, offsets, strict=True)
+            ):
+                raise ProtocolError("a buffer lies outside its shared-memory segment")
             inline = [
                 bytearray(s.nbytes) if off < 0 else None
                 for s, off in zip(specs, offsets, strict=True)
@@ -229,15 +237,21 @@ class FrameReader:
             self._stage = 2
             return False, None
         # The frame is complete: reset first, so that a message that cannot be
-        # rebuilt here (say, its class is not importable) fails alone and the
-        # connection stays usable.
+        # rebuilt here (a type not allowed on the wire, a class that does not
+        # import) is dropped alone, logged, and the connection stays usable.
         skeleton, specs, offsets, inline, segment = self._frame
         self._start()
-        objects = [
-            build(spec, segment, off, owned=False) if off >= 0 else build(spec, buf, 0, owned=True)
-            for spec, off, buf in zip(specs, offsets, inline, strict=True)
-        ]
-        return True, decode(skeleton, objects)
+        try:
+            objects = [
+                build(spec, segment, off, owned=False)
+                if off >= 0
+                else build(spec, buf, 0, owned=True)
+                for spec, off, buf in zip(specs, offsets, inline, strict=True)
+            ]
+            return True, decode(skeleton, objects)
+        except Exception as exc:
+            log.error("dropped a message that cannot be decoded here: %r", exc)
+            return False, None
 
     def close(self) -> None:
         """Close the connection and any descriptor not yet claimed by a frame."""

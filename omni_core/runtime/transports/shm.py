@@ -34,12 +34,16 @@ class ShmTransport(Transport):
     def check_address(self, address: str) -> str:
         return str(_address.parse(address, transport=self.name, tcp=False))
 
-    def listen(self, address: str) -> Channel:
+    def listen(self, address: str, *, secret: bytes) -> Channel:
         parsed = _address.parse(address, transport=self.name, tcp=False)
-        return StreamReceiver(parsed, transport=self.name, fds=True)
+        return StreamReceiver(parsed, transport=self.name, fds=True, secret=secret)
 
-    def connect(self, address: str) -> Channel:
+    def connect(self, address: str, *, secret: bytes) -> Channel:
         parsed = _address.parse(address, transport=self.name, tcp=False)
         return StreamSender(
-            parsed, transport=self.name, shm_min=self.shm_min, pool_bytes=self.pool_bytes
+            parsed,
+            transport=self.name,
+            shm_min=self.shm_min,
+            secret=secret,
+            pool_bytes=self.pool_bytes,
         )

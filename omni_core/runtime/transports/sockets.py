@@ -1,7 +1,8 @@
 """``socket``: frames over a Unix domain socket or TCP, for any two processes.
 
-Each message is one frame (see :mod:`._wire`): a small pickled skeleton, then
-every tensor, array and large bytes object as raw bytes. The sender writes a
+Each connection first authenticates (:mod:`._auth`). Each message is then one
+frame (see :mod:`._wire`): a small skeleton, then every tensor, array and
+large bytes object as raw bytes. The sender writes a
 buffer's memory as it is (a non-contiguous tensor is made contiguous first);
 the receiver allocates the tensor and the kernel copies the bytes into it, so
 buffer data is never pickled and copied once per side.
@@ -18,18 +19,24 @@ class SocketTransport(Transport):
     """Length-prefixed frames over ``unix:/path`` or ``tcp://HOST:PORT``."""
 
     name = "socket"
-    description = "Unix domain or TCP sockets; buffers sent raw after a pickled skeleton"
+    description = "Unix domain or TCP sockets, authenticated; buffers sent raw after a skeleton"
     scopes = frozenset({"host", "network"})
 
     def check_address(self, address: str) -> str:
         return str(_address.parse(address, transport=self.name))
 
-    def listen(self, address: str) -> Channel:
+    def listen(self, address: str, *, secret: bytes) -> Channel:
         return StreamReceiver(
-            _address.parse(address, transport=self.name), transport=self.name, fds=False
+            _address.parse(address, transport=self.name),
+            transport=self.name,
+            fds=False,
+            secret=secret,
         )
 
-    def connect(self, address: str) -> Channel:
+    def connect(self, address: str, *, secret: bytes) -> Channel:
         return StreamSender(
-            _address.parse(address, transport=self.name), transport=self.name, shm_min=None
+            _address.parse(address, transport=self.name),
+            transport=self.name,
+            shm_min=None,
+            secret=secret,
         )

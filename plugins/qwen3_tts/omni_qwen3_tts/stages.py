@@ -18,9 +18,7 @@ memoised per process), so the talker and the codec are loaded once.
 
 from __future__ import annotations
 
-import base64
 import functools
-import io
 from typing import Any
 
 import anyio
@@ -29,6 +27,7 @@ import torch
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.media import AudioLimits, decode_base64_audio
 
 from .config import GenerationDefaults, Qwen3TTSConfig
 from .decode_batcher import DecodeBatcher
@@ -38,6 +37,7 @@ from .tokenizer import TextTokenizer
 from .weights import read_json, resolve_model_path
 
 SAMPLE_RATE = 24000
+MIN_REF_AUDIO_SECONDS = 0.5  # shorter clips give the speaker encoder too little to go on
 REQUEST_KEYS = {
     # OpenAI's speech fields
     "model", "input", "voice", "response_format", "speed", "instructions", "stream",
@@ -143,29 +143,19 @@ class Preprocessing:
         }
 
     def _reference_audio(self, encoded: Any) -> Any:
+        """The reference clip as mono float32 at 24 kHz, decoded by the core's bounded reader."""
         import numpy as np
-        import soundfile
 
-        if not isinstance(encoded, str):
-            raise PromptError("'ref_audio' must be a base64 string of a wav or flac file")
-        try:
-            raw = base64.b64decode(encoded, validate=True)
-            samples, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
-        except Exception as exc:
-            raise PromptError(f"'ref_audio' is not readable audio: {exc}") from None
-        seconds = samples.shape[0] / rate
-        if seconds > self.max_ref_audio_seconds:
-            raise PromptError(
-                f"'ref_audio' is {seconds:.1f} s long; the limit is "
-                f"{self.max_ref_audio_seconds:g} s"
-            )
-        if seconds < 0.5:
-            raise PromptError(f"'ref_audio' is {seconds:.2f} s long; give at least 0.5 s")
-        mono = samples.mean(axis=1)
-        if rate != SAMPLE_RATE:
+        clip = decode_base64_audio(
+            encoded,
+            "ref_audio",
+            AudioLimits(max_seconds=self.max_ref_audio_seconds, min_seconds=MIN_REF_AUDIO_SECONDS),
+        )
+        mono = clip.samples.mean(axis=1)
+        if clip.rate != SAMPLE_RATE:
             import soxr
 
-            mono = soxr.resample(mono, rate, SAMPLE_RATE)
+            mono = soxr.resample(mono, clip.rate, SAMPLE_RATE)
         return np.ascontiguousarray(mono, dtype=np.float32)
 
     def _sampling(self, data: dict[str, Any]) -> SamplingParams:

@@ -279,6 +279,16 @@ def reference_wav(seconds: float = 1.5, hz: float = 180.0, rate: int = 24000) ->
     return out.getvalue()
 
 
+def silent_hour_flac(rate: int = 8000) -> bytes:
+    """An hour of silence as FLAC (under 100 kB), written a minute at a time."""
+    out = io.BytesIO()
+    minute = np.zeros(rate * 60, dtype=np.int16)
+    with soundfile.SoundFile(out, "w", rate, 1, format="FLAC", subtype="PCM_16") as sound:
+        for _ in range(60):
+            sound.write(minute)
+    return out.getvalue()
+
+
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base_checkpoint(tmp_path_factory.mktemp("base") / "ckpt")
@@ -349,17 +359,20 @@ async def test_a_different_reference_gives_a_different_voice(base):
         ({"input": "hi", "ref_audio": "WAV"}, "needs 'ref_text'"),
         ({"input": "hi", "ref_audio": "SHORT", "ref_text": "x"}, "give at least 0.5 s"),
         ({"input": "hi", "ref_audio": "LONG", "ref_text": "x"}, "the limit is 30 s"),
+        ({"input": "hi", "ref_audio": "HOUR", "ref_text": "x"}, "is 3600.0 s long; the limit"),
+        ({"input": "hi", "ref_audio": "/etc/passwd", "ref_text": "x"}, "not valid base64"),
         ({"input": "", "ref_audio": "WAV", "ref_text": "x"}, "text is empty"),
     ],
 )
 async def test_bad_clone_input_is_the_client_s_error(base, body, message):
     audio = {
-        "WAV": reference_wav(),
-        "SHORT": reference_wav(seconds=0.2),
-        "LONG": reference_wav(seconds=31, rate=8000),
+        "WAV": reference_wav,
+        "SHORT": lambda: reference_wav(seconds=0.2),
+        "LONG": lambda: reference_wav(seconds=31, rate=8000),
+        "HOUR": silent_hour_flac,
     }
     if body.get("ref_audio") in audio:
-        body = {**body, "ref_audio": base64.b64encode(audio[body["ref_audio"]]).decode()}
+        body = {**body, "ref_audio": base64.b64encode(audio[body["ref_audio"]]()).decode()}
     with pytest.raises(RequestFailed) as caught:
         await speak(base, body)
     assert caught.value.client_error, str(caught.value)
