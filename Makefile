@@ -5,20 +5,31 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PLUGINS := plugins/qwen3_tts plugins/moss_tts plugins/qwen3_omni
+PLUGINS := plugins/qwen3_tts plugins/moss_tts plugins/qwen3_omni examples/plugin
 EXAMPLE ?= examples/qwen3_tts_demo.toml
 REFERENCE_VENV ?= /tmp/qwen-tts-ref
+# pip's errors only (-qq). One --quiet still prints every build backend's notes
+# (setuptools' "Editable installation" box, once per package) and, on machines
+# whose pip.conf lists file:// extra indexes without a directory for every
+# project (this one: /etc/pip.conf), a "Location ... is ignored" line per
+# package and index; neither asks anything of the user. Failures still print.
+PIP_QUIET := --quiet --quiet
 
 .PHONY: install test lint format plan serve bench test-reference clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install $(PIP_QUIET) --upgrade pip
 
+# pip compiles the bytecode of what it installs, but not of editable sources: where
+# PYTHONDONTWRITEBYTECODE is set (this machine, CI) every `omni` command would
+# recompile them, ~15% of `omni config`'s start-up (benchmarks/bench_cli.py).
 $(STAMP): $(BIN)/python pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[test,gpu]" $(addprefix -e ,$(PLUGINS)) openai
+	$(BIN)/pip install $(PIP_QUIET) torch==2.13.0
+	$(BIN)/pip install $(PIP_QUIET) -e ".[test,gpu]" $(addprefix -e ,$(PLUGINS)) openai
+	$(BIN)/python -m compileall -q omni_core $(foreach p,$(PLUGINS),$(p)/omni_*)
 	touch $(STAMP)
+	@echo "installed: $(BIN)/omni (try: $(BIN)/omni plugins list)"
 
 install: $(STAMP)
 
@@ -46,8 +57,8 @@ test-reference: $(STAMP)
 	  $(PYTHON) -m venv $(REFERENCE_VENV) && \
 	  echo "$(CURDIR)/$(VENV)/lib/python3.11/site-packages" \
 	    > $(REFERENCE_VENV)/lib/python3.11/site-packages/zz_omni_torch.pth && \
-	  $(REFERENCE_VENV)/bin/pip install --quiet --no-deps qwen-tts==0.1.1 && \
-	  $(REFERENCE_VENV)/bin/pip install --quiet transformers==4.57.3 accelerate==1.12.0 \
+	  $(REFERENCE_VENV)/bin/pip install $(PIP_QUIET) --no-deps qwen-tts==0.1.1 && \
+	  $(REFERENCE_VENV)/bin/pip install $(PIP_QUIET) transformers==4.57.3 accelerate==1.12.0 \
 	    librosa einops sox onnxruntime && \
 	  sp=$(REFERENCE_VENV)/lib/python3.11/site-packages && \
 	  mkdir -p $$sp/torchaudio/compliance && touch $$sp/torchaudio/__init__.py \

@@ -93,12 +93,22 @@ def factory_kwargs(
     return kwargs
 
 
-def _engine_kwargs(stage: Any) -> dict[str, Any]:
-    """An engine stage's ``engine.*`` group, for factories that declare ``engine_args``."""
+def _engine_kwargs(stage: Any, *, validated: bool) -> dict[str, Any]:
+    """An engine stage's ``engine.*`` group: ``engine_settings`` (the backend's validated
+    model, defaults filled in: the same object planning and admission read) or, for
+    factories that want the raw keys, ``engine_args``."""
     engine = getattr(stage, "engine", None)
     if engine is None:
         return {}
-    return {"engine_args": {k: v for k, v in engine.model_dump().items() if v is not None}}
+    from .engine.backends import validate_engine_settings
+
+    written = {k: v for k, v in engine.model_dump().items() if v is not None}
+    if not validated:  # validated only for a factory that asks: it may be another backend's
+        return {"engine_args": written}
+    return {
+        "engine_args": written,
+        "engine_settings": validate_engine_settings(stage.name, written),
+    }
 
 
 def build_from_factory(stage: Any, pipeline: Any, context: StageContext) -> Any:
@@ -118,6 +128,11 @@ def build_from_factory(stage: Any, pipeline: Any, context: StageContext) -> Any:
         factory_path=stage.factory_path,
         author={**declared_defaults, **stage.author_kwargs},
         config=config,
-        standard={**context.standard_kwargs(pipeline.model_path), **_engine_kwargs(stage)},
+        standard={
+            **context.standard_kwargs(pipeline.model_path),
+            **_engine_kwargs(
+                stage, validated="engine_settings" in inspect.signature(factory).parameters
+            ),
+        },
     )
     return factory(**kwargs)

@@ -28,8 +28,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from .factory import StageContext
-    from .placement import PlacementPolicy
-    from .plan.model import MemoryEstimate
+    from .placement import MemoryEstimate, PlacementPolicy
     from .schema import PipelineConfig, StageConfig
     from .transport import Transport
 

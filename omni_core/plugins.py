@@ -1,9 +1,14 @@
 """The plugin manager: a typed facade over pluggy, in the manner of tox 4.
 
 It registers the built-in plugins, loads the ``omni`` entry points (restricted
-by ``OMNI_PLUGINS``), survives plugins that fail to import, and answers the
-three questions the rest of the core asks: which pipelines, placement policies
-and transports exist, and who registered them.
+by ``OMNI_PLUGINS``), survives plugins that fail to import or implement a hook
+omni does not have, and answers the three questions the rest of the core asks:
+which pipelines, placement policies and transports exist, and who registered
+them.
+
+A plugin is one *object* (usually a module): registering in-process a module
+that is already loaded from its entry point is the same plugin, listed once
+under its distribution's name; the in-process name becomes an alias of it.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import types
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,6 +27,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError, suggestion
+from .plugin_checks import describe, hook_names, unknown_hooks, unknown_hooks_message
 
 BUILTIN_PLUGINS = (
     "omni_core.builtins.factory",
@@ -69,10 +76,31 @@ class _Registries:
     by_plugin: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Kind:
+    """One kind of registered item: its hook, its table, and its name in messages."""
+
+    hook: str
+    attribute: str  # the table in _Registries
+    singular: str
+    plural: str
+    name_attribute: str  # where an item keeps its name
+
+
 _KINDS = {
-    "pipelines": ("omni_register_pipelines", "pipelines"),
-    "placement_policies": ("omni_register_placement_policies", "policies"),
-    "transports": ("omni_register_transports", "transports"),
+    "pipelines": _Kind(
+        "omni_register_pipelines", "pipelines", "pipeline", "pipelines", "pipeline_name"
+    ),
+    "placement_policies": _Kind(
+        "omni_register_placement_policies",
+        "policies",
+        "placement policy",
+        "placement policies",
+        "name",
+    ),
+    "transports": _Kind(
+        "omni_register_transports", "transports", "transport", "transports", "name"
+    ),
 }
 
 
@@ -83,6 +111,9 @@ class OmniPlugins:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.records: dict[str, PluginRecord] = {}
+        # Other names a registered plugin answers to (an in-process name of a
+        # module that was already loaded from its entry point), to its record's name.
+        self.aliases: dict[str, str] = {}
         self.unknown_requested: list[str] = []
         self._registries: _Registries | None = None
         for module_name in BUILTIN_PLUGINS:
@@ -93,10 +124,36 @@ class OmniPlugins:
 
     # -- loading --------------------------------------------------------------
     def _add(self, record: PluginRecord) -> None:
-        if record.plugin is not None:
-            self.pm.register(record.plugin, name=record.name)
+        if record.plugin is not None and record.error is None:
+            record.error = self._register_hooks(record)
         self.records[record.name] = record
         self._registries = None
+
+    def _register_hooks(self, record: PluginRecord) -> str | None:
+        """Register ``record.plugin``'s hooks; the load error that kept them out, if any.
+
+        A plugin with an invalid or unknown hook is not registered at all: half
+        a plugin (its transports without the pipeline it misspelt) would fail
+        later and further from the mistake.
+        """
+        try:
+            self.pm.register(record.plugin, name=record.name)
+        except pluggy.PluginValidationError as exc:
+            if self.pm.is_registered(record.plugin):
+                self.pm.unregister(record.plugin)
+            return describe(exc)
+        unknown = unknown_hooks(self.pm, record.plugin)
+        if unknown:
+            self.pm.unregister(record.plugin)
+            return unknown_hooks_message(unknown, hook_names(self.pm))
+        return None
+
+    def record_of(self, plugin: object) -> PluginRecord | None:
+        """The record of ``plugin`` (the very object), if it is registered here."""
+        for record in self.records.values():
+            if record.plugin is plugin:
+                return record
+        return None
 
     def _load_entry_points(self, env: dict[str, str]) -> None:
         wanted = _requested(env.get(ENV_VAR))
@@ -117,7 +174,12 @@ class OmniPlugins:
             try:
                 record.plugin = ep.load()
             except Exception as exc:  # a broken plugin must not break the listing
-                record.error = f"{type(exc).__name__}: {exc}"
+                record.error = describe(exc)
+            existing = self.record_of(record.plugin) if record.plugin is not None else None
+            if existing is not None:  # one module behind two entry points: one plugin
+                if record.name not in self.records:
+                    self.aliases.setdefault(record.name, existing.name)
+                continue
             if record.name in self.records:
                 record.name = f"{record.name}:{ep.name}"
             self._add(record)
@@ -126,36 +188,98 @@ class OmniPlugins:
 
     # -- in-process registration (tests, embedding) ----------------------
     def register(self, plugin: object, name: str | None = None, version: str | None = None) -> str:
-        """Register a plugin object in this process, without installing anything."""
+        """Register a plugin object in this process, without installing anything.
+
+        Returns the name the plugin is listed under. Registering an object that
+        is already registered (a module loaded from its entry point) is the same
+        plugin: nothing changes but ``name``, which becomes an alias of it, and
+        the established name is returned. A plugin with an unknown or invalid
+        hook is recorded with its load error, as entry-point loading does.
+        """
+        existing = self.record_of(plugin)
+        if existing is not None:
+            if name and name != existing.name and self.aliases.get(name) != existing.name:
+                self._refuse_taken(name, plugin)
+                self.aliases[name] = existing.name
+            return existing.name
         name = name or getattr(plugin, "__name__", None) or f"plugin-{id(plugin)}"
-        if name in self.records:
-            raise PluginError(f"a plugin named {name!r} is already registered")
+        self._refuse_taken(name, plugin)
         self._add(PluginRecord(name=name, version=version, plugin=plugin))
         return name
 
+    def _refuse_taken(self, name: str, plugin: object) -> None:
+        owner = self.records.get(self.aliases.get(name, name))
+        if owner is None:
+            return
+        where = f"from the entry point {owner.entry_point!r}" if owner.entry_point else "in-process"
+        what = f"{owner.plugin!r}" if owner.plugin is not None else f"failed: {owner.error}"
+        raise PluginError(
+            f"a plugin named {name!r} is already registered ({where}: {what}), "
+            f"and {plugin!r} is another object",
+            hint=f"register it under another name, or unregister {name!r} first",
+        )
+
     def register_broken(self, name: str, error: BaseException) -> None:
         """Record a plugin that failed to load (as entry-point loading does)."""
-        self._add(PluginRecord(name=name, error=f"{type(error).__name__}: {error}"))
+        self._add(PluginRecord(name=name, error=describe(error)))
 
     def unregister(self, name: str) -> None:
+        """Undo a registration.
+
+        By an alias (the name an in-process ``register`` gave a plugin that was
+        already loaded), only the alias goes: the plugin stays, as installed.
+        By a plugin's own name, the plugin and its aliases go.
+        """
+        if name in self.aliases:
+            del self.aliases[name]
+            return
         if name not in self.records:
             raise PluginError(
                 f"no plugin named {name!r} is registered",
-                hint=suggestion(name, self.records, kind="registered plugins"),
+                hint=suggestion(name, [*self.records, *self.aliases], kind="registered plugins"),
             )
         record = self.records.pop(name)
+        for alias in [a for a, target in self.aliases.items() if target == name]:
+            del self.aliases[alias]
         if record.plugin is not None and self.pm.is_registered(record.plugin):
             self.pm.unregister(record.plugin)
         self._registries = None
 
     @contextmanager
     def registered(self, plugin: object, name: str | None = None) -> Iterator[str]:
-        """Register ``plugin`` for the duration of a ``with`` block."""
-        name = self.register(plugin, name)
+        """Register ``plugin`` for the duration of a ``with`` block; yields its listed name.
+
+        On leaving, exactly what the block added is removed: a plugin that was
+        already registered (from its entry point) stays registered.
+        """
+        was = self.record_of(plugin)
+        had_alias = name in self.aliases if name else True
+        listed = self.register(plugin, name)
         try:
-            yield name
+            yield listed
         finally:
-            self.unregister(name)
+            if was is None:
+                if self.records.get(listed) is not None:
+                    self.unregister(listed)
+            elif not had_alias and name in self.aliases:
+                self.unregister(name)  # drops the alias only
+
+    def in_process_modules(self) -> list[str]:
+        """Names of the plugin modules registered in-process (not from an entry point).
+
+        A runtime's children load entry points themselves; these they import
+        by name (``Runtime(plugin_modules=...)``), from the ``sys.path`` they
+        inherit. Objects that are not modules cannot cross, nor can plugins
+        that failed to load.
+        """
+        return [
+            record.plugin.__name__
+            for record in self.records.values()
+            if not record.builtin
+            and record.entry_point is None
+            and record.error is None
+            and isinstance(record.plugin, types.ModuleType)
+        ]
 
     # -- what the plugins registered -----------------------------------------
     def hooks_of(self, record: PluginRecord) -> list[str]:
@@ -187,22 +311,22 @@ class OmniPlugins:
 
     def _collect(self, reg: _Registries, kind: str) -> None:
         plugin_names = {id(r.plugin): r.name for r in self.records.values() if r.plugin is not None}
-        hook_name, attribute = _KINDS[kind]
-        table = getattr(reg, attribute)
+        spec = _KINDS[kind]
+        table = getattr(reg, spec.attribute)
         # get_hookimpls() is in registration order (pluggy *calls* them LIFO): a
         # clash is blamed on the plugin that came second, never the established one.
-        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+        for impl in getattr(self.pm.hook, spec.hook).get_hookimpls():
             owner = plugin_names.get(id(impl.plugin), impl.plugin_name)
             try:
-                items = [(_item_name(item, kind), item) for item in impl.function() or []]
+                items = [(_item_name(item, spec), item) for item in impl.function() or []]
             except Exception as exc:  # one bad plugin must not hide the others
-                reg.errors.setdefault(owner, f"{hook_name} failed: {type(exc).__name__}: {exc}")
+                reg.errors.setdefault(owner, f"{spec.hook} failed: {describe(exc)}")
                 continue
             for name, item in items:
                 self._put(reg, table, kind, name, item, owner)
 
     def _put(self, reg: _Registries, table: dict, kind: str, name: str, item: Any, owner: str):
-        label = kind.rstrip("s").replace("_", " ")
+        label = _KINDS[kind].singular
         names = [name]
         if kind == "pipelines":
             names += [a for a in getattr(item, "aliases", ()) if a != name]
@@ -250,21 +374,20 @@ class OmniPlugins:
         )
 
     def policy(self, name: str) -> Any:
-        return self._lookup(name, "placement_policies", "placement policy")
+        return self._lookup(name, "placement_policies")
 
     def transport(self, name: str) -> Any:
-        return self._lookup(name, "transports", "transport")
+        return self._lookup(name, "transports")
 
-    def _lookup(self, name: str, kind: str, label: str) -> Any:
+    def _lookup(self, name: str, kind: str) -> Any:
         self._raise_conflicts(kind)
-        table = getattr(self._registry(kind), _KINDS[kind][1])
+        spec = _KINDS[kind]
+        table = getattr(self._registry(kind), spec.attribute)
         if name in table:
             return table[name].value
         raise PluginError(
-            f"no plugin provides a {label} called {name!r}",
-            hint=self._missing_hint(
-                name, table, f"registered {label}s".replace("policys", "policies")
-            ),
+            f"no plugin provides a {spec.singular} called {name!r}",
+            hint=self._missing_hint(name, table, f"registered {spec.plural}"),
         )
 
     def _missing_hint(self, name: str, table: Iterable[str], kind: str) -> str:
@@ -308,8 +431,16 @@ class OmniPlugins:
         from .wire import type_name
 
         names: set[str] = set()
+        owners = {id(r.plugin): r.name for r in self.records.values() if r.plugin is not None}
         for impl in self.pm.hook.omni_register_wire_types.get_hookimpls():
-            names.update(type_name(item) for item in impl.function() or [])
+            try:
+                names.update(type_name(item) for item in impl.function() or [])
+            except Exception as exc:
+                owner = owners.get(id(impl.plugin), impl.plugin_name)
+                raise PluginError(
+                    f"plugin {owner!r}: omni_register_wire_types failed: {describe(exc)}",
+                    hint="return classes, or strings 'module:Qualname'",
+                ) from None
         return names
 
     # -- stage construction (child process) ------------------------------
@@ -321,11 +452,18 @@ def _ep_key(ep: metadata.EntryPoint) -> tuple[str, str]:
     return (ep.dist.name if ep.dist else "", ep.name)
 
 
-def _item_name(item: Any, kind: str) -> str:
-    attr = "pipeline_name" if kind == "pipelines" else "name"
+def _item_name(item: Any, kind: _Kind) -> str:
+    attr = kind.name_attribute
     name = getattr(item, attr, "")
-    if not name:
-        raise PluginError(f"a plugin registered a {kind[:-1]} without a {attr}: {item!r}")
+    if not name or not isinstance(name, str):
+        raise PluginError(f"a plugin registered a {kind.singular} without a {attr}: {item!r}")
+    if kind.attribute == "pipelines":
+        aliases = getattr(item, "aliases", ())
+        if not isinstance(aliases, (tuple, list)) or not all(isinstance(a, str) for a in aliases):
+            raise PluginError(
+                f"pipeline {name!r}: aliases must be a tuple of names, not {aliases!r}",
+                hint=f'write aliases = ("{aliases}",)' if isinstance(aliases, str) else None,
+            )
     return name
 
 

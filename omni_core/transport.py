@@ -1,10 +1,11 @@
 """The interface of a transport: how a payload crosses one edge of the stage graph.
 
-The runtime picks one transport per edge from the plan: ``inproc`` when both
-stages share a process, ``shm`` between processes of one host, ``socket``
-across hosts; a deploy file may override the choice. A transport plugin
-registers instances of :class:`Transport` through the
-``omni_register_transports`` hook.
+Stages of one process hand each other Python objects directly (no
+transport). An edge between processes uses ``runtime.transport`` (``auto``
+means ``shm``) unless ``runtime.edge_transports`` names another for it; the
+coordinator's links to the processes use ``runtime.transport`` too (see
+:mod:`omni_core.plan.transports`). A transport plugin registers instances of
+:class:`Transport` through the ``omni_register_transports`` hook.
 
 The contract, kept httpx-small:
 
@@ -17,8 +18,11 @@ The contract, kept httpx-small:
   the connection is made by the first ``send``, which waits (bounded) for the
   receiver to appear, so processes may start in any order.
 * ``transport.check_address(address)`` validates and normalises an address
-  without binding anything, so the planner can refuse a bad one before any
-  child process starts.
+  without binding anything: ``omni plan`` calls it for every address a
+  process will listen at, so a bad one is refused before any child starts.
+* ``scopes`` says where the transport can carry messages ("process", "host",
+  "network"): ``omni plan`` refuses one without "host" or "network" for an
+  edge between processes.
 * ``secret`` is the deployment's random key (bytes). A transport that crosses a
   process boundary must make every connection prove it knows the secret
   before it decodes anything the peer sent, and must never decode a message

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,23 @@ from typer.testing import CliRunner
 from omni_core.cli import app
 from omni_core.plugins import OmniPlugins, get_plugins, reset_plugins
 
-INSTALLED = {
+MODELS = {
     "omni-moss-tts": ["moss-tts"],
     "omni-qwen3-omni": ["qwen3-omni", "qwen3-omni-colocated", "qwen3-omni-text"],
     "omni-qwen3-tts": ["qwen3-tts"],
 }
+
+
+def _walkthrough() -> dict[str, list[str]]:
+    """omni-hello (examples/plugin), if this environment installed it too."""
+    try:
+        metadata.distribution("omni-hello")
+    except metadata.PackageNotFoundError:
+        return {}
+    return {"omni-hello": ["hello"]}
+
+
+INSTALLED = {**MODELS, **_walkthrough()}
 BUILTINS = {
     "omni_core.builtins.factory",
     "omni_core.builtins.placement",
@@ -146,10 +159,14 @@ def test_a_broken_plugin_is_shown_with_its_error(plugins: OmniPlugins) -> None:
 # -- through a real process ------------------------------------------------------
 
 
-def run_omni(argv: list[str], omni_plugins: str | None) -> subprocess.CompletedProcess[str]:
+def run_omni(
+    argv: list[str], omni_plugins: str | None, pythonpath: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "OMNI_PLUGINS"}
     if omni_plugins is not None:
         env["OMNI_PLUGINS"] = omni_plugins
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -181,3 +198,25 @@ def test_the_installed_command_prints_a_table() -> None:
     assert done.returncode == 0, done.stderr
     assert table_column(done.stdout, "pipelines") == INSTALLED
     assert "Traceback" not in done.stderr
+
+
+def test_the_installed_command_shows_a_misspelt_hook_as_that_plugins_error(tmp_path: Path) -> None:
+    info = tmp_path / "omni_typo-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: omni-typo\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[omni]\ntypo = omni_typo_cli_plugin\n")
+    (tmp_path / "omni_typo_cli_plugin.py").write_text(
+        "from omni_core import hookimpl\n\n\n@hookimpl\ndef omni_register_pipeline():\n"
+        "    return []\n"
+    )
+    done = run_omni([*console_script(), "plugins", "list", "--json"], None, tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = {row["name"]: row for row in json.loads(done.stdout)["plugins"]}
+    assert rows["omni-typo"]["error"] == (
+        "omni_register_pipeline is not an omni hook; did you mean omni_register_pipelines?"
+    )
+    assert rows["omni-typo"]["hooks"] == []
+    assert {name: rows[name]["pipelines"] for name in INSTALLED} == INSTALLED
+    table = run_omni([*console_script(), "plugins", "list"], None, tmp_path)
+    assert "omni_register_pipeline is not an omni hook" in table.stdout
+    assert "Traceback" not in table.stderr

@@ -6,7 +6,8 @@ import sys
 import textwrap
 import time
 import types
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,11 +27,23 @@ from omni_core import (
     hookimpl,
 )
 
-INSTALLED = {
+MODELS = {
     "omni-moss-tts": ["moss-tts"],
     "omni-qwen3-omni": ["qwen3-omni", "qwen3-omni-colocated", "qwen3-omni-text"],
     "omni-qwen3-tts": ["qwen3-tts"],
 }
+
+
+def _walkthrough() -> dict[str, list[str]]:
+    """omni-hello (examples/plugin), if this environment installed it too."""
+    try:
+        metadata.distribution("omni-hello")
+    except metadata.PackageNotFoundError:
+        return {}
+    return {"omni-hello": ["hello"]}
+
+
+INSTALLED = {**MODELS, **_walkthrough()}
 
 
 def external(plugins: OmniPlugins) -> dict[str, dict[str, Any]]:
@@ -168,6 +181,283 @@ def test_registering_one_name_twice_is_refused(plugins: OmniPlugins) -> None:
     plugins.register(pipeline_plugin(EchoPipeline), name="echo")
     with pytest.raises(PluginError, match="'echo' is already registered"):
         plugins.register(pipeline_plugin(EchoPipeline, name="other"), name="echo")
+
+
+def test_registering_an_installed_module_again_is_the_same_plugin(plugins: OmniPlugins) -> None:
+    module = plugins.records["omni-qwen3-tts"].plugin
+    assert isinstance(module, types.ModuleType)
+    assert plugins.register(module, module.__name__) == "omni-qwen3-tts"
+    assert plugins.register(module) == "omni-qwen3-tts"
+    rows = [row for row in plugins.listing() if "qwen3-tts" in row["pipelines"]]
+    assert [(row["name"], row["error"]) for row in rows] == [("omni-qwen3-tts", None)]
+    assert plugins.pipeline("qwen3-tts").pipeline_name == "qwen3-tts"  # no clash with itself
+    assert module.__name__ not in plugins.in_process_modules()  # children use the entry point
+
+    plugins.unregister(module.__name__)  # the in-process name only: the installed plugin stays
+    assert "omni-qwen3-tts" in external(plugins)
+    with plugins.registered(module, module.__name__) as name:
+        assert name == "omni-qwen3-tts"
+        assert plugins.aliases == {module.__name__: "omni-qwen3-tts"}
+    assert plugins.aliases == {}
+    assert external(plugins)["omni-qwen3-tts"]["pipelines"] == ["qwen3-tts"]
+
+
+def test_a_module_registered_twice_in_process_is_listed_once(plugins: OmniPlugins) -> None:
+    module = pipeline_plugin(EchoPipeline)
+    assert plugins.register(module, "omni-echo") == "omni-echo"
+    assert plugins.register(module, "omni-echo-again") == "omni-echo"
+    assert plugins.record_of(module) is plugins.records["omni-echo"]
+    assert plugins.record_of(pipeline_plugin(EchoPipeline)) is None  # another object
+    assert plugins.in_process_modules() == ["omni_test_plugin"]  # what children import, once
+    assert [r["name"] for r in plugins.listing() if r["pipelines"] == ["test-echo"]] == [
+        "omni-echo"
+    ]
+    plugins.unregister("omni-echo")  # its own name: the plugin and every alias go
+    assert "omni-echo" not in external(plugins)
+    with pytest.raises(PluginError, match="no plugin named 'omni-echo-again'"):
+        plugins.unregister("omni-echo-again")
+
+
+def test_another_object_under_a_taken_name_is_a_plugin_error(plugins: OmniPlugins) -> None:
+    impostor = pipeline_plugin(EchoPipeline)
+    with pytest.raises(PluginError) as caught:
+        plugins.register(impostor, name="omni-qwen3-tts")
+    assert type(caught.value) is PluginError  # not pluggy's ValueError
+    message = str(caught.value)
+    assert "a plugin named 'omni-qwen3-tts' is already registered" in message
+    assert "from the entry point 'qwen3_tts" in message
+    assert "hint: register it under another name, or unregister 'omni-qwen3-tts' first" in message
+    # A name taken as an alias is taken too.
+    module = plugins.records["omni-moss-tts"].plugin
+    plugins.register(module, "moss")
+    with pytest.raises(PluginError, match="a plugin named 'moss' is already registered"):
+        plugins.register(impostor, name="moss")
+    assert "omni_test_plugin" not in external(plugins)
+
+
+# -- hooks a plugin gets wrong ---------------------------------------------------
+
+
+def module_with(name: str, **hooks: Callable[..., Any]) -> types.ModuleType:
+    """A plugin module whose attributes are ``hooks`` (functions already marked or not)."""
+    module = types.ModuleType(name)
+    for attribute, function in hooks.items():
+        setattr(module, attribute, function)
+    return module
+
+
+def test_a_misspelt_hook_is_that_plugins_load_error_and_the_others_load(
+    plugins: OmniPlugins,
+) -> None:
+    @hookimpl
+    def omni_register_pipeline() -> list[type[PipelineConfig]]:
+        return [EchoPipeline]
+
+    @hookimpl
+    def omni_register_wire_types() -> list[str]:
+        return ["omni_test_typo:Payload"]
+
+    typo = module_with(
+        "omni_test_typo",
+        omni_register_pipeline=omni_register_pipeline,
+        omni_register_wire_types=omni_register_wire_types,
+    )
+    assert plugins.register(typo) == "omni_test_typo"  # recorded, not raised
+    row = external(plugins)["omni_test_typo"]
+    assert row["error"] == (
+        "omni_register_pipeline is not an omni hook; did you mean omni_register_pipelines?"
+    )
+    assert row["hooks"] == []  # neither the misspelt hook nor the good one: it did not load
+    assert "omni_test_typo:Payload" not in plugins.wire_types()
+    for name, pipelines in INSTALLED.items():
+        assert external(plugins)[name]["pipelines"] == pipelines
+        assert external(plugins)[name]["error"] is None
+    with pytest.raises(PluginError) as caught:
+        plugins.pipeline("test-echo")
+    assert "omni_test_typo (omni_register_pipeline is not an omni hook" in str(caught.value)
+    plugins.unregister("omni_test_typo")
+    assert "omni_test_typo" not in external(plugins)
+
+
+def test_an_unknown_hook_with_no_close_name_lists_the_hooks(plugins: OmniPlugins) -> None:
+    @hookimpl
+    def omni_frobnicate() -> None:
+        return None
+
+    plugins.register(module_with("omni_test_frob", omni_frobnicate=omni_frobnicate))
+    error = external(plugins)["omni_test_frob"]["error"]
+    assert error.startswith("omni_frobnicate is not an omni hook (the hooks: omni_build_stage, ")
+    assert "omni_register_wire_types" in error
+    assert "@hookimpl(optionalhook=True)" in error
+
+
+def test_an_optional_hook_of_another_version_is_accepted(plugins: OmniPlugins) -> None:
+    @hookimpl(optionalhook=True)
+    def omni_register_codecs() -> list[str]:
+        return []
+
+    @hookimpl
+    def omni_register_pipelines() -> list[type[PipelineConfig]]:
+        return [EchoPipeline]
+
+    plugins.register(
+        module_with(
+            "omni_test_newer",
+            omni_register_codecs=omni_register_codecs,
+            omni_register_pipelines=omni_register_pipelines,
+        )
+    )
+    assert external(plugins)["omni_test_newer"]["error"] is None
+    assert plugins.pipeline("test-echo") is EchoPipeline
+
+
+def test_a_hook_whose_arguments_are_not_the_hookspecs_is_a_load_error(
+    plugins: OmniPlugins,
+) -> None:
+    class Misnamed:
+        @hookimpl
+        def omni_build_stage(self, stage: Any, pipline: Any, context: Any) -> Any:
+            return None
+
+    plugins.register(Misnamed(), name="misnamed")  # pluggy's error does not escape
+    row = external(plugins)["misnamed"]
+    assert row["error"].startswith("PluginValidationError: Plugin 'misnamed' for hook")
+    assert "omni_build_stage" in row["error"]
+    assert "pipline" in row["error"]
+    assert "\n" not in row["error"]
+    assert row["hooks"] == []
+    assert plugins.pipeline("qwen3-tts").pipeline_name == "qwen3-tts"
+
+
+def test_a_pydantic_error_in_a_registration_hook_names_the_plugin_and_hook(
+    plugins: OmniPlugins,
+) -> None:
+    @hookimpl
+    def omni_register_pipelines() -> list[type[PipelineConfig]]:
+        StageConfig(name="x", factory_path="a:b", terminal=True, tp_size="two")
+        return [EchoPipeline]
+
+    plugins.register(
+        module_with("omni_test_pydantic", omni_register_pipelines=omni_register_pipelines)
+    )
+    error = external(plugins)["omni_test_pydantic"]["error"]
+    assert error == (
+        "omni_register_pipelines failed: ValidationError in StageConfig: tp_size: "
+        "Input should be a valid integer, unable to parse string as an integer"
+    )
+    with pytest.raises(PluginError) as caught:
+        plugins.pipeline("test-echo")
+    assert f"omni_test_pydantic ({error})" in str(caught.value)
+
+
+def test_pipeline_aliases_written_as_a_string_are_refused(plugins: OmniPlugins) -> None:
+    class OneAlias(EchoPipeline):
+        aliases: ClassVar[tuple[str, ...]] = "EchoModel"  # type: ignore[assignment]
+
+    plugins.register(pipeline_plugin(OneAlias), name="one-alias")
+    error = external(plugins)["one-alias"]["error"]
+    assert "pipeline 'test-echo': aliases must be a tuple of names, not 'EchoModel'" in error
+    assert 'aliases = ("EchoModel",)' in error
+    assert "E" not in plugins.registries.aliases  # no alias per character
+
+
+@pytest.fixture
+def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str], str]:
+    """``install(distribution, source)``: a distribution whose ``omni`` plugin is ``source``."""
+    made: list[str] = []
+
+    def make(distribution: str, source: str) -> str:
+        module = distribution.replace("-", "_") + "_for_tests"
+        info = tmp_path / f"{distribution.replace('-', '_')}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.0\n"
+        )
+        (info / "entry_points.txt").write_text(f"[omni]\nplugin = {module}\n")
+        (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+        made.append(module)
+        return module
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield make
+    for module in made:
+        sys.modules.pop(module, None)
+
+
+def test_an_installed_plugin_with_a_misspelt_hook_is_listed_with_its_error(install) -> None:
+    install(
+        "omni-typo",
+        """
+        from omni_core import hookimpl
+
+        @hookimpl
+        def omni_register_transport():
+            return []
+        """,
+    )
+    rows = external(OmniPlugins(env={}))
+    assert rows["omni-typo"]["error"] == (
+        "omni_register_transport is not an omni hook; did you mean omni_register_transports?"
+    )
+    assert rows["omni-typo"]["hooks"] == []
+    for name, pipelines in INSTALLED.items():
+        assert rows[name]["pipelines"] == pipelines
+
+
+# -- the names of things in messages ----------------------------------------------
+
+
+def named(name: str) -> types.SimpleNamespace:
+    """A registered item (policy or transport) that has nothing but a name."""
+    return types.SimpleNamespace(name=name, description="")
+
+
+def test_missing_items_are_named_in_the_singular_and_listed_in_the_plural(
+    plugins: OmniPlugins,
+) -> None:
+    with pytest.raises(PluginError) as caught:
+        plugins.policy("declard")
+    assert caught.value.message == "no plugin provides a placement policy called 'declard'"
+    assert caught.value.hint.startswith("registered placement policies: auto, colocate, cpu, ")
+    assert "did you mean: declared" in caught.value.hint
+    with pytest.raises(PluginError) as caught:
+        plugins.transport("shmm")
+    assert caught.value.message == "no plugin provides a transport called 'shmm'"
+    assert caught.value.hint.startswith("registered transports: inproc, shm, socket")
+
+
+@pytest.mark.parametrize(
+    ("hook", "lookup", "label", "builtin"),
+    [
+        ("omni_register_placement_policies", "policy", "placement policy", "placement"),
+        ("omni_register_transports", "transport", "transport", "transports"),
+    ],
+)
+def test_clashes_and_nameless_items_say_what_kind_they_are(
+    plugins: OmniPlugins, hook: str, lookup: str, label: str, builtin: str
+) -> None:
+    taken = {"policy": "declared", "transport": "shm"}[lookup]
+
+    @hookimpl(specname=hook)
+    def clash() -> list[Any]:
+        return [named(taken)]
+
+    @hookimpl(specname=hook)
+    def nameless() -> list[Any]:
+        return [named("")]
+
+    plugins.register(module_with("omni_test_fork", clash=clash), name="omni-fork")
+    with pytest.raises(PluginError) as caught:
+        getattr(plugins, lookup)(taken)
+    assert str(caught.value).startswith(
+        f"{label} {taken!r} is registered by two plugins: "
+        f"'omni_core.builtins.{builtin}' and 'omni-fork'; uninstall one"
+    )
+    plugins.unregister("omni-fork")
+    plugins.register(module_with("omni_test_nameless", nameless=nameless))
+    assert external(plugins)["omni_test_nameless"]["error"].startswith(
+        f"{hook} failed: PluginError: a plugin registered a {label} without a name: "
+    )
 
 
 # -- broken plugins -------------------------------------------------------------
@@ -318,6 +608,9 @@ def make_engine(model_path, engine_args):
 
 
 class VocoderArgs(FactoryArgs):
+    # Lets undeclared keys through to the factory, whose signature then judges them:
+    # these tests are about that judgement at construction time.
+    allow_extra_keys = True
     chunk_frames: int = 12
 
 
@@ -461,7 +754,7 @@ def _every_stage() -> list[tuple[str, str]]:
     return [
         (name, stage.name)
         for name, registered in sorted(plugins.pipelines().items())
-        if name not in IMPLEMENTED
+        if name not in IMPLEMENTED and registered.plugin in MODELS
         for stage in registered.value.default_stages()
     ]
 
@@ -515,5 +808,25 @@ def test_a_malformed_wire_type_is_refused_by_name(plugins: OmniPlugins) -> None:
         def omni_register_wire_types(self) -> list[str]:
             return ["no-colon-here"]
 
-    with plugins.registered(BadPlugin(), name="bad"), pytest.raises(ValueError, match="no-colon"):
+    with plugins.registered(BadPlugin(), name="bad"), pytest.raises(PluginError) as caught:
         plugins.wire_types()
+    message = str(caught.value)
+    assert "plugin 'bad': omni_register_wire_types failed" in message
+    assert "'no-colon-here' is not 'module:Qualname'" in message
+
+
+def test_an_engine_stage_factory_may_ask_for_the_validated_settings(
+    plugins: OmniPlugins, factories: str, tmp_path: Path
+) -> None:
+    module = tmp_path / "settings_factories.py"
+    module.write_text("def make(model_path, engine_settings):\n    return engine_settings\n")
+    stage = EngineStageConfig(
+        name="vocoder",
+        factory_path="settings_factories:make",
+        terminal=True,
+        process="pipeline",
+        engine=EngineArgs(max_running_requests=4),
+    )
+    settings = build(plugins, stage)
+    # the backend's model, defaults filled in: what planning and admission read too
+    assert settings.max_running_requests == 4 and settings.max_total_tokens == 16384

@@ -130,11 +130,23 @@ def test_the_entry_stage_exists() -> None:
     assert "did you mean: front" in message
 
 
-def test_every_stage_that_is_not_tensor_parallel_declares_a_process() -> None:
-    message = stage_error(process=None)
-    assert "stage 'vocoder'" in message
-    assert "'process'" in message
-    # A TP stage gets one process per rank, so it may leave `process` out.
+def test_a_stage_without_a_process_gets_one_of_its_own(plugins) -> None:
+    from omni_core.plan import plan_deployment
+
+    class Lone(PipelineConfig):
+        pipeline_name: ClassVar[str] = "lone"
+        entry_stage: ClassVar[str] = "a"
+
+        @classmethod
+        def default_stages(cls) -> list[StageConfig]:
+            return [
+                StageConfig(name="a", factory_path="m:f", next="b"),
+                StageConfig(name="b", factory_path="m:f", terminal=True, process="shared"),
+            ]
+
+    plan = plan_deployment(Lone(), plugins=plugins)
+    assert {p.name: list(p.stages) for p in plan.processes} == {"a": ["a"], "shared": ["b"]}
+    # A TP stage gets one process per rank, so it leaves `process` out too.
     tp = StageConfig.model_validate(stage("thinker", process=None, tp_size=2, gpu=[0, 1]))
     assert tp.process is None
 

@@ -183,7 +183,14 @@ class FileSource:
                 hint="add the settings next to select, e.g. engine.max_running_requests = 16",
             )
         stages = self.schema.stages
-        chosen = list(self._names(select, "stages", where) or stages)
+        named = self._names(select, "stages", where)
+        if named == []:
+            raise ConfigError(
+                "select.stages is empty, so this [[shared]] entry matches no stage",
+                origin=where,
+                hint="list the stages it is for, or leave out stages to select every stage",
+            )
+        chosen = list(stages) if named is None else named
         if "engine" in select:
             if not isinstance(select["engine"], bool):
                 raise ConfigError("select.engine must be true or false", origin=where)

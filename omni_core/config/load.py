@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from pydantic import PydanticUserError, ValidationError
+
 from ..errors import ConfigError, PluginError, UsageError
 from ..plugins import OmniPlugins, get_plugins
+from ..schema import PipelineConfig
+from ..schema.validation import validation_message
+from .checks import check_outside
 from .file_source import DeployFile, FileSource
 from .flag_source import flag_patches, split_flags
 from .origin import Layer, Origin
@@ -51,13 +56,50 @@ def load_deployment(
     except PluginError as exc:
         raise type(exc)(exc.message, origin=str(origin), hint=exc.hint) from None
 
-    schema = PathSchema(pipeline_cls, pipeline_cls())
+    schema = PathSchema(pipeline_cls, _defaults(pipeline_cls, plugins))
     counter = [0]
     patches = FileSource(document, schema, counter).collect() if document else []
     patches += flag_patches(pairs, schema, counter)
-    return resolve(
+    resolution = resolve(
         pipeline_cls,
         patches,
         schema=schema,
         deploy_file=document.label if document else None,
     )
+    check_outside(resolution, plugins)
+    return resolution
+
+
+def _defaults(pipeline_cls: type[PipelineConfig], plugins: OmniPlugins) -> PipelineConfig:
+    """The pipeline as its plugin declares it; a bad declaration is the plugin's error."""
+    try:
+        return pipeline_cls()
+    except ValidationError as exc:
+        name = pipeline_cls.pipeline_name
+        owner = _owner(pipeline_cls, plugins)
+        raise PluginError(
+            f"pipeline {name!r} of plugin {owner!r} declares defaults its own schema refuses:\n  "
+            + validation_message(exc, _stage_names(pipeline_cls)).replace("\n", "\n  "),
+            hint=f"this is a bug in plugin {owner!r}: fix its pipeline class, or uninstall it",
+        ) from None
+    except PydanticUserError as exc:  # schemas are built on first use (defer_build)
+        owner = _owner(pipeline_cls, plugins)
+        raise PluginError(
+            f"pipeline {pipeline_cls.pipeline_name!r} of plugin {owner!r} declares a "
+            f"setting pydantic cannot validate: {exc.message}",
+            hint=f"this is a bug in plugin {owner!r}: fix its pipeline class, or uninstall it",
+        ) from None
+
+
+def _owner(pipeline_cls: type[PipelineConfig], plugins: OmniPlugins) -> str:
+    return next(
+        (r.plugin for r in plugins.pipelines().values() if r.value is pipeline_cls),
+        "?",
+    )
+
+
+def _stage_names(pipeline_cls: type[PipelineConfig]) -> list[str]:
+    try:
+        return [stage.name for stage in pipeline_cls.default_stages()]
+    except Exception:  # the stages themselves are what is broken
+        return []

@@ -332,10 +332,13 @@ class TorchEngine:
                 request.aborted = True  # the consumer went away: stop computing for it
                 self._finish(request, "abort")
                 continue
-            if result.finished:
-                self._finish(request, "stop")
-            elif seq.steps >= seq.sampling.max_new_tokens or seq.cached >= self.plan.slot_len:
+            # The caps first: a model may also call its last allowed step finished,
+            # but the request ended because of the cap ("length"), not by itself.
+            limit = seq.sampling.max_new_tokens
+            if (limit is not None and seq.steps >= limit) or seq.cached >= self.plan.slot_len:
                 self._finish(request, "length")
+            elif result.finished:
+                self._finish(request, "stop")
 
     def _finish(self, request: _Request, reason: str) -> None:
         if request.stream.finish_reason is None:

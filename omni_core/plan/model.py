@@ -1,5 +1,7 @@
-"""The plain data of planning: what a placement policy receives, what it returns,
-and the :class:`DeploymentPlan` the planner hands to ``omni plan`` and the runtime.
+"""The plain data of a plan: the :class:`DeploymentPlan` the planner hands to
+``omni plan`` and the runtime, and its parts. What a placement policy receives
+and returns is the placement contract's (:mod:`omni_core.placement`), imported
+here because a plan is made of it.
 
 These are dataclasses, not pydantic models: the config was validated when it
 was resolved, and planning builds these objects in loops over every stage
@@ -10,11 +12,19 @@ two runs of ``omni plan --json`` on one deployment are byte-identical.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..schema.sizes import format_bytes
+from ..placement import (  # noqa: F401 - re-exported: the plan's own vocabulary
+    Assignment,
+    GpuDevice,
+    GpuInventory,
+    MemoryEstimate,
+    PlacementRequest,
+    PlacementResult,
+    Refusal,
+    StageInstance,
+)
 
 _ROUND = 6  # digits kept for memory fractions: 0.03 + 0.78 + ... prints as 0.94
 
@@ -22,246 +32,6 @@ _ROUND = 6  # digits kept for memory fractions: 0.03 + 0.78 + ... prints as 0.94
 def round_fraction(value: float | None) -> float | None:
     """Fractions as people wrote them, without binary floating-point tails."""
     return None if value is None else round(value, _ROUND)
-
-
-# -- the GPU inventory -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuDevice:
-    """One GPU as detected or declared. ``None`` means not known."""
-
-    index: int
-    memory_bytes: int | None = None
-    uuid: str | None = None
-    name: str | None = None
-    free_bytes: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "memory_bytes": self.memory_bytes,
-            "free_bytes": self.free_bytes,
-            "uuid": self.uuid,
-            "name": self.name,
-        }
-
-
-@dataclass(frozen=True)
-class GpuInventory:
-    """The GPUs a deployment is planned against.
-
-    ``count_known`` is False when nothing could be detected and nothing was
-    declared: then GPU ids cannot be checked, and policies that must know the
-    GPUs (``auto``) refuse. ``mps_available`` is whether the MPS control binary
-    is present (None: unknown). ``source`` says where the facts came from
-    (``nvml``, ``config``, ``nvml+config``, ``unknown``) so a plan printed on a
-    laptop says it was planned for declared hardware.
-    """
-
-    devices: tuple[GpuDevice, ...] = ()
-    count_known: bool = False
-    mps_available: bool | None = None
-    source: str = "unknown"
-    notes: tuple[str, ...] = ()
-
-    @classmethod
-    def unknown(cls, note: str | None = None) -> GpuInventory:
-        return cls(notes=(note,) if note else ())
-
-    @classmethod
-    def uniform(
-        cls,
-        count: int,
-        memory_bytes: int | None = None,
-        *,
-        mps_available: bool | None = None,
-        source: str = "config",
-    ) -> GpuInventory:
-        """``count`` identical GPUs: how a user describes hardware they are not on."""
-        devices = tuple(GpuDevice(i, memory_bytes) for i in range(count))
-        return cls(devices, True, mps_available, source)
-
-    @property
-    def count(self) -> int | None:
-        return len(self.devices) if self.count_known else None
-
-    def has(self, gpu: int) -> bool:
-        """Whether ``gpu`` exists; every id is accepted when the count is unknown."""
-        return not self.count_known or 0 <= gpu < len(self.devices)
-
-    def memory_of(self, gpu: int) -> int | None:
-        if 0 <= gpu < len(self.devices):
-            return self.devices[gpu].memory_bytes
-        return None
-
-    def describe(self) -> str:
-        """``2 GPUs (ids 0-1, 80GiB each; from config)`` and the like."""
-        if not self.count_known:
-            return "unknown (no GPU detected or declared)"
-        n = len(self.devices)
-        if n == 0:
-            return f"no GPUs (from {self.source})"
-        ids = "id 0" if n == 1 else f"ids 0-{n - 1}"
-        sizes = {d.memory_bytes for d in self.devices}
-        if sizes == {None}:
-            memory = "memory unknown"
-        elif len(sizes) == 1:
-            memory = f"{format_bytes(next(iter(sizes)))} each"  # type: ignore[arg-type]
-        else:
-            memory = ", ".join(
-                f"GPU {d.index} {format_bytes(d.memory_bytes) if d.memory_bytes else '?'}"
-                for d in self.devices
-            )
-        return f"{n} GPU{'s' if n != 1 else ''} ({ids}, {memory}; from {self.source})"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "count": self.count,
-            "mps_available": self.mps_available,
-            "devices": [d.to_dict() for d in self.devices],
-            "notes": list(self.notes),
-        }
-
-
-# -- memory estimates ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """GPU memory one stage needs, summed over its tensor-parallel ranks.
-
-    ``weights_bytes`` by the dtype the stage loads in; ``kv_bytes`` the engine's
-    KV-cache budget (0 for stages without one); ``overhead_bytes`` activations,
-    workspaces and CUDA graphs. ``source`` says how it was estimated, for the
-    plan's reader.
-    """
-
-    weights_bytes: int
-    kv_bytes: int = 0
-    overhead_bytes: int = 0
-    source: str = ""
-
-    @property
-    def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.overhead_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "weights_bytes": self.weights_bytes,
-            "kv_bytes": self.kv_bytes,
-            "overhead_bytes": self.overhead_bytes,
-            "total_bytes": self.total_bytes,
-            "source": self.source,
-        }
-
-
-# -- what a placement policy receives ----------------------------------------
-
-
-@dataclass(frozen=True)
-class StageInstance:
-    """One stage of one replica: what a placement policy places.
-
-    ``gpus`` is what the deployment asked for (the stage's ``gpu``, or the
-    replica's slice of ``replica_devices`` when ``device_source`` says so);
-    empty for a host stage. A policy may honour or override it.
-    """
-
-    name: str
-    stage: str
-    process: str
-    logical_process: str
-    replica: int = 0
-    num_replicas: int = 1
-    tp_size: int = 1
-    is_engine: bool = False
-    uses_gpu: bool = False
-    gpus: tuple[int, ...] = ()
-    device_source: str = "stage"
-    memory_fraction: float | None = None
-    reserve_bytes: int | None = None
-
-    @property
-    def declares_share(self) -> bool:
-        return self.memory_fraction is not None or self.reserve_bytes is not None
-
-
-@dataclass(frozen=True)
-class PlacementRequest:
-    """Everything a policy may look at; it must not look anywhere else.
-
-    ``instances`` are in declaration order (stages), replicas inner.
-    ``estimates`` holds per logical stage what the model plugins estimate, and
-    is filled only for policies that set ``uses_estimates = True``.
-    """
-
-    pipeline: str
-    instances: tuple[StageInstance, ...]
-    inventory: GpuInventory
-    memory_limit: float = 1.0
-    estimates: Mapping[str, MemoryEstimate] = field(default_factory=dict)
-
-    def processes(self) -> dict[str, list[StageInstance]]:
-        """Instances by process instance, in order of first appearance."""
-        groups: dict[str, list[StageInstance]] = {}
-        for instance in self.instances:
-            groups.setdefault(instance.process, []).append(instance)
-        return groups
-
-    def gpu_instances(self) -> list[StageInstance]:
-        return [i for i in self.instances if i.uses_gpu]
-
-
-# -- what a placement policy returns -------------------------------------------
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """One reason a deployment cannot be planned, and what would fix it.
-
-    ``stage`` and ``gpu`` say what the reason is about (for grouping and
-    tests); ``fix`` is a concrete change (a flag, a setting) or None.
-    """
-
-    message: str
-    stage: str | None = None
-    gpu: int | None = None
-    fix: str | None = None
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """Where one stage instance runs and the memory it may take on each of its GPUs.
-
-    ``gpus`` empty means the host (no GPU). ``memory_fraction`` is per GPU;
-    ``reserve_bytes`` is an absolute budget per GPU; set one of them at most
-    (the checks refuse both, as the schema does for a stage). ``share_source`` says where
-    the share came from: ``declared`` (the config), ``estimate`` (a policy
-    computed it) or ``none``.
-    """
-
-    instance: str
-    gpus: tuple[int, ...] = ()
-    memory_fraction: float | None = None
-    reserve_bytes: int | None = None
-    share_source: str = "none"
-
-
-@dataclass
-class PlacementResult:
-    """A policy's answer: one assignment per instance, or refusals."""
-
-    assignments: dict[str, Assignment] = field(default_factory=dict)
-    refusals: list[Refusal] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def assign(self, assignment: Assignment) -> None:
-        self.assignments[assignment.instance] = assignment
-
-    def refuse(self, message: str, **about: Any) -> None:
-        self.refusals.append(Refusal(message, **about))
 
 
 # -- the plan ------------------------------------------------------------------

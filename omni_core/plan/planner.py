@@ -34,6 +34,7 @@ from .inventory import inventory_from_cluster
 from .model import DeploymentPlan, GpuInventory, PlacementRequest, Refusal
 from .mps import plan_mps
 from .processes import build_processes
+from .transports import check_transports
 from .usage import gpu_ledger
 from .weights import plan_weight_share, start_waves
 
@@ -121,6 +122,7 @@ def _plan(
     weight_share = plan_weight_share(config.weight_share, processes, expansion.members, problems)
     mps = plan_mps(config.mps, ledger, inventory, problems)
     endpoints = plan_endpoints(config, processes, stages, problems)
+    problems += check_transports(config, processes, plugins)
     if problems:
         raise Infeasible(problems)
 

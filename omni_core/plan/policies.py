@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import math
 
-from ..placement import PlacementPolicy
+from ..placement import (
+    Assignment,
+    PlacementPolicy,
+    PlacementRequest,
+    PlacementResult,
+    StageInstance,
+)
 from ..schema.sizes import format_bytes
-from .model import Assignment, PlacementRequest, PlacementResult, StageInstance
 
 CONTEXT_BYTES = 512 * 1024**2
 """What ``auto`` sets aside per process and GPU beyond the stages' own needs:

@@ -119,7 +119,7 @@ class Coordinator:
         self.unavailable: dict[tuple[str, int], str] = {}
         self.accepting = True
         self._round_robin = {p: itertools.count() for p in replicas}
-        self.send: Any = None  # async (envelope, process-binding) -> None, set by the runtime
+        self.send: Any = None  # async (envelope) -> None, set by the runtime
         self.completed = 0
         self.failed = 0
         self.stage_stats: dict[str, dict[str, dict[str, int]]] = {}  # process -> stage -> depth

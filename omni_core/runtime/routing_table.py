@@ -5,12 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..plan.model import DeploymentPlan
+from ..plan.transports import unix_address
 from ..schema import PipelineConfig
-
-
-def unix_address(endpoint: str) -> str:
-    """Plans hold socket paths; transports take ``unix:`` addresses."""
-    return endpoint if ":" in endpoint.split("/", 1)[0] else f"unix:{endpoint}"
 
 
 @dataclass(frozen=True)

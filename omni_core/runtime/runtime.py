@@ -21,7 +21,9 @@ from typing import Any
 import anyio
 
 from ..errors import NotImplementedYet
+from ..plan.checks import engine_settings
 from ..plan.model import DeploymentPlan
+from ..plan.transports import check_edges, default_transport
 from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
 from ..wire import allow_wire_types
@@ -33,7 +35,6 @@ from .mps import MpsDaemon, daemons_for
 from .outbound import Outbound
 from .processes import Child, StartupError, describe_exit
 from .routing_table import RoutingTable
-from .transport_choice import check_edges, default_transport
 from .transports._auth import new_secret
 from .worker import ChildSpec
 
@@ -42,14 +43,20 @@ Progress = Callable[[str, str, dict[str, Any]], None]
 
 
 def admission_limit(config: PipelineConfig, replicas: dict[str, int]) -> int:
-    """From the engine stages' limits times their replicas; a default per replica otherwise."""
+    """From the engine stages' limits times their replicas; a default per replica otherwise.
+
+    An engine stage's limit is read from the settings its backend validated,
+    defaults included: the number the engine itself will run, not only what
+    the deploy file happened to write.
+    """
     if config.runtime.max_inflight is not None:
         return config.runtime.max_inflight
     limits = []
     for stage in config.stages:
+        if not stage.is_engine:
+            continue
         count = replicas.get(config.process_of(stage), 1)
-        engine = getattr(stage, "engine", None)
-        per_replica = getattr(engine, "max_running_requests", None) if engine else None
+        per_replica = engine_settings(stage).max_running_requests
         if per_replica:
             limits.append(per_replica * count)
     if limits:

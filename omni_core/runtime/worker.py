@@ -30,6 +30,7 @@ from anyio.abc import TaskGroup
 from ..errors import RequestError
 from ..factory import StageContext, import_object
 from ..plan.model import DeploymentPlan
+from ..plan.transports import address_for, default_transport, edge_transport, incoming_transports
 from ..plugins import OmniPlugins
 from ..schema import PipelineConfig
 from ..wire import allow_wire_types
@@ -39,7 +40,6 @@ from .outbound import Outbound
 from .routing_table import RoutingTable
 from .rundir import open_private
 from .stage_api import StageRequest, as_stage
-from .transport_choice import address_for, default_transport, edge_transport, incoming_transports
 
 HEARTBEATS_PER_TIMEOUT = 5  # a process falls silent only after missing this many in a row
 MAX_HEARTBEAT_INTERVAL = 1.0  # seconds; the queue depth in /health is at most this old

@@ -8,7 +8,14 @@ from .deployment import (
     RuntimeConfig,
     ServerConfig,
 )
-from .groups import PLACEMENT_OWNED_FACTORY_KEYS, EngineArgs, FactoryArgs, SettingsGroup
+from .groups import (
+    PLACEMENT_OWNED_FACTORY_KEYS,
+    DType,
+    EngineArgs,
+    FactoryArgs,
+    LoadFormat,
+    SettingsGroup,
+)
 from .pipeline import PipelineConfig
 from .sizes import format_bytes, parse_bytes
 from .stage import AUTHOR_ONLY_FIELDS, EngineStageConfig, StageConfig
@@ -18,10 +25,12 @@ __all__ = [
     "AUTHOR_ONLY_FIELDS",
     "PLACEMENT_OWNED_FACTORY_KEYS",
     "ClusterConfig",
+    "DType",
     "EndpointsConfig",
     "EngineArgs",
     "EngineStageConfig",
     "FactoryArgs",
+    "LoadFormat",
     "PipelineConfig",
     "PlacementConfig",
     "ProcessConfig",

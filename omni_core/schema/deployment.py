@@ -15,7 +15,7 @@ class ProcessConfig(BaseModel):
     Member stages come from each stage's ``process`` field; this never repeats them.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     num_replicas: int = 1
     replica_devices: list[int] | None = None
@@ -45,7 +45,7 @@ class ProcessConfig(BaseModel):
 class PlacementConfig(BaseModel):
     """Which placement policy plans the deployment, and its limits."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     policy: str = "declared"
     memory_limit: float = Field(
@@ -62,7 +62,7 @@ class PlacementConfig(BaseModel):
 class ClusterConfig(BaseModel):
     """The GPU inventory to plan against, when it is not (or cannot be) detected."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     gpus: int | None = None
     gpu_memory: int | None = None
@@ -83,7 +83,7 @@ class ClusterConfig(BaseModel):
 class EndpointsConfig(BaseModel):
     """Where per-deployment IPC endpoints (Unix sockets) live."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     base_path: str | None = Field(
         default=None,
@@ -99,7 +99,7 @@ MAX_HEARTBEAT_TIMEOUT = 3600.0
 class RuntimeConfig(BaseModel):
     """How the runtime launches, supervises and routes (read by the parent process)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     startup_timeout: float = Field(default=120.0, description="seconds a process may take to start")
     request_timeout: float = Field(default=600.0, description="seconds before a request is aborted")
@@ -147,14 +147,15 @@ class RuntimeConfig(BaseModel):
 class ServerConfig(BaseModel):
     """The HTTP server of ``omni serve``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = Field(default=None, description="prefer the OMNI_API_KEY variable")
     max_body_bytes: int = 32 * 1024 * 1024
     media_dirs: list[str] = Field(
-        default_factory=list, description="directories local media paths may be read from"
+        default=[],  # not default_factory=list: see stage.py
+        description="directories local media paths may be read from",
     )
     allow_remote_media: bool = Field(
         default=False,

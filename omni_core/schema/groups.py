@@ -7,9 +7,12 @@ engine backend), which must refuse what it does not accept, by name.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
+
+from ..errors import suggestion
+from .problems import SchemaProblems
 
 # Values owned by placement: the planner computes them, nobody writes them.
 PLACEMENT_OWNED_FACTORY_KEYS = frozenset(
@@ -17,17 +20,54 @@ PLACEMENT_OWNED_FACTORY_KEYS = frozenset(
 )
 
 
+# Spellings the model plugins' loaders accept, for their factory.* declarations.
+DType = Literal["auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"]
+LoadFormat = Literal["auto", "safetensors", "dummy"]  # dummy: seeded random weights
+
+
 class SettingsGroup(BaseModel):
     """Base of a group: declared fields typed, undeclared keys allowed."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    model_config = ConfigDict(extra="allow", validate_assignment=True, defer_build=True)
 
     def free_keys(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
 
 
 class FactoryArgs(SettingsGroup):
-    """Settings passed to a stage factory by parameter name (config channel)."""
+    """Settings passed to a stage factory by parameter name (config channel).
+
+    A subclass declares its factory's settings, with their types and value
+    constraints (``Field(ge=1)``, ``Literal[...]``), and then undeclared keys
+    are refused when the deployment is resolved, with a suggestion, instead
+    of by the factory in a child process. A subclass whose factory takes
+    more than it declares says so with ``allow_extra_keys = True``. The base
+    class itself (a stage that declares nothing) passes every key through.
+    """
+
+    allow_extra_keys: ClassVar[bool] = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_undeclared(cls, data: Any) -> Any:
+        if cls is FactoryArgs or cls.allow_extra_keys or not isinstance(data, dict):
+            return data
+        declared = cls.model_fields
+        unknown = sorted(
+            k for k in data if k not in declared and k not in PLACEMENT_OWNED_FACTORY_KEYS
+        )
+        if unknown:
+            raise SchemaProblems(
+                [
+                    (
+                        (key,),
+                        f"{key!r} is not a setting of this stage's factory; "
+                        + suggestion(key, declared, kind="its settings"),
+                    )
+                    for key in unknown
+                ]
+            )
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -8,6 +8,7 @@ MPS, weight sharing, placement and endpoints.
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, model_validator
@@ -23,11 +24,16 @@ from .deployment import (
 )
 from .stage import StageConfig
 
+SourceProblem = tuple[tuple[tuple[str, ...], ...], str, str]
+"""(paths the problem concerns, message, fix) from :meth:`PipelineConfig.model_source_problems`."""
+
 
 class PipelineConfig(BaseModel):
     """Base class of every pipeline declaration."""
 
-    model_config = ConfigDict(extra="forbid")
+    # defer_build, here and on every schema model (subclasses inherit it): validators are
+    # built on first use, so `omni plugins list`, which imports every pipeline, builds none.
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     # -- class-level topology: written by the plugin author only ----------
     pipeline_name: ClassVar[str] = ""
@@ -49,7 +55,7 @@ class PipelineConfig(BaseModel):
 
     # -- deployment settings ------------------------------------------------
     model_path: str = ""
-    stages: list[SerializeAsAny[StageConfig]] = Field(default_factory=list)
+    stages: list[SerializeAsAny[StageConfig]] = []  # not default_factory=list: see stage.py
     processes: dict[str, ProcessConfig] = Field(default_factory=dict)
     mps: Literal["off", "on", "auto"] = "off"
     weight_share: Literal["off", "on"] = "off"
@@ -63,6 +69,30 @@ class PipelineConfig(BaseModel):
     def default_stages(cls) -> list[StageConfig]:
         """The stages of this pipeline with their default settings, in build order."""
         raise NotImplementedError(f"{cls.__name__} must implement default_stages()")
+
+    def model_source_problems(self) -> list[SourceProblem]:
+        """What the stages would refuse in ``model_path``, found without loading anything.
+
+        Called in the parent before any process starts (``omni config``,
+        ``omni plan``, ``omni serve``), so it must not import torch. Each
+        problem is ``(paths, message, fix)``; the paths (``("model_path",)``,
+        ``("stages", "x", "factory", "load_format")``) let the error name who
+        wrote the value. The default refuses a local-looking path (absolute,
+        ``./``, ``~``) that does not exist; pipelines override it to say more
+        (presets, the files a checkpoint must have).
+        """
+        path = self.model_path
+        if path.startswith(("/", "./", "../", "~")) and not os.path.exists(
+            os.path.expanduser(path)
+        ):
+            return [
+                (
+                    (("model_path",),),
+                    f"model_path {path!r} does not exist",
+                    "give the checkpoint directory, or a hub id such as owner/name",
+                )
+            ]
+        return []
 
     @classmethod
     def engine_stage_names(cls) -> list[str]:

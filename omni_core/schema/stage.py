@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from .groups import PLACEMENT_OWNED_FACTORY_KEYS, EngineArgs, FactoryArgs
+from .problems import SchemaProblems
 from .sizes import parse_bytes
 
 AUTHOR_ONLY_FIELDS = frozenset(
@@ -44,22 +45,10 @@ AUTHOR_ONLY_FIELDS = frozenset(
 """Topology and code wiring: lives in the plugin's pipeline class only."""
 
 
-class SchemaProblems(ValueError):
-    """Several problems of one model, each with the fields it concerns.
-
-    The config resolver uses the fields to say which file line or flag wrote
-    the offending value.
-    """
-
-    def __init__(self, problems: list[tuple[tuple[str, ...], str]]):
-        self.problems = problems
-        super().__init__("; ".join(message for _, message in problems))
-
-
 class StageConfig(BaseModel):
     """A stage that is not driven by an engine backend (encoders, vocoders, CPU work)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, defer_build=True)
 
     # -- author-only: topology and wiring --------------------------------
     name: str
@@ -69,10 +58,14 @@ class StageConfig(BaseModel):
     route_fn: str | None = None
     wait_for: list[str] | None = None
     merge_fn: str | None = None
-    stream_to: list[str] = Field(default_factory=list)
+    # [] rather than default_factory=list: pydantic copies mutable defaults, and a
+    # builtin factory makes it call inspect.signature(list), whose first use compiles
+    # tokenize's regular expressions: ~14 ms of every `omni` command's start-up.
+    stream_to: list[str] = []
     author_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     # -- parent process: placement and process planning ------------------
+    # None: a process of its own, named after the stage (one per rank when tp_size > 1)
     process: str | None = None
     gpu: int | list[int] | None = None
     tp_size: int = 1
@@ -179,12 +172,6 @@ class StageConfig(BaseModel):
             )
         if self.tp_size < 1:
             yield ("tp_size",), f"field 'tp_size' must be >= 1, got {self.tp_size}"
-        if self.tp_size == 1 and self.process is None:
-            yield (
-                ("process",),
-                "field 'process' is missing: every stage that is not tensor-parallel "
-                "names its process",
-            )
         yield from self._gpu_problems()
         share = ("gpu_memory_fraction", "total_reserve_bytes")
         if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from .stage import SchemaProblems
+from .problems import SchemaProblems
 
 Path = tuple[str, ...]
 
@@ -46,13 +46,34 @@ def validation_problems(
         cause = (error.get("ctx") or {}).get("error")
         if isinstance(cause, SchemaProblems):
             for fields, message in cause.problems:
+                if base and not message.startswith("stage "):
+                    message = f"{'.'.join(base)}: {message}"
                 problems.append(Problem(message, tuple((*base, f) for f in fields)))
             continue
-        message = str(error["msg"]).removeprefix("Value error, ")
+        message = _plain(error) or str(error["msg"]).removeprefix("Value error, ")
         if base and not message.startswith("stage "):
             message = f"{'.'.join(base)}: {message}"
         problems.append(Problem(message, (base,)))
     return problems
+
+
+# pydantic's error type -> (operator, the ctx key holding the limit)
+_BOUNDS = {
+    "greater_than": (">", "gt"),
+    "greater_than_equal": (">=", "ge"),
+    "less_than": ("<", "lt"),
+    "less_than_equal": ("<=", "le"),
+}
+
+
+def _plain(error: dict) -> str | None:
+    """A bound declared with ``Field(ge=1)`` said as a serving engineer would say it."""
+    kind = error.get("type", "")
+    if kind in _BOUNDS:
+        operator, key = _BOUNDS[kind]
+        limit = (error.get("ctx") or {}).get(key)
+        return f"must be {operator} {limit}, got {error.get('input')!r}"
+    return None
 
 
 def validation_message(exc: ValidationError, stage_names: Sequence[str] = ()) -> str:

@@ -86,6 +86,8 @@ async def create_chat(
         await pieces.aclose()
         await service.finish(handle, "the client disconnected")
 
+    finish = {"reason": "stop"}  # "length" when a stage says a token or frame cap ended it
+
     if not body.stream:
 
         async def collect() -> tuple[str, bytes]:
@@ -93,8 +95,10 @@ async def create_chat(
             async for piece in pieces:
                 if piece.kind == "text":
                     text.append(piece.data)
-                else:
+                elif piece.kind == "audio":
                     pcm += piece.data
+                else:
+                    finish["reason"] = piece.data
             return "".join(text), bytes(pcm)
 
         try:
@@ -117,7 +121,7 @@ async def create_chat(
             {
                 **ids,
                 "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": message, "finish_reason": finish["reason"]}],
                 "usage": None,
             }
         )
@@ -131,6 +135,9 @@ async def create_chat(
         return f"data: {json.dumps(payload)}\n\n".encode()
 
     def delta(piece: Piece) -> dict[str, Any] | None:
+        if piece.kind == "finish":
+            finish["reason"] = piece.data
+            return None
         if piece.kind == "audio":
             if "audio" not in modalities:
                 return None
@@ -166,7 +173,7 @@ async def create_chat(
         if "audio" in modalities:  # as OpenAI: the last audio update holds only its expiry
             expires = int(time.time()) + AUDIO_LIFETIME
             yield chunk({"audio": {"id": audio_id, "expires_at": expires}})
-        yield chunk({}, "stop")
+        yield chunk({}, finish["reason"])
         yield b"data: [DONE]\n\n"
 
     return OwnedStreamingResponse(

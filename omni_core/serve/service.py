@@ -72,9 +72,13 @@ class Serving:
 
 @dataclass
 class Piece:
-    """Something for the client: a text delta (str) or PCM16 audio (bytes)."""
+    """Something for the client: a text delta (str), PCM16 audio (bytes), or why it ended.
 
-    kind: str  # "text" or "audio"
+    ``finish`` pieces carry ``stop`` or ``length`` (a token or frame cap ended
+    the request) from a terminal stage's final output ``{"finish_reason": ...}``.
+    """
+
+    kind: str  # "text", "audio" or "finish"
     data: Any
 
 
@@ -183,6 +187,9 @@ class Service:
         serving = self.serving
         if event.stage not in (serving.audio_stage, serving.text_stage):
             return None
+        if event.final and isinstance(event.data, dict):
+            reason = event.data.get("finish_reason")
+            return Piece("finish", reason) if isinstance(reason, str) else None
         if event.final and (
             event.stage in streamed or not _is_whole(event.data, event.stage, serving)
         ):

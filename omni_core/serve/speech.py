@@ -23,6 +23,7 @@ from .protocol import SpeechRequest, parse_body
 from .service import Piece, Service
 
 PATH = "/v1/audio/speech"
+FINISH_HEADER = "X-Omni-Finish-Reason"  # stop, or length when the frame cap ended the speech
 
 
 async def create_speech(
@@ -52,12 +53,15 @@ async def create_speech(
         return None
 
     if not body.streaming:
+        finish = {"reason": "stop"}
 
         async def collect() -> bytes:
             pcm = bytearray()
             async for piece in pieces:
                 if piece.kind == "audio":
                     pcm += piece.data
+                elif piece.kind == "finish":
+                    finish["reason"] = piece.data
             return bytes(pcm)
 
         try:
@@ -71,7 +75,12 @@ async def create_speech(
                 f"pipeline {service.serving.pipeline!r} finished without "
                 f"producing audio in stage {service.serving.audio_stage!r}",
             )
-        return Response(encode(pcm, fmt, rate), media_type=MEDIA_TYPES[fmt])
+        # "length": the frame cap (max_frames) cut the speech short
+        return Response(
+            encode(pcm, fmt, rate),
+            media_type=MEDIA_TYPES[fmt],
+            headers={FINISH_HEADER: finish["reason"]},
+        )
 
     try:
         first = await unless_disconnected(request, next_audio)

@@ -29,16 +29,42 @@ def test_free_form_keys_use_toml_scalar_rules(text, expected):
 
 
 def test_free_form_factory_key_from_a_flag(resolve):
+    # qwen3-omni's preprocessing declares no factory settings: its keys pass through
     res = resolve(
         None,
-        "--vocoder.factory.use_fast_path",
+        "--preprocessing.factory.use_fast_path",
         "true",
-        "--vocoder.factory.warmup",
+        "--preprocessing.factory.warmup",
         "3",
-        pipeline="qwen3-tts",
+        pipeline="qwen3-omni",
     )
-    extra = res.config.stage("vocoder").factory.model_extra
+    extra = res.config.stage("preprocessing").factory.model_extra
     assert extra == {"use_fast_path": True, "warmup": 3}
+
+
+def test_a_key_a_stage_does_not_declare_is_refused_with_a_suggestion(resolve):
+    with pytest.raises(ConfigError) as refused:
+        resolve(None, "--vocoder.factory.max_batch_sise", "4", pipeline="qwen3-tts")
+    message = str(refused.value)
+    assert "stages.vocoder.factory: 'max_batch_sise' is not a setting of this stage's factory" in (
+        message
+    )
+    assert "did you mean: max_batch_size" in message
+    assert "(set by --vocoder.factory.max_batch_sise)" in message
+
+
+def test_factory_args_that_allow_extras_pass_them_through():
+    from omni_core import FactoryArgs
+
+    class Strict(FactoryArgs):
+        size: int = 1
+
+    class Open(Strict):
+        allow_extra_keys = True
+
+    assert Open(size=2, extra=3).free_keys() == {"extra": 3}
+    with pytest.raises(ValueError, match="'extra' is not a setting"):
+        Strict(extra=3)
 
 
 def test_int_into_float_field_is_fine(resolve):

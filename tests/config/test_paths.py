@@ -69,8 +69,9 @@ def test_unknown_stage_in_a_deploy_file_lists_the_real_ones(deploy, resolve):
 
 
 def test_dashes_in_the_first_segment_read_as_underscores(resolve):
-    res = resolve(None, "--model-path", "/models/tts", "--weight-share", "on", pipeline="qwen3-tts")
-    assert res.config.model_path == "/models/tts"
+    hub_id = "Qwen/Qwen3-TTS-12Hz-1.7B-Base"
+    res = resolve(None, "--model-path", hub_id, "--weight-share", "on", pipeline="qwen3-tts")
+    assert res.config.model_path == hub_id
     assert res.config.weight_share == "on"
 
 

@@ -80,6 +80,7 @@ def test_two_shared_entries_writing_different_values_conflict(deploy, resolve):
         ('select = { exclude = ["decod"] }\nfactory.x = 1\n', "did you mean: decode"),
         ('select = { stages = ["decode"], engine = true }\nfactory.x = 1\n', "matches no stage"),
         ("select = { engine = true }\n", "no settings to write"),
+        ("select = { stages = [] }\nfactory.x = 1\n", "select.stages is empty"),
         (
             'select = { stages = ["decode"] }\nengine.max_running_requests = 1\n',
             "not an engine stage",

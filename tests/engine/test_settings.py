@@ -179,3 +179,19 @@ def test_budgets_too_small_for_one_position_per_slot_are_refused() -> None:
         )
     with pytest.raises(ConfigError, match="cannot give each of"):
         plan_slots(EngineSettings(max_running_requests=8, max_total_tokens=4), LAYOUT)
+
+
+def test_admission_defaults_to_what_the_engine_runs(plugins):
+    """With nothing set, admission lets in what the engines run at once, per replica."""
+    from omni_core.engine.interface import EngineSettings
+    from omni_core.runtime.runtime import admission_limit
+    from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
+
+    default = EngineSettings().max_running_requests
+    assert admission_limit(Qwen3TTSPipeline(), {"pipeline": 1}) == default
+    assert admission_limit(Qwen3TTSPipeline(), {"pipeline": 3}) == 3 * default
+    from omni_core.config import load_deployment
+
+    flags = ["--tts_engine.engine.max_running_requests", "5"]
+    written = load_deployment(None, flags, pipeline="qwen3-tts", plugins=plugins).config
+    assert admission_limit(written, {"pipeline": 2}) == 10

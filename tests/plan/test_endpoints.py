@@ -62,3 +62,50 @@ def test_odd_process_names_become_safe_file_names(plugins, configure):
     )
     plan = plan_deployment(config, plugins=plugins)
     assert plan.endpoints.processes["a/b c"].endswith("/p-a_b_c.sock")
+
+
+def test_a_transport_that_stays_in_one_process_is_refused_between_processes(plugins):
+    from omni_core.plan.planner import Infeasible
+
+    config = Qwen3OmniSpeechPipeline(runtime={"transport": "inproc"})
+    with pytest.raises((ConfigError, Infeasible)) as refused:
+        plan_deployment(config, plugins=plugins)
+    message = str(refused.value)
+    assert "transport 'inproc' carries messages within one process only" in message
+    assert "thinker->talker_ar" in message and "the coordinator's links" in message
+
+
+def test_an_edge_override_may_pick_a_transport_for_one_edge(plugins):
+    config = Qwen3OmniSpeechPipeline(runtime={"edge_transports": {"thinker->decode": "socket"}})
+    assert plan_deployment(config, plugins=plugins).endpoints.coordinator
+
+
+def test_every_listening_address_is_checked_by_its_transport(plugins):
+    from omni_core import hookimpl
+    from omni_core.transport import AddressError, Transport
+
+    class Picky(Transport):
+        name = "picky"
+        scopes = frozenset({"host"})
+
+        def check_address(self, address: str) -> str:
+            raise AddressError(f"picky: {address} is too plain", hint="use a fancier base path")
+
+        def listen(self, address, *, secret):  # pragma: no cover - never reached
+            raise AssertionError
+
+        def connect(self, address, *, secret):  # pragma: no cover - never reached
+            raise AssertionError
+
+    class PickyPlugin:
+        @hookimpl
+        def omni_register_transports(self):
+            return [Picky()]
+
+    with plugins.registered(PickyPlugin(), name="picky-plugin"):
+        config = Qwen3TTSPipeline(runtime={"transport": "picky"})
+        with pytest.raises(ConfigError) as refused:
+            plan_deployment(config, plugins=plugins)
+    message = str(refused.value)
+    assert "transport 'picky' cannot listen at unix:" in message
+    assert "for process 'pipeline': picky:" in message and "use a fancier base path" in message

@@ -10,6 +10,7 @@ from omni_core import EngineArgs
 from omni_core.engine.backends import validate_engine_settings
 from omni_core.engine.interface import EngineSettings
 from omni_core.errors import ConfigError
+from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import (
     collect_estimates,
     decoder_params,
@@ -18,7 +19,6 @@ from omni_core.plan.estimates import (
     read_local_config,
     shape_from_config,
 )
-from omni_core.plan.model import MemoryEstimate
 from omni_moss_tts import memory as moss_memory
 from omni_moss_tts.pipeline import MossTTSPipeline
 from omni_qwen3_omni import memory as qwen3_omni_memory

@@ -11,9 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import omni_test_pipelines as tp
 
-from omni_core.config import load_deployment
-from omni_core.plan.planner import plan_deployment
-from omni_core.runtime import Runtime
+from omni_core.testing import plan_on_cpu
 
 
 @pytest.fixture
@@ -32,13 +30,7 @@ def deployment(test_plugins, short_tmp):
     """Resolve and plan a test pipeline on the CPU under a private runtime directory."""
 
     def make(pipeline: str, *flags: str):
-        resolution = load_deployment(
-            None,
-            ["--placement.policy", "cpu", "--endpoints.base_path", str(short_tmp), *flags],
-            pipeline=pipeline,
-            plugins=test_plugins,
-        )
-        plan = plan_deployment(resolution.config, plugins=test_plugins)
-        return Runtime(plan, resolution.config, plugins=test_plugins, plugin_modules=[tp.HERE])
+        planned = plan_on_cpu(test_plugins, short_tmp, pipeline=pipeline, flags=flags)
+        return planned.runtime()
 
     return make

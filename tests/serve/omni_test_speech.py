@@ -101,16 +101,22 @@ class Think:
         await _maybe_wait(data)
         return {
             "reply": f"You said: {text}",
+            "max_tokens": data.get("max_tokens"),
             "modalities": data.get("modalities") or ["text"],
             "voice": (data.get("audio") or {}).get("voice") or "alice",
         }
 
 
 class Text:
+    """Streams the reply a word (a "token") at a time, up to ``max_tokens``."""
+
     async def run(self, request):
         words = request.data["reply"].split(" ")
-        for index, word in enumerate(words):
+        cap = request.data.get("max_tokens") or len(words)
+        for index, word in enumerate(words[:cap]):
             await request.emit(word if index == 0 else f" {word}")
+        if cap < len(words):
+            return {"finish_reason": "length"}
         return request.data["reply"]
 
 

@@ -31,6 +31,19 @@ def test_text_completion(chat_server):
     assert completion.object == "chat.completion" and completion.model == "t-chat"
 
 
+def test_a_token_cap_ends_the_answer_as_length(chat_server):
+    client = chat_server.client()
+    completion = client.chat.completions.create(model="t-chat", messages=user(PROMPT), max_tokens=2)
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.choices[0].message.content == " ".join(REPLY.split(" ")[:2])
+    chunks = list(
+        client.chat.completions.create(
+            model="t-chat", messages=user(PROMPT), max_tokens=2, stream=True
+        )
+    )
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_text_and_audio_completion(chat_server):
     completion = chat_server.client().chat.completions.create(
         model="t-chat",

@@ -155,6 +155,15 @@ def test_speech_create_returns_a_wav(server):
     check_signal(samples, max_frames=24)
 
 
+def test_a_capped_request_says_length_in_its_finish_header(server):
+    response = server.client().audio.speech.with_raw_response.create(
+        model=MODEL, input="Hello there", voice="serena", extra_body={"max_frames": 3}
+    )
+    assert response.headers["x-omni-finish-reason"] == "length"
+    _, samples = parse_wav(response.content)
+    assert samples.shape[0] == 3 * 1920
+
+
 def test_the_readme_request_with_the_defaults(server):
     """What the README's curl line sends: text and voice only (the demo caps frames at 200)."""
     audio = server.client().audio.speech.create(model=MODEL, input="Hello", voice="serena")

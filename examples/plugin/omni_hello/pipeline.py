@@ -18,6 +18,9 @@ class HelloPipeline(PipelineConfig):
     aliases: ClassVar[tuple[str, ...]] = ("HelloWorldForCausalLM",)
     description: ClassVar[str] = "greets, then shouts: a two-process example pipeline"
     entry_stage: ClassVar[str] = "greet"
+    # What `omni serve` and `omni run --prompt` answer: chat, its text from "shout".
+    api: ClassVar[tuple[str, ...]] = ("chat",)
+    text_stage: ClassVar[str | None] = "shout"
 
     @classmethod
     def default_stages(cls) -> list[StageConfig]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from omni_core import PlacementPolicy
-from omni_core.plan import Assignment, PlacementRequest, PlacementResult
+from omni_core.placement import Assignment, PlacementRequest, PlacementResult
 
 
 class SpreadReplicas(PlacementPolicy):

@@ -136,6 +136,9 @@ class ReceiverHandshake:
             if not data:
                 raise EOFError
             self._buffer += data
+            if self._buffer[: len(MAGIC)] != MAGIC[: len(self._buffer)]:
+                # Not our protocol at all: no need to wait for the rest of a proof.
+                raise AuthError(f"not an omni handshake (greeting {bytes(self._buffer[:8])!r})")
         self._check(bytes(self._buffer))
         return True
 

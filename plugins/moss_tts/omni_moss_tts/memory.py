@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import (
     GiB,
     decoder_params,
@@ -24,7 +25,6 @@ from omni_core.plan.estimates import (
     shape_from_config,
     weights_bytes,
 )
-from omni_core.plan.model import MemoryEstimate
 
 BACKBONE = dict(
     layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936

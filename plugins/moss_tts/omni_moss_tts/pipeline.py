@@ -8,24 +8,27 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import Field
+
 from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfig
+from omni_core.schema import DType, LoadFormat
 
 PACKAGE = "omni_moss_tts.stages"
 
 
 class PreprocessingArgs(FactoryArgs):
-    max_ref_audio_seconds: float = 30.0
+    max_ref_audio_seconds: float = Field(default=30.0, gt=0)
 
 
 class EngineFactoryArgs(FactoryArgs):
-    dtype: str = "bfloat16"
-    load_format: str = "auto"
+    dtype: DType = "bfloat16"
+    load_format: LoadFormat = "auto"
 
 
 class VocoderArgs(FactoryArgs):
-    dtype: str = "float32"
-    max_batch_size: int | None = None
-    chunk_frames: int = 12
+    dtype: DType = "float32"
+    max_batch_size: int | None = Field(default=None, ge=1)
+    chunk_frames: int = Field(default=12, ge=1)
 
 
 class MossTTSPipeline(PipelineConfig):

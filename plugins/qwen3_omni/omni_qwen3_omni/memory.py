@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import (
     GiB,
     MiB,
@@ -27,7 +28,6 @@ from omni_core.plan.estimates import (
     shape_from_config,
     weights_bytes,
 )
-from omni_core.plan.model import MemoryEstimate
 
 THINKER = dict(
     layers=48,

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import Field
+
 from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfig
+from omni_core.schema import DType, LoadFormat
 
 STAGES = "omni_qwen3_omni.stages"
 ROUTING = "omni_qwen3_omni.routing"
@@ -23,19 +26,19 @@ ALIASES = ("qwen3_omni_moe", "Qwen3OmniMoeForConditionalGeneration")
 
 
 class EncoderArgs(FactoryArgs):
-    dtype: str = "bfloat16"
-    max_batch_size: int = 8
+    dtype: DType = "bfloat16"
+    max_batch_size: int = Field(default=8, ge=1)
 
 
 class EngineFactoryArgs(FactoryArgs):
-    dtype: str = "bfloat16"
-    load_format: str = "auto"
+    dtype: DType = "bfloat16"
+    load_format: LoadFormat = "auto"
 
 
 class Code2WavArgs(FactoryArgs):
-    dtype: str = "float32"
-    chunk_frames: int = 12
-    left_context_frames: int = 25
+    dtype: DType = "float32"
+    chunk_frames: int = Field(default=12, ge=1)
+    left_context_frames: int = Field(default=25, ge=0)
 
 
 def _front(fan_in: str, route_fn: str, process: dict[str, str]) -> list[StageConfig]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import (
     GiB,
     MiB,
@@ -26,7 +27,6 @@ from omni_core.plan.estimates import (
     shape_from_config,
     weights_bytes,
 )
-from omni_core.plan.model import MemoryEstimate
 
 TALKERS: dict[str, dict[str, int]] = {
     "0.6B": dict(

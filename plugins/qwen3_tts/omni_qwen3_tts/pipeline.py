@@ -9,38 +9,45 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import Field
+
 from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfig
+from omni_core.schema import DType, LoadFormat
+from omni_core.schema.pipeline import SourceProblem
 
 PACKAGE = "omni_qwen3_tts.stages"
 
 
 class PreprocessingArgs(FactoryArgs):
-    max_ref_audio_seconds: float = 30.0
-    max_frames: int | None = None  # per-request cap; default: generation_config max_new_tokens
+    max_ref_audio_seconds: float = Field(default=30.0, gt=0)
+    # per-request cap; default: generation_config max_new_tokens
+    max_frames: int | None = Field(default=None, ge=1)
 
 
 class EngineFactoryArgs(FactoryArgs):
-    dtype: str | None = None  # default: bfloat16 on CUDA, float32 on CPU
-    load_format: str = "auto"  # auto | safetensors | dummy (seeded random weights)
-    seed: int = 0  # of dummy weights
+    dtype: DType | None = None  # default: bfloat16 on CUDA, float32 on CPU
+    load_format: LoadFormat = "auto"  # dummy: seeded random weights
+    seed: int = Field(default=0, ge=0)  # of dummy weights
     # CPU only: repack the talker's large float32 linear weights for oneDNN, which
     # streams them ~1.7x faster than MKL at decoding batch sizes (omni_core.engine.cpu_linear)
     pack_weights: bool = True
 
 
 class VocoderArgs(FactoryArgs):
-    dtype: str | None = None
-    load_format: str = "auto"
-    seed: int = 0
-    max_batch_size: int | None = None  # chunks decoded together (default: 16 GPU, 1 CPU)
+    dtype: DType | None = None
+    load_format: LoadFormat = "auto"
+    seed: int = Field(default=0, ge=0)
+    # chunks decoded together (default: 16 GPU, 1 CPU)
+    max_batch_size: int | None = Field(default=None, ge=1)
     # frames in the first audio chunk (4 frames = 0.32 s of audio): stateful decoding
     # re-decodes nothing, so a short first chunk costs ~5% more codec work in all and
     # brings the first audio 8 frames earlier than the release's 12
-    chunk_frames: int = 4
-    max_chunk_frames: int | None = 48  # later chunks double up to this (none: all equal)
+    chunk_frames: int = Field(default=4, ge=1)
+    # later chunks double up to this (none: all equal)
+    max_chunk_frames: int | None = Field(default=48, ge=1)
     # none: stateful streaming, each frame decoded once, equal to a full decode;
     # a number: re-decode that many frames before every chunk (the release uses 25)
-    left_context_frames: int | None = None
+    left_context_frames: int | None = Field(default=None, ge=0)
 
 
 class Qwen3TTSPipeline(PipelineConfig):
@@ -87,3 +94,13 @@ class Qwen3TTSPipeline(PipelineConfig):
                 factory=VocoderArgs(),
             ),
         ]
+
+    def model_source_problems(self) -> list[SourceProblem]:
+        from .source import source_problems  # torch-free
+
+        formats = {
+            stage.name: stage.factory.load_format
+            for stage in self.stages
+            if "load_format" in type(stage.factory).model_fields
+        }
+        return source_problems(self.model_path, formats)

@@ -212,6 +212,8 @@ class TTSEngine:
                     continue
                 await request.emit(codes)
                 frames += 1
+        # The vocoder's final output carries it to the API ("length": the frame cap).
+        await request.emit({"finish_reason": stream.finish_reason})
         return {"frames": frames, "finish_reason": stream.finish_reason}
 
     def _clone_prompt(self, clone: dict[str, Any]) -> Any:
@@ -237,13 +239,13 @@ def create_tts_engine(
     model_path: str,
     gpu_id: int | None = None,
     gpu_memory_fraction: float | None = None,
-    engine_args: dict[str, Any] | None = None,
+    engine_settings: EngineSettings | None = None,
     dtype: str | None = None,
     load_format: str = "auto",
     seed: int = 0,
     pack_weights: bool = True,
 ) -> TTSEngine:
-    settings = EngineSettings(**(engine_args or {}))
+    settings = engine_settings or EngineSettings()  # validated at planning, defaults filled
     if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
         # The placement share bounds weights and cache together on this GPU.
         settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
@@ -314,8 +316,12 @@ class Vocoder:
         behind: list[torch.Tensor] = []  # played frames the next chunk decodes again
         pending: list[torch.Tensor] = []  # frames not played yet
         frames = samples = 0
+        finish_reason = None
         chunk = self.chunk_frames
         async for codes in request.stream:
+            if isinstance(codes, dict) and "finish_reason" in codes:
+                finish_reason = codes["finish_reason"]
+                continue
             if isinstance(codes, dict):  # an in-context clone's reference: context only
                 reference = list(torch.as_tensor(codes["reference"]).unbind(0))
                 if stream is not None and reference:
@@ -330,7 +336,12 @@ class Vocoder:
                 chunk = min(2 * chunk, self.max_chunk_frames)
         if pending:
             samples += await self._play(request, stream, behind, pending)
-        return {"frames": frames, "samples": samples, "sample_rate": SAMPLE_RATE}
+        return {
+            "frames": frames,
+            "samples": samples,
+            "sample_rate": SAMPLE_RATE,
+            "finish_reason": finish_reason,
+        }
 
     def _behind(self, behind: list[torch.Tensor], played: list[torch.Tensor]) -> list[torch.Tensor]:
         """The left context kept for the next chunk (none when decoding statefully)."""

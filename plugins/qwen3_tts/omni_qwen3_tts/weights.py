@@ -16,84 +16,24 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-PRESETS_DIR = Path(__file__).parent / "presets"
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
-# What a hub snapshot needs (the release also ships README / assets we do not read).
-HUB_PATTERNS = [
-    "*.json",
-    "*.safetensors",
-    "vocab.json",
-    "merges.txt",
-    "speech_tokenizer/*",
-]
+from .source import (  # noqa: F401 - re-exported: the loaders' names for them
+    HUB_PATTERNS,
+    LOAD_FORMATS,
+    PRESETS_DIR,
+    ResolvedPath,
+    available_presets,
+    resolve_model_path,
+)
 
 
 class CheckpointError(ValueError):
     """A checkpoint that does not match the architecture its config describes."""
-
-
-@dataclass(frozen=True)
-class ResolvedPath:
-    """A model directory on disk, and whether it is one of our presets (configs only)."""
-
-    path: Path
-    preset: str | None = None
-
-
-def available_presets() -> list[str]:
-    return sorted(p.name for p in PRESETS_DIR.iterdir() if (p / "config.json").is_file())
-
-
-def resolve_model_path(name: str, allow_download: bool = True) -> ResolvedPath:
-    """A preset name (``tiny`` / ``preset:tiny``), a local directory, or a hub id.
-
-    A hub id is fetched with ``huggingface_hub`` (from its cache first); when
-    that fails (offline, unknown repo) the error says how to get the files.
-    """
-    preset = name.removeprefix("preset:")
-    if (PRESETS_DIR / preset / "config.json").is_file() and not Path(name).exists():
-        return ResolvedPath(PRESETS_DIR / preset, preset=preset)
-    local = Path(name).expanduser()
-    if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise FileNotFoundError(f"{local}: not a Qwen3-TTS checkpoint (no config.json)")
-        return ResolvedPath(local)
-    if local.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
-        raise FileNotFoundError(
-            f"model {name!r} is neither a directory, a preset ({', '.join(available_presets())}) "
-            "nor a hub id of the form owner/name"
-        )
-    if not allow_download:
-        raise FileNotFoundError(f"model {name!r} is not a local directory and downloads are off")
-    return ResolvedPath(_download(name))
-
-
-def _download(repo: str) -> Path:
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as exc:  # pragma: no cover - declared dependency
-        raise FileNotFoundError(
-            f"model {repo!r} is a hub id but huggingface_hub is not installed"
-        ) from exc
-    try:
-        return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS, local_files_only=True))
-    except Exception:
-        pass
-    try:
-        return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS, etag_timeout=10))
-    except Exception as exc:
-        raise FileNotFoundError(
-            f"could not fetch hub model {repo!r} ({type(exc).__name__}: {exc}). "
-            f"On a machine with network run `hf download {repo} --local-dir DIR` "
-            "and pass DIR as the model path (or pre-fill the Hugging Face cache)."
-        ) from exc
 
 
 def read_json(path: Path, required: bool = True) -> dict[str, Any]:

@@ -142,6 +142,12 @@ async def test_the_demo_deploy_file_serves_speech_in_chunks(demo):
     assert sum(frames) == spoken.final["frames"] <= 100
 
 
+async def test_the_frame_cap_ends_a_request_as_length(demo):
+    capped = await speak(demo, {"input": "Hello there", "voice": "serena", "max_frames": 3})
+    assert capped.final["frames"] == 3
+    assert capped.final["finish_reason"] == "length"
+
+
 async def test_voices_and_languages_change_the_audio(demo):
     body = {"input": "Hello the world", "temperature": 0, "max_frames": 8}
     serena = await speak(demo, {**body, "voice": "serena"})

@@ -65,7 +65,12 @@ async def test_stateful_chunks_grow_and_equal_a_full_decode(tiny_model):
     request = Request(list(codes.unbind(0)))
     summary = await vocoder.run(request)
     assert [c.shape[0] // SAMPLES_PER_FRAME for c in request.chunks] == [3, 6, 8, 8, 5]
-    assert summary == {"frames": 30, "samples": 30 * SAMPLES_PER_FRAME, "sample_rate": 24000}
+    assert summary == {
+        "frames": 30,
+        "samples": 30 * SAMPLES_PER_FRAME,
+        "sample_rate": 24000,
+        "finish_reason": None,  # nothing upstream said why the codes ended
+    }
     full = tiny_model.speech_tokenizer.decoder(codes.T[None])[0, 0].numpy()
     assert rel_l2(request.audio, full) < 1e-5
 

@@ -12,7 +12,8 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .plan.model import PlacementRequest, PlacementResult
+    from .request import PlacementRequest
+    from .result import PlacementResult
 
 
 class PlacementPolicy(ABC):

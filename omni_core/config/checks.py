@@ -1,0 +1,92 @@
+"""Checks of a resolved deployment against the world outside it: files and plugins.
+
+The schema checks what a value is; these check what it points at: a model
+path the stages would fail to load, a media directory that does not exist, a
+transport no plugin provides. They run right after resolution, so
+``omni config``, ``omni plan`` and ``omni serve`` refuse the same deployment
+in the same words, with the origin (file:line or flag) of every value
+involved, before any process starts. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError, PluginError
+from .origin import Path
+
+if TYPE_CHECKING:
+    from ..plugins import OmniPlugins
+    from .resolve import Resolution
+
+Problem = tuple[tuple[Path, ...], str, str]  # paths it concerns, message, fix
+
+
+def check_outside(resolution: Resolution, plugins: OmniPlugins) -> None:
+    """ConfigError listing every problem, each with its origins and fix; else nothing."""
+    problems = [
+        *resolution.config.model_source_problems(),
+        *_media_dir_problems(resolution),
+        *_transport_problems(resolution, plugins),
+    ]
+    if problems:
+        lines = [_line(resolution, paths, message, fix) for paths, message, fix in problems]
+        raise ConfigError("invalid deployment:\n  " + "\n  ".join(lines))
+
+
+def _line(resolution: Resolution, paths: Iterable[Path], message: str, fix: str) -> str:
+    origins = []
+    for path in paths:
+        record = resolution.records.get(tuple(path))
+        if record is not None and record.winner is not None:
+            origins.append(str(record.winner.origin))
+    where = f" (set by {', '.join(dict.fromkeys(origins))})" if origins else ""
+    return f"{message}{where}; fix: {fix}" if fix else f"{message}{where}"
+
+
+def _media_dir_problems(resolution: Resolution) -> list[Problem]:
+    problems: list[Problem] = []
+    for index, directory in enumerate(resolution.config.server.media_dirs):
+        if not os.path.isabs(directory):
+            message = f"server.media_dirs[{index}] {directory!r} is not an absolute path"
+        elif not os.path.isdir(directory):
+            state = "is not a directory" if os.path.exists(directory) else "does not exist"
+            message = f"server.media_dirs[{index}] {directory!r} {state}"
+        else:
+            continue
+        problems.append(
+            (
+                (("server", "media_dirs"),),
+                message,
+                "list existing directories, by absolute path, whose files clients may read",
+            )
+        )
+    return problems
+
+
+def _transport_problems(resolution: Resolution, plugins: OmniPlugins) -> list[Problem]:
+    runtime = resolution.config.runtime
+    named: list[tuple[Path, str]] = []
+    if runtime.transport != "auto":
+        named.append((("runtime", "transport"), runtime.transport))
+    named += [(("runtime", "edge_transports"), t) for t in runtime.edge_transports.values()]
+    problems: list[Problem] = []
+    config = resolution.config
+    edges = sorted({f"{s.name}->{t}" for s in config.stages for t in s.targets})
+    for edge in runtime.edge_transports:
+        if edge not in edges:
+            problems.append(
+                (
+                    (("runtime", "edge_transports"),),
+                    f"runtime.edge_transports names {edge!r}, which is not an edge of the pipeline",
+                    "edges: " + ", ".join(edges),
+                )
+            )
+    for path, name in named:
+        try:
+            plugins.transport(name)
+        except PluginError as exc:
+            problems.append(((path,), f"{'.'.join(path)}: {exc.message}", exc.hint or ""))
+    return problems

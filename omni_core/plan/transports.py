@@ -1,0 +1,110 @@
+"""Which transport carries each edge between processes.
+
+Inside one process payloads are passed as Python objects (no transport).
+Between processes the deployment's ``runtime.transport`` is used (``auto``
+means ``shm``: one host, tensors through shared memory); an edge listed in
+``runtime.edge_transports`` (``"tts_engine->vocoder" = "socket"``) uses its own.
+A receiving process listens once per transport its incoming edges use.
+
+Planning checks the choice against what each transport declares: an edge (or
+the coordinator's link to a process) crossing processes needs a transport
+whose ``scopes`` include "host" or "network", and every address a process
+will listen at must pass the transport's ``check_address`` - so a transport
+that cannot serve an edge is refused by ``omni plan``, naming both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError, OmniError
+from ..schema import PipelineConfig
+from .model import ProcessPlan, Refusal
+
+AUTO_BETWEEN_PROCESSES = "shm"
+COORDINATOR = "coordinator"
+
+
+def default_transport(config: PipelineConfig) -> str:
+    name = config.runtime.transport
+    return AUTO_BETWEEN_PROCESSES if name == "auto" else name
+
+
+def edge_transport(config: PipelineConfig, source: str, target: str) -> str:
+    return config.runtime.edge_transports.get(f"{source}->{target}", default_transport(config))
+
+
+def check_edges(config: PipelineConfig) -> None:
+    """Every override names a real edge."""
+    edges = {f"{s.name}->{t}" for s in config.stages for t in s.targets}
+    for edge in config.runtime.edge_transports:
+        if edge not in edges:
+            raise ConfigError(
+                f"runtime.edge_transports names {edge!r}, which is not an edge of the pipeline",
+                hint="edges: " + ", ".join(sorted(edges)),
+            )
+
+
+def incoming_transports(config: PipelineConfig, stages: list[str]) -> set[str]:
+    """The transports a process holding ``stages`` must listen on."""
+    names = {default_transport(config)}
+    for stage in config.stages:
+        for target in stage.targets:
+            if target in stages:
+                names.add(edge_transport(config, stage.name, target))
+    return names
+
+
+def address_for(base: str, transport: str, default: str) -> str:
+    """One listening address per transport: the plan's endpoint for the default."""
+    return base if transport == default else f"{base}.{transport}"
+
+
+def check_transports(
+    config: PipelineConfig, processes: list[ProcessPlan], plugins: Any
+) -> list[Refusal]:
+    """Each transport can serve the edges it is chosen for, at the addresses planned."""
+    problems: list[Refusal] = []
+    logical = {s.name: config.process_of(s) for s in config.stages}
+    crossing: dict[str, list[str]] = {default_transport(config): ["the coordinator's links"]}
+    for stage in config.stages:
+        for target in stage.targets:
+            if logical[stage.name] != logical.get(target) or stage.tp_size > 1:
+                edge = f"{stage.name}->{target}"
+                crossing.setdefault(edge_transport(config, stage.name, target), []).append(edge)
+    for name, edges in crossing.items():
+        try:
+            transport = plugins.transport(name)
+        except OmniError:
+            continue  # an unknown name is refused, with its origin, when the config resolves
+        if not {"host", "network"} & set(transport.scopes):
+            problems.append(
+                Refusal(
+                    f"transport {name!r} carries messages within one process only "
+                    f"(scopes: {', '.join(sorted(transport.scopes)) or 'none'}), but it is "
+                    f"chosen for {', '.join(edges)}, between processes",
+                    fix="choose a transport between processes (shm or socket) with "
+                    "runtime.transport / runtime.edge_transports",
+                )
+            )
+            continue
+        for process in processes:
+            if process.endpoint is None:
+                continue
+            address = address_for(unix_address(process.endpoint), name, default_transport(config))
+            try:
+                transport.check_address(address)
+            except OmniError as exc:
+                problems.append(
+                    Refusal(
+                        f"transport {name!r} cannot listen at {address} for process "
+                        f"{process.name!r}: {exc.message}",
+                        fix=exc.hint or "choose another transport, or endpoints.base_path",
+                    )
+                )
+    return problems
+
+
+def unix_address(endpoint: str) -> str:
+    """Plans hold socket paths; transports take ``unix:`` addresses."""
+    return endpoint if ":" in endpoint.split("/", 1)[0] else f"unix:{endpoint}"

@@ -1,0 +1,164 @@
+"""Test helpers for plugin authors (and the core's own tests): fixtures and a CPU runtime.
+
+Load it as a pytest plugin from your ``conftest.py``::
+
+    pytest_plugins = ["omni_core.testing"]
+
+and your tests get the ``plugins`` and ``short_tmp`` fixtures; the helpers
+below (:func:`plan_on_cpu`, :class:`PlannedDeployment`) are plain functions.
+The module needs pytest (it is for test suites) and never imports torch.
+
+Why these exist: a plugin's tests must not see what another test registered
+or what the developer's shell sets in ``OMNI_PLUGINS`` (``plugins``), and a
+runtime's Unix sockets live under ``endpoints.base_path``, whose paths the
+kernel limits to 107 bytes, which pytest's ``tmp_path`` alone can eat most of
+(``short_tmp``). Children that the runtime spawns import in-process plugins
+by module name, so :func:`plan_on_cpu` hands them over.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .plugins import ENV_VAR, OmniPlugins, reset_plugins
+
+if TYPE_CHECKING:
+    from .config import Resolution
+    from .plan.model import DeploymentPlan
+    from .runtime import Runtime
+    from .schema import PipelineConfig
+
+__all__ = [
+    "PlannedDeployment",
+    "plan_on_cpu",
+    "plugins",
+    "short_private_dir",
+    "short_tmp",
+]
+
+
+@contextmanager
+def short_private_dir(prefix: str = "omni-t") -> Iterator[Path]:
+    """A fresh directory with a short path, readable by this user only; removed on exit.
+
+    Use it as ``endpoints.base_path``: the runtime directory and its Unix
+    sockets go under it, and socket paths must fit in 107 bytes.
+    """
+    root = "/tmp" if os.path.isdir("/tmp") else None  # TMPDIR can be long (macOS)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))  # mode 0700
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[OmniPlugins]:
+    """A fresh plugin manager over every installed plugin.
+
+    ``OMNI_PLUGINS`` is cleared so the caller's shell cannot change what loads,
+    and the process-wide manager is reset on both sides so that no test sees
+    plugins another test registered.
+    """
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    reset_plugins()
+    try:
+        yield OmniPlugins()
+    finally:
+        reset_plugins()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A private directory with a short path, for runtime endpoints.
+
+    Unix socket paths must fit in 107 bytes, and pytest's ``tmp_path`` (named
+    after the test, under a per-run counter) can take 60 of them by itself.
+    """
+    with short_private_dir() as path:
+        yield path
+
+
+@dataclass
+class PlannedDeployment:
+    """A resolved and planned deployment, ready to start as a :class:`Runtime`."""
+
+    resolution: Resolution
+    plan: DeploymentPlan
+    plugins: OmniPlugins
+    plugin_modules: list[str] = field(default_factory=list)
+
+    @property
+    def config(self) -> PipelineConfig:
+        return self.resolution.config
+
+    def runtime(self, **options: Any) -> Runtime:
+        """A runtime, not yet started: ``async with planned.runtime() as rt: ...``."""
+        from .runtime import Runtime
+
+        return Runtime(
+            self.plan,
+            self.config,
+            plugins=self.plugins,
+            plugin_modules=self.plugin_modules,
+            **options,
+        )
+
+    def run(self, data: Any, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Start the runtime, run one request, stop it; the terminal stages' outputs by name.
+
+        Synchronous, for plain tests: it runs its own event loop, so call
+        :meth:`runtime` from an async test instead. The request is bounded by
+        ``runtime.request_timeout``; start-up by the runtime's own limits.
+        """
+        import anyio
+
+        async def one() -> dict[str, Any]:
+            async with self.runtime() as runtime:
+                return await runtime.run(data, params)
+
+        return anyio.run(one)
+
+
+def plan_on_cpu(
+    plugins: OmniPlugins,
+    base_path: str | os.PathLike[str],
+    *,
+    pipeline: str | None = None,
+    deploy: str | os.PathLike[str] | None = None,
+    flags: Iterable[str] = (),
+    policy: str | None = "cpu",
+    plugin_modules: Iterable[str] | None = None,
+) -> PlannedDeployment:
+    """Resolve and plan a deployment without GPUs, its runtime directory under ``base_path``.
+
+    ``pipeline`` and/or ``deploy`` (a deploy file) say what to deploy, and
+    ``flags`` are command-line settings (``"--shout.factory.suffix", "?"``),
+    exactly as ``omni plan`` takes them. ``policy`` picks the placement policy
+    (default ``cpu``: every stage off the GPU); ``None`` keeps the deployment's
+    own. GPUs are never detected: the plan uses what ``[cluster]`` declares, so
+    it is the same on every machine. ``plugin_modules`` (what the children
+    import by name) defaults to ``plugins.in_process_modules()``.
+    """
+    from .config import load_deployment
+    from .plan import plan_deployment
+
+    chosen = ["--placement.policy", policy] if policy else []
+    resolution = load_deployment(
+        None if deploy is None else str(deploy),
+        [*chosen, "--endpoints.base_path", str(base_path), *flags],
+        pipeline=pipeline,
+        plugins=plugins,
+    )
+    plan = plan_deployment(resolution.config, plugins=plugins)
+    modules = plugins.in_process_modules() if plugin_modules is None else list(plugin_modules)
+    return PlannedDeployment(resolution, plan, plugins, modules)

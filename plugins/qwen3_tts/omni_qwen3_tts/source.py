@@ -1,0 +1,152 @@
+"""Where Qwen3-TTS weights come from, and what can be said of it without loading them.
+
+Kept free of torch so that the parent process (``omni config``, ``omni plan``)
+can refuse a model path the stages would fail on, before any process starts.
+A model path is a preset (``tiny``: configs only, for ``load_format =
+"dummy"``), a local checkpoint directory, or a hub id ``owner/name``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+# What a hub snapshot needs (the release also ships README / assets we do not read).
+HUB_PATTERNS = [
+    "*.json",
+    "*.safetensors",
+    "vocab.json",
+    "merges.txt",
+    "speech_tokenizer/*",
+]
+
+
+@dataclass(frozen=True)
+class ResolvedPath:
+    """A model directory on disk, and whether it is one of our presets (configs only)."""
+
+    path: Path
+    preset: str | None = None
+
+
+def available_presets() -> list[str]:
+    return sorted(p.name for p in PRESETS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def resolve_model_path(name: str, allow_download: bool = True) -> ResolvedPath:
+    """A preset name (``tiny`` / ``preset:tiny``), a local directory, or a hub id.
+
+    A hub id is fetched with ``huggingface_hub`` (from its cache first); when
+    that fails (offline, unknown repo) the error says how to get the files.
+    """
+    preset = name.removeprefix("preset:")
+    if (PRESETS_DIR / preset / "config.json").is_file() and not Path(name).exists():
+        return ResolvedPath(PRESETS_DIR / preset, preset=preset)
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(f"{local}: not a Qwen3-TTS checkpoint (no config.json)")
+        return ResolvedPath(local)
+    if local.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise FileNotFoundError(
+            f"model {name!r} is neither a directory, a preset ({', '.join(available_presets())}) "
+            "nor a hub id of the form owner/name"
+        )
+    if not allow_download:
+        raise FileNotFoundError(f"model {name!r} is not a local directory and downloads are off")
+    return ResolvedPath(_download(name))
+
+
+def _download(repo: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover - declared dependency
+        raise FileNotFoundError(
+            f"model {repo!r} is a hub id but huggingface_hub is not installed"
+        ) from exc
+    try:
+        return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS, local_files_only=True))
+    except Exception:
+        pass
+    try:
+        return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS, etag_timeout=10))
+    except Exception as exc:
+        raise FileNotFoundError(
+            f"could not fetch hub model {repo!r} ({type(exc).__name__}: {exc}). "
+            f"On a machine with network run `hf download {repo} --local-dir DIR` "
+            "and pass DIR as the model path (or pre-fill the Hugging Face cache)."
+        ) from exc
+
+
+def source_problems(
+    model_path: str, load_formats: Mapping[str, str]
+) -> list[tuple[tuple[tuple[str, ...], ...], str, str]]:
+    """What the stages would refuse in ``model_path``, as (paths, message, fix).
+
+    ``load_formats`` maps each weight-loading stage to its ``factory.load_format``.
+    Hub ids are not looked up here (that needs the network); local
+    directories and presets are checked as the loaders will check them.
+    """
+    dummy = {stage for stage, fmt in load_formats.items() if fmt == "dummy"}
+    real = [stage for stage in load_formats if stage not in dummy]
+    preset = model_path.removeprefix("preset:")
+    local = Path(model_path).expanduser()
+    if (PRESETS_DIR / preset / "config.json").is_file() and not local.exists():
+        return [
+            (
+                (("model_path",), ("stages", stage, "factory", "load_format")),
+                f"model_path {model_path!r} is a built-in preset of configs without weights, "
+                f'so stage {stage!r} needs factory.load_format = "dummy" '
+                f"(it is {load_formats[stage]!r})",
+                f"--{stage}.factory.load_format dummy, or a real checkpoint as model_path",
+            )
+            for stage in real
+        ]
+    if local.is_dir():
+        return _directory_problems(local, model_path, real)
+    if local.exists() or model_path.startswith((".", "/", "~")) or model_path.count("/") != 1:
+        return [
+            (
+                (("model_path",),),
+                f"model_path {model_path!r} is neither a directory, a preset "
+                f"({', '.join(available_presets())}) nor a hub id of the form owner/name",
+                "give a checkpoint directory (config.json, model.safetensors, "
+                "speech_tokenizer/), a hub id such as Qwen/Qwen3-TTS-12Hz-0.6B-Base, or "
+                "tiny with load_format dummy",
+            )
+        ]
+    return []
+
+
+def _directory_problems(
+    local: Path, model_path: str, real: list[str]
+) -> list[tuple[tuple[tuple[str, ...], ...], str, str]]:
+    problems = []
+    fix = "point model_path at the directory a Qwen3-TTS release unpacks to"
+    if not (local / "config.json").is_file():
+        problems.append(
+            ((("model_path",),), f"{model_path}: not a Qwen3-TTS checkpoint (no config.json)", fix)
+        )
+        return problems
+    wants = {"tts_engine": local, "vocoder": local / "speech_tokenizer"}
+    for stage in real:
+        directory = wants.get(stage)
+        if directory is None:
+            continue
+        has = any(
+            (directory / name).is_file()
+            for name in ("model.safetensors", "model.safetensors.index.json")
+        )
+        if not has:
+            problems.append(
+                (
+                    (("model_path",), ("stages", stage, "factory", "load_format")),
+                    f"{directory}: no model.safetensors or model.safetensors.index.json, "
+                    f"which stage {stage!r} loads",
+                    f"{fix}, or --{stage}.factory.load_format dummy for random weights",
+                )
+            )
+    return problems
