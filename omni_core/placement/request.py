@@ -61,12 +61,12 @@ class StageInstance:
     uses_gpu: bool = False
     gpus: tuple[int, ...] = ()
     device_source: str = "stage"
-    memory_fraction: float | None = None
-    reserve_bytes: int | None = None
+    gpu_memory_fraction: float | None = None
+    total_reserve_bytes: int | None = None
 
     @property
     def declares_share(self) -> bool:
-        return self.memory_fraction is not None or self.reserve_bytes is not None
+        return self.gpu_memory_fraction is not None or self.total_reserve_bytes is not None
 
 
 @dataclass(frozen=True)

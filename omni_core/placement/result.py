@@ -24,8 +24,8 @@ class Refusal:
 class Assignment:
     """Where one stage instance runs and the memory it may take on each of its GPUs.
 
-    ``gpus`` empty means the host (no GPU). ``memory_fraction`` is per GPU;
-    ``reserve_bytes`` is an absolute budget per GPU; set one of them at most
+    ``gpus`` empty means the host (no GPU). ``gpu_memory_fraction`` is per GPU;
+    ``total_reserve_bytes`` is an absolute budget per GPU; set one of them at most
     (the checks refuse both, as the schema does for a stage). ``share_source`` says where
     the share came from: ``declared`` (the config), ``estimate`` (a policy
     computed it) or ``none``.
@@ -33,8 +33,8 @@ class Assignment:
 
     instance: str
     gpus: tuple[int, ...] = ()
-    memory_fraction: float | None = None
-    reserve_bytes: int | None = None
+    gpu_memory_fraction: float | None = None
+    total_reserve_bytes: int | None = None
     share_source: str = "none"
 
 

@@ -87,16 +87,17 @@ def check_assignments(
                     stage=instance.stage,
                 )
             )
-        fraction = assignment.memory_fraction
-        if fraction is not None and assignment.reserve_bytes is not None:
+        fraction = assignment.gpu_memory_fraction
+        if fraction is not None and assignment.total_reserve_bytes is not None:
             problems.append(
                 Refusal(
                     f"stage {instance.name!r}: the policy gave it both a memory fraction "
                     f"({fraction:g}) and a byte reserve "
-                    f"({format_bytes(assignment.reserve_bytes)}); "
+                    f"({format_bytes(assignment.total_reserve_bytes)}); "
                     "an assignment promises one or the other",
                     stage=instance.stage,
-                    fix="the placement policy must set memory_fraction or reserve_bytes, not both",
+                    fix="the placement policy must set gpu_memory_fraction or "
+                    "total_reserve_bytes, not both",
                 )
             )
         if fraction is not None and not 0 < fraction <= 1:
@@ -178,10 +179,10 @@ def check_gpus(
         committed = plan.committed
         if committed is None:
             notes.append(
-                f"GPU {gpu}: {format_bytes(plan.reserve_bytes_total)} reserved in bytes cannot "
+                f"GPU {gpu}: {format_bytes(plan.total_reserve_bytes_sum)} reserved in bytes cannot "
                 "be checked against its memory, which is unknown (pass --gpu-memory)"
             )
-            committed = plan.memory_fraction_total
+            committed = plan.gpu_memory_fraction_sum
         if committed > limit + _EPSILON:
             problems.append(
                 Refusal(
@@ -218,8 +219,8 @@ def _shares(plan: GpuPlan, assignments: Mapping[str, Assignment]) -> str:
     parts = []
     for name in plan.stages:
         assignment = assignments[name]
-        if assignment.memory_fraction is not None:
-            parts.append(f"{name} {assignment.memory_fraction:g}")
-        elif assignment.reserve_bytes is not None:
-            parts.append(f"{name} {format_bytes(assignment.reserve_bytes)}")
+        if assignment.gpu_memory_fraction is not None:
+            parts.append(f"{name} {assignment.gpu_memory_fraction:g}")
+        elif assignment.total_reserve_bytes is not None:
+            parts.append(f"{name} {format_bytes(assignment.total_reserve_bytes)}")
     return ", ".join(parts)

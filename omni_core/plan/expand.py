@@ -86,8 +86,8 @@ def expand(config: PipelineConfig) -> Expansion:
                     uses_gpu=uses_gpu,
                     gpus=gpus,
                     device_source=source,
-                    memory_fraction=stage.gpu_memory_fraction,
-                    reserve_bytes=stage.total_reserve_bytes,
+                    gpu_memory_fraction=stage.gpu_memory_fraction,
+                    total_reserve_bytes=stage.total_reserve_bytes,
                 )
             )
     return out

@@ -47,8 +47,8 @@ class StagePlacement:
     replica: int
     tp_size: int
     gpus: tuple[int, ...]
-    memory_fraction: float | None
-    reserve_bytes: int | None
+    gpu_memory_fraction: float | None
+    total_reserve_bytes: int | None
     share_source: str
     tp_processes: tuple[str, ...] = ()
     endpoint: str | None = None
@@ -62,8 +62,8 @@ class StagePlacement:
             "replica": self.replica,
             "tp_size": self.tp_size,
             "gpus": list(self.gpus),
-            "memory_fraction": round_fraction(self.memory_fraction),
-            "reserve_bytes": self.reserve_bytes,
+            "gpu_memory_fraction": round_fraction(self.gpu_memory_fraction),
+            "total_reserve_bytes": self.total_reserve_bytes,
             "share_source": self.share_source,
             "endpoint": self.endpoint,
         }
@@ -82,8 +82,8 @@ class ProcessPlan:
     tp_rank: int | None = None
     tp_size: int = 1
     env: dict[str, str] = field(default_factory=dict)
-    memory_fraction: float | None = None
-    reserve_bytes: int | None = None
+    gpu_memory_fraction: float | None = None
+    total_reserve_bytes: int | None = None
     endpoint: str = ""
     start_wave: int = 0
     weight_share: str = "none"
@@ -105,8 +105,8 @@ class ProcessPlan:
             "tp_size": self.tp_size,
             "leader": self.leader,
             "env": dict(sorted(self.env.items())),
-            "memory_fraction": round_fraction(self.memory_fraction),
-            "reserve_bytes": self.reserve_bytes,
+            "gpu_memory_fraction": round_fraction(self.gpu_memory_fraction),
+            "total_reserve_bytes": self.total_reserve_bytes,
             "endpoint": self.endpoint,
             "start_wave": self.start_wave,
             "weight_share": self.weight_share,
@@ -121,25 +121,25 @@ class GpuPlan:
     memory_bytes: int | None
     stages: list[str] = field(default_factory=list)
     processes: list[str] = field(default_factory=list)
-    memory_fraction_total: float = 0.0
-    reserve_bytes_total: int = 0
+    gpu_memory_fraction_sum: float = 0.0
+    total_reserve_bytes_sum: int = 0
     undeclared_stages: list[str] = field(default_factory=list)
 
     @property
     def committed(self) -> float | None:
         """Fractions plus reserved bytes as a fraction; None when bytes meet unknown memory."""
-        if self.reserve_bytes_total and not self.memory_bytes:
+        if self.total_reserve_bytes_sum and not self.memory_bytes:
             return None
-        extra = self.reserve_bytes_total / self.memory_bytes if self.memory_bytes else 0.0
-        return self.memory_fraction_total + extra
+        extra = self.total_reserve_bytes_sum / self.memory_bytes if self.memory_bytes else 0.0
+        return self.gpu_memory_fraction_sum + extra
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "memory_bytes": self.memory_bytes,
             "stages": list(self.stages),
             "processes": list(self.processes),
-            "memory_fraction_total": round_fraction(self.memory_fraction_total),
-            "reserve_bytes_total": self.reserve_bytes_total,
+            "gpu_memory_fraction_sum": round_fraction(self.gpu_memory_fraction_sum),
+            "total_reserve_bytes_sum": self.total_reserve_bytes_sum,
             "committed_fraction": round_fraction(self.committed),
             "undeclared_stages": list(self.undeclared_stages),
         }

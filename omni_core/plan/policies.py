@@ -31,8 +31,8 @@ def declared_assignment(instance: StageInstance, gpus: tuple[int, ...]) -> Assig
     return Assignment(
         instance.name,
         gpus,
-        instance.memory_fraction,
-        instance.reserve_bytes,
+        instance.gpu_memory_fraction,
+        instance.total_reserve_bytes,
         "declared" if instance.declares_share else "none",
     )
 
@@ -230,10 +230,10 @@ class AutoPolicy(PlacementPolicy):
         needs: dict[str, tuple[int, float, str]] = {}
         missing: list[str] = []
         for instance in request.gpu_instances():
-            if instance.reserve_bytes is not None:
-                needs[instance.name] = (instance.reserve_bytes, 0.0, "declared")
-            elif instance.memory_fraction is not None:
-                needs[instance.name] = (0, instance.memory_fraction, "declared")
+            if instance.total_reserve_bytes is not None:
+                needs[instance.name] = (instance.total_reserve_bytes, 0.0, "declared")
+            elif instance.gpu_memory_fraction is not None:
+                needs[instance.name] = (0, instance.gpu_memory_fraction, "declared")
             elif instance.stage in request.estimates:
                 total = request.estimates[instance.stage].total_bytes
                 needs[instance.name] = (-(-total // instance.tp_size), 0.0, "estimate")

@@ -70,12 +70,14 @@ def build_processes(
             members[name].append(instance.name)
             if assignment.gpus:
                 plan.gpu = assignment.gpus[rank]
-                if assignment.memory_fraction is not None:
-                    plan.memory_fraction = (
-                        plan.memory_fraction or 0.0
-                    ) + assignment.memory_fraction
-                if assignment.reserve_bytes is not None:
-                    plan.reserve_bytes = (plan.reserve_bytes or 0) + assignment.reserve_bytes
+                if assignment.gpu_memory_fraction is not None:
+                    plan.gpu_memory_fraction = (
+                        plan.gpu_memory_fraction or 0.0
+                    ) + assignment.gpu_memory_fraction
+                if assignment.total_reserve_bytes is not None:
+                    plan.total_reserve_bytes = (
+                        plan.total_reserve_bytes or 0
+                    ) + assignment.total_reserve_bytes
         placements.append(
             StagePlacement(
                 instance=instance.name,
@@ -84,13 +86,13 @@ def build_processes(
                 replica=instance.replica,
                 tp_size=instance.tp_size,
                 gpus=assignment.gpus,
-                memory_fraction=assignment.memory_fraction,
-                reserve_bytes=assignment.reserve_bytes,
+                gpu_memory_fraction=assignment.gpu_memory_fraction,
+                total_reserve_bytes=assignment.total_reserve_bytes,
                 share_source=assignment.share_source,
                 tp_processes=tuple(names) if ranks else (),
             )
         )
     for name, plan in processes.items():
         plan.stages = tuple(members[name])
-        plan.memory_fraction = round_fraction(plan.memory_fraction)
+        plan.gpu_memory_fraction = round_fraction(plan.gpu_memory_fraction)
     return list(processes.values()), placements, problems

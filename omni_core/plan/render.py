@@ -46,7 +46,7 @@ def render_plan(
             ", ".join(process.stages),
             f"{process.replica}/{process.num_replicas}" if process.num_replicas > 1 else "-",
             "-" if process.tp_rank is None else f"{process.tp_rank}/{process.tp_size}",
-            _share(process.memory_fraction, process.reserve_bytes),
+            _share(process.gpu_memory_fraction, process.total_reserve_bytes),
             f"wave {process.start_wave}"
             + (f" ({process.weight_share})" if process.weight_share != "none" else ""),
         )
@@ -63,13 +63,13 @@ def render_plan(
                 str(gpu),
                 format_bytes(usage.memory_bytes) if usage.memory_bytes else "?",
                 ", ".join(usage.stages),
-                f"{usage.memory_fraction_total:.2f}"
+                f"{usage.gpu_memory_fraction_sum:.2f}"
                 + (
-                    f" + {format_bytes(usage.reserve_bytes_total)}"
-                    if usage.reserve_bytes_total
+                    f" + {format_bytes(usage.total_reserve_bytes_sum)}"
+                    if usage.total_reserve_bytes_sum
                     else ""
                 )
-                + (f" (= {committed:.2f})" if usage.reserve_bytes_total and committed else ""),
+                + (f" (= {committed:.2f})" if usage.total_reserve_bytes_sum and committed else ""),
                 ", ".join(usage.undeclared_stages) or "-",
                 ("on" if mps.enabled else "off") + f": {mps.reason}" if mps else "-",
             )

@@ -37,13 +37,13 @@ def gpu_ledger(
             if process not in seen[gpu]:
                 seen[gpu].add(process)
                 plan.processes.append(process)
-            if assignment.memory_fraction is not None:
-                plan.memory_fraction_total += assignment.memory_fraction
-            elif assignment.reserve_bytes is not None:
-                plan.reserve_bytes_total += assignment.reserve_bytes
+            if assignment.gpu_memory_fraction is not None:
+                plan.gpu_memory_fraction_sum += assignment.gpu_memory_fraction
+            elif assignment.total_reserve_bytes is not None:
+                plan.total_reserve_bytes_sum += assignment.total_reserve_bytes
             else:
                 plan.undeclared_stages.append(instance.name)
     for plan in ledger.values():
         plan.undeclared_stages.sort()
-        plan.memory_fraction_total = round_fraction(plan.memory_fraction_total) or 0.0
+        plan.gpu_memory_fraction_sum = round_fraction(plan.gpu_memory_fraction_sum) or 0.0
     return {gpu: ledger[gpu] for gpu in sorted(ledger)}

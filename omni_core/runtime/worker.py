@@ -142,8 +142,8 @@ class Worker:
                 tp_rank=self.process.tp_rank or 0,
                 tp_size=placement.tp_size,
                 gpu_ids=tuple(placement.gpus),
-                gpu_memory_fraction=placement.memory_fraction,
-                total_reserve_bytes=placement.reserve_bytes,
+                gpu_memory_fraction=placement.gpu_memory_fraction,
+                total_reserve_bytes=placement.total_reserve_bytes,
             )
             started = time.perf_counter()
             with _gpu_locks(self.plan.endpoints.runtime_dir, placement.gpus):

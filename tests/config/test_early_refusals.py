@@ -48,6 +48,10 @@ CASES = {
         ["--model-path", "tiny"],
         ['needs factory.load_format = "dummy"', "fix: --tts_engine.factory.load_format dummy"],
     ),
+    "the plan's old name for a memory share": (
+        ["--tts_engine.memory_fraction", "0.5"],
+        ["has no field 'memory_fraction'", "did you mean: gpu_memory_fraction"],
+    ),
     "a transport nobody registered": (
         ["--runtime.transport", "nosuch"],
         ["no plugin provides a transport called 'nosuch'", "(set by --runtime.transport)"],

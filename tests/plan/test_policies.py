@@ -75,10 +75,10 @@ def test_auto_fits_the_omni_pipeline_on_two_gpus(plugins, h100x2):
     assert {placed[n] for n in ("talker_ar", "code2wav", "audio_encoder", "image_encoder")} == {1}
     thinker = plan.stage("thinker")
     assert thinker.share_source == "estimate"
-    assert 0.5 < thinker.memory_fraction < 1
+    assert 0.5 < thinker.gpu_memory_fraction < 1
     assert plan.estimates["thinker"].weights_bytes > 50 * GiB
     for usage in plan.gpus.values():
-        assert usage.memory_fraction_total <= 1.0
+        assert usage.gpu_memory_fraction_sum <= 1.0
         assert usage.undeclared_stages == []
 
 
@@ -98,7 +98,7 @@ def test_auto_keeps_a_declared_share(plugins, h100, configure):
         Qwen3TTSPipeline, {"vocoder": {"gpu_memory_fraction": 0.05}}, placement={"policy": "auto"}
     )
     plan = plan_deployment(config, h100, plugins=plugins)
-    assert plan.stage("vocoder").memory_fraction == 0.05
+    assert plan.stage("vocoder").gpu_memory_fraction == 0.05
     assert plan.stage("vocoder").share_source == "declared"
     assert plan.stage("tts_engine").share_source == "estimate"
 

@@ -44,8 +44,8 @@ class SpreadByFreeMemory(PlacementPolicy):
                 Assignment(
                     instance.name,
                     gpus,
-                    instance.memory_fraction,
-                    instance.reserve_bytes,
+                    instance.gpu_memory_fraction,
+                    instance.total_reserve_bytes,
                     "declared" if instance.declares_share else "none",
                 )
             )
@@ -135,7 +135,7 @@ class BothShares(PlacementPolicy):
     """A faulty policy: every GPU stage on GPU 0 with both a fraction and a byte reserve."""
 
     name = "both-shares"
-    description = "sets memory_fraction and reserve_bytes together (refused)"
+    description = "sets gpu_memory_fraction and total_reserve_bytes together (refused)"
 
     def place(self, request: PlacementRequest) -> PlacementResult:
         result = PlacementResult()

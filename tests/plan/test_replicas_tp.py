@@ -38,7 +38,7 @@ def test_two_replicas_with_shares(plugins, h100, configure):
     assert all(p.gpu == 0 and p.num_replicas == 2 for p in plan.processes)
     assert plan.replicas["tts_engine"] == ["tts_engine@r0", "tts_engine@r1"]
     assert plan.process_replicas == {"pipeline": ["pipeline@r0", "pipeline@r1"]}
-    assert plan.to_dict()["gpus"]["0"]["memory_fraction_total"] == 0.9
+    assert plan.to_dict()["gpus"]["0"]["gpu_memory_fraction_sum"] == 0.9
     assert plan.weight_share.mode == "off"
     assert plan.start_waves == [["pipeline@r0", "pipeline@r1"]]
 
@@ -109,7 +109,7 @@ def test_tensor_parallel_stage_gets_one_process_per_rank(plugins, h100x2, tp_pip
     assert ranks == [("big_tp0", 0, 0, True), ("big_tp1", 1, 1, False)]
     assert plan.stage("big").tp_processes == ("big_tp0", "big_tp1")
     assert plan.gpus[0].processes == ["big_tp0", "back"]
-    assert plan.to_dict()["gpus"]["1"]["memory_fraction_total"] == 0.5
+    assert plan.to_dict()["gpus"]["1"]["gpu_memory_fraction_sum"] == 0.5
 
 
 def test_tensor_parallel_replicas(plugins, tp_pipeline):

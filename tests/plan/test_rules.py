@@ -68,7 +68,7 @@ def test_memory_limit(plugins, h100, configure):
         Qwen3TTSPipeline,
         {"tts_engine": {"gpu_memory_fraction": 0.8}, "vocoder": {"gpu_memory_fraction": 0.15}},
     )
-    assert plan_deployment(config, h100, plugins=plugins).gpus[0].memory_fraction_total == 0.95
+    assert plan_deployment(config, h100, plugins=plugins).gpus[0].gpu_memory_fraction_sum == 0.95
     limited = config.model_copy(
         update={"placement": config.placement.model_copy(update={"memory_limit": 0.9})}
     )
@@ -87,7 +87,7 @@ def test_reserved_bytes_count_against_known_memory(plugins, configure):
     ):
         plan_deployment(config, small, plugins=plugins)
     plan = plan_deployment(config, GpuInventory.uniform(1, 141 * GiB), plugins=plugins)
-    assert plan.gpus[0].reserve_bytes_total == 70 * GiB
+    assert plan.gpus[0].total_reserve_bytes_sum == 70 * GiB
     unknown_memory = plan_deployment(config, GpuInventory.uniform(1), plugins=plugins)
     assert any("cannot be checked against its memory" in n for n in unknown_memory.notes)
 
@@ -141,7 +141,7 @@ def test_plan_is_json_and_deterministic(plugins, h100x2):
     process = data["processes"][0]
     for key in ("name", "stages", "gpu", "replica", "tp_rank"):
         assert key in process
-    assert set(data["gpus"]["0"]) >= {"stages", "memory_fraction_total", "undeclared_stages"}
+    assert set(data["gpus"]["0"]) >= {"stages", "gpu_memory_fraction_sum", "undeclared_stages"}
 
 
 def test_unknown_policy_names_the_real_ones(plugins):

@@ -26,7 +26,7 @@ def test_qwen3_tts_one_process_on_gpu0(plugins):
     plan = plan_deployment(Qwen3TTSPipeline(), plugins=plugins)
     assert layout(plan) == [("pipeline", 0, ["preprocessing", "tts_engine", "vocoder"])]
     gpu0 = plan.to_dict()["gpus"]["0"]
-    assert gpu0["memory_fraction_total"] == 0.0
+    assert gpu0["gpu_memory_fraction_sum"] == 0.0
     assert gpu0["undeclared_stages"] == ["tts_engine", "vocoder"]
     assert list(plan.gpus) == [0]
     assert plan.policy == "declared"
@@ -44,12 +44,12 @@ def test_qwen3_omni_default_seven_processes(plugins):
         ("code2wav", 0, ["code2wav"]),
     ]
     gpus = plan.to_dict()["gpus"]
-    assert gpus["0"]["memory_fraction_total"] == 0.02
+    assert gpus["0"]["gpu_memory_fraction_sum"] == 0.02
     assert gpus["0"]["undeclared_stages"] == ["audio_encoder", "image_encoder", "thinker"]
-    assert gpus["1"]["memory_fraction_total"] == 0.0
+    assert gpus["1"]["gpu_memory_fraction_sum"] == 0.0
     assert gpus["1"]["undeclared_stages"] == ["talker_ar"]
     assert gpus["1"]["processes"] == ["talker_ar"]
-    assert plan.stage("code2wav").memory_fraction == 0.02
+    assert plan.stage("code2wav").gpu_memory_fraction == 0.02
 
 
 def test_qwen3_omni_colocated_with_shares(plugins, configure):
@@ -66,9 +66,9 @@ def test_qwen3_omni_colocated_with_shares(plugins, configure):
     ]
     gpus = plan.to_dict()["gpus"]
     assert list(gpus) == ["0"]
-    assert gpus["0"]["memory_fraction_total"] == 0.94
+    assert gpus["0"]["gpu_memory_fraction_sum"] == 0.94
     assert gpus["0"]["undeclared_stages"] == []
-    assert plan.process("talker_ar").to_dict()["memory_fraction"] == 0.1
+    assert plan.process("talker_ar").to_dict()["gpu_memory_fraction"] == 0.1
 
 
 def test_qwen3_omni_colocated_without_shares_is_refused(plugins):

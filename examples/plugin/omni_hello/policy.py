@@ -31,7 +31,11 @@ class SpreadReplicas(PlacementPolicy):
             share = "declared" if instance.declares_share else "none"
             result.assign(
                 Assignment(
-                    instance.name, gpus, instance.memory_fraction, instance.reserve_bytes, share
+                    instance.name,
+                    gpus,
+                    instance.gpu_memory_fraction,
+                    instance.total_reserve_bytes,
+                    share,
                 )
             )
         return result
