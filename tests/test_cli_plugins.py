@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -16,23 +15,9 @@ from typer.testing import CliRunner
 from omni_core.cli import app
 from omni_core.plugins import OmniPlugins, get_plugins, reset_plugins
 
-MODELS = {
-    "omni-moss-tts": ["moss-tts"],
-    "omni-qwen3-omni": ["qwen3-omni", "qwen3-omni-colocated", "qwen3-omni-text"],
-    "omni-qwen3-tts": ["qwen3-tts"],
-}
+sys.path.insert(0, str(Path(__file__).parent))
+from installed_plugins import INSTALLED
 
-
-def _walkthrough() -> dict[str, list[str]]:
-    """omni-hello (examples/plugin), if this environment installed it too."""
-    try:
-        metadata.distribution("omni-hello")
-    except metadata.PackageNotFoundError:
-        return {}
-    return {"omni-hello": ["hello"]}
-
-
-INSTALLED = {**MODELS, **_walkthrough()}
 BUILTINS = {
     "omni_core.builtins.factory",
     "omni_core.builtins.placement",

@@ -7,7 +7,6 @@ import textwrap
 import time
 import types
 from collections.abc import Callable, Generator, Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,23 +26,8 @@ from omni_core import (
     hookimpl,
 )
 
-MODELS = {
-    "omni-moss-tts": ["moss-tts"],
-    "omni-qwen3-omni": ["qwen3-omni", "qwen3-omni-colocated", "qwen3-omni-text"],
-    "omni-qwen3-tts": ["qwen3-tts"],
-}
-
-
-def _walkthrough() -> dict[str, list[str]]:
-    """omni-hello (examples/plugin), if this environment installed it too."""
-    try:
-        metadata.distribution("omni-hello")
-    except metadata.PackageNotFoundError:
-        return {}
-    return {"omni-hello": ["hello"]}
-
-
-INSTALLED = {**MODELS, **_walkthrough()}
+sys.path.insert(0, str(Path(__file__).parent))
+from installed_plugins import INSTALLED, MODELS
 
 
 def external(plugins: OmniPlugins) -> dict[str, dict[str, Any]]:

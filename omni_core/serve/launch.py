@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import types
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -18,21 +17,6 @@ if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 T = TypeVar("T")
-
-
-def in_process_modules(plugins: Any) -> list[str]:
-    """Plugin modules registered in this process (not from entry points).
-
-    The children load entry points themselves; a module registered in-process
-    (tests, embedding) reaches them by module name (they inherit sys.path).
-    """
-    return [
-        record.plugin.__name__
-        for record in plugins.records.values()
-        if not record.builtin
-        and record.entry_point is None
-        and isinstance(record.plugin, types.ModuleType)
-    ]
 
 
 def build_runtime(resolution: Any, *, on_progress: Any = None, detect: bool = True) -> Any:
@@ -51,7 +35,7 @@ def build_runtime(resolution: Any, *, on_progress: Any = None, detect: bool = Tr
         plan,
         config,
         plugins=plugins,
-        plugin_modules=in_process_modules(plugins),
+        plugin_modules=plugins.in_process_modules(),
         on_progress=on_progress or print_progress,
     )
 
