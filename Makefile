@@ -50,8 +50,9 @@ plan: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/omni serve $(EXAMPLE)
 
-# Opt-in parity with the official qwen-tts package, in its own environment
-# (it pins transformers 4.57.3); see plugins/qwen3_tts/tests/REFERENCE.md.
+# Opt-in parity with the official qwen-tts package and transformers' qwen3_omni_moe,
+# in their own environment (qwen-tts pins transformers 4.57.3, which has
+# qwen3_omni_moe); see plugins/qwen3_tts/tests/REFERENCE.md.
 test-reference: $(STAMP)
 	test -x $(REFERENCE_VENV)/bin/python || ( \
 	  $(PYTHON) -m venv $(REFERENCE_VENV) && \
@@ -60,10 +61,12 @@ test-reference: $(STAMP)
 	  $(REFERENCE_VENV)/bin/pip install $(PIP_QUIET) --no-deps qwen-tts==0.1.1 && \
 	  $(REFERENCE_VENV)/bin/pip install $(PIP_QUIET) transformers==4.57.3 accelerate==1.12.0 \
 	    librosa einops sox onnxruntime && \
+	  $(REFERENCE_VENV)/bin/pip install $(PIP_QUIET) --no-deps torchvision==0.28.0 pillow && \
 	  sp=$(REFERENCE_VENV)/lib/python3.11/site-packages && \
 	  mkdir -p $$sp/torchaudio/compliance && touch $$sp/torchaudio/__init__.py \
 	    $$sp/torchaudio/compliance/__init__.py $$sp/torchaudio/compliance/kaldi.py )
-	QWEN_TTS_REF_PYTHON=$(REFERENCE_VENV)/bin/python $(BIN)/pytest -q plugins/qwen3_tts/tests -m reference
+	QWEN_TTS_REF_PYTHON=$(REFERENCE_VENV)/bin/python $(BIN)/pytest -q \
+	  plugins/qwen3_tts/tests plugins/qwen3_omni/tests -m reference
 
 bench: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(BIN)/python $$script || exit 1; done

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .schema import PipelineConfig
 
 __all__ = [
+    "LiveServer",
     "PlannedDeployment",
     "plan_on_cpu",
     "plugins",
@@ -127,6 +128,88 @@ class PlannedDeployment:
                 return await runtime.run(data, params)
 
         return anyio.run(one)
+
+    def serve(self, api_key: str | None = None) -> LiveServer:
+        """A live HTTP server of this deployment, started: ``with planned.serve() as server:``."""
+        return LiveServer(self, api_key=api_key).start()
+
+
+class LiveServer:
+    """``omni serve`` minus the command line: runtime, app and uvicorn on a free port.
+
+    It runs on its own event loop in a thread, so plain (synchronous) tests
+    can talk to it over HTTP, e.g. with the official ``openai`` client
+    (:meth:`client`). Use it as a context manager, or call :meth:`stop`.
+    """
+
+    def __init__(self, planned: PlannedDeployment, api_key: str | None = None):
+        import threading
+
+        self.planned, self.api_key = planned, api_key
+        self.url = ""
+        self.runtime: Any = None
+        self.server: Any = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        name = f"server-{planned.config.pipeline_name}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self, timeout: float = 120) -> LiveServer:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the test server did not start in {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        import anyio
+
+        try:
+            anyio.run(self._main)
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        from .serve.app import create_app
+        from .serve.server import bind, make_server, serve_runtime
+
+        config = self.planned.config
+        self.runtime = self.planned.runtime()
+        async with self.runtime:
+            app = create_app(self.runtime, self.planned.resolution, api_key=self.api_key)
+            self.server = make_server(
+                app,
+                "",
+                0,
+                grace=1,
+                header_timeout=config.server.header_timeout,
+                body_timeout=config.server.body_timeout,
+            )
+
+            def started(urls: list[str]) -> None:
+                self.url = urls[0]
+                self._ready.set()
+
+            await serve_runtime(self.server, [bind("127.0.0.1", 0)], on_started=started)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+        self._thread.join(30)
+
+    def client(self, api_key: str | None = "unused", timeout: float = 60) -> Any:
+        """An ``openai.OpenAI`` client for this server (no retries)."""
+        from openai import OpenAI
+
+        return OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=timeout)
+
+    def __enter__(self) -> LiveServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def plan_on_cpu(

@@ -187,7 +187,7 @@ def _body(api: str, **fields: Any) -> dict[str, Any]:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise UsageError(f"invalid request: {problems}") from None
-    return body.model_dump(mode="json")
+    return body.payload() if isinstance(body, ChatRequest) else body.model_dump(mode="json")
 
 
 async def _run_one(
@@ -213,7 +213,7 @@ async def _run_one(
             async for piece in service.pieces(handle):
                 if piece.kind == "audio":
                     pcm += piece.data
-                else:
+                elif piece.kind == "text":
                     sys.stdout.write(piece.data)
                     sys.stdout.flush()
                     wrote_text = True

@@ -1,12 +1,28 @@
-"""Media that arrives from outside: uploaded audio and media references, read under bounds.
+"""Media that arrives from outside: uploaded audio and images, media references, read under bounds.
 
 Everything here treats its input as hostile (see the "Trust" section of the
 design): sizes, durations and addresses are checked before anything is
-decoded or fetched. Nothing heavy is imported at module level; numpy and
-soundfile load on first use, inside the stage processes that decode audio.
+decoded or fetched. Nothing heavy is imported at module level; numpy,
+soundfile and Pillow load on first use, inside the stage processes that
+decode media.
 """
 
 from .audio_input import AudioLimits, DecodedAudio, decode_audio, decode_base64_audio
 from .errors import MediaError
+from .image_input import ImageLimits, decode_base64_image, decode_image
+from .sources import MediaFetch, read_base64, read_media, read_media_sync
 
-__all__ = ["AudioLimits", "DecodedAudio", "MediaError", "decode_audio", "decode_base64_audio"]
+__all__ = [
+    "AudioLimits",
+    "DecodedAudio",
+    "ImageLimits",
+    "MediaError",
+    "MediaFetch",
+    "decode_audio",
+    "decode_base64_audio",
+    "decode_base64_image",
+    "decode_image",
+    "read_base64",
+    "read_media",
+    "read_media_sync",
+]

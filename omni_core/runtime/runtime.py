@@ -256,9 +256,18 @@ class Runtime:
         )
 
     async def _receive(self) -> None:
+        # A request can end while stages of it still run: a terminal stage that
+        # stopped reading its input stream early (a stop string was hit), or a
+        # failure in one branch of a fan-out. Their work is wasted and holds
+        # slots, so an ended request is aborted everywhere it was bound (an
+        # abort for work already finished costs one small message, no more).
+        leftovers = any(s.stream_to for s in self.config.stages)
         while True:
             envelope = await self.inbox.recv()
+            handle = self.coordinator.requests.get(envelope.request_id)
             self.coordinator.on_envelope(envelope)
+            if handle is not None and handle.done.is_set() and (leftovers or handle.error):
+                self._tg.start_soon(self._abort_everywhere, handle)
 
     # -- supervision ----------------------------------------------------------
     async def _monitor(self) -> None:

@@ -7,6 +7,12 @@ sample rate) in the SSE chunks when streaming, next to ``delta.content``
 text deltas. The model's text goes to ``content`` when "text" is among the
 modalities, and is also the audio's transcript. A failure after the stream
 started is sent as an SSE ``error`` event, which the OpenAI clients raise.
+
+``usage`` (prompt, completion and total tokens) is what the pipeline's usage
+stage reported (see :class:`.service.Piece`), or null if it reported none.
+Streaming with ``stream_options.include_usage``, every chunk carries
+``usage: null`` and a last chunk before ``[DONE]`` has ``choices: []`` and
+the usage, as OpenAI sends it.
 """
 
 from __future__ import annotations
@@ -70,8 +76,7 @@ async def create_chat(
         audio_format = "pcm16"
     if "audio" in modalities:
         check_encoder(audio_format)
-    data = body.model_dump(mode="json")
-    data["modalities"] = modalities
+    data = body.payload(modalities)
     await check_media(data["messages"], media)
     handle = await service.submit(data, {"api": "chat"})
     pieces = service.pieces(handle, path=PATH, started=started)
@@ -86,7 +91,8 @@ async def create_chat(
         await pieces.aclose()
         await service.finish(handle, "the client disconnected")
 
-    finish = {"reason": "stop"}  # "length" when a stage says a token or frame cap ended it
+    # finish: "length" when a stage says a token or frame cap ended it; usage: what it counted
+    ended: dict[str, Any] = {"reason": "stop", "usage": None}
 
     if not body.stream:
 
@@ -97,8 +103,10 @@ async def create_chat(
                     text.append(piece.data)
                 elif piece.kind == "audio":
                     pcm += piece.data
-                else:
-                    finish["reason"] = piece.data
+                elif piece.kind == "finish":
+                    ended["reason"] = piece.data
+                elif piece.kind == "usage":
+                    ended["usage"] = piece.data
             return "".join(text), bytes(pcm)
 
         try:
@@ -121,22 +129,25 @@ async def create_chat(
             {
                 **ids,
                 "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, "finish_reason": finish["reason"]}],
-                "usage": None,
+                "choices": [{"index": 0, "message": message, "finish_reason": ended["reason"]}],
+                "usage": ended["usage"],
             }
         )
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        payload = {
-            **ids,
-            "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
+    include_usage = body.include_usage
+
+    def event(choices: list[dict[str, Any]], usage: Any = None) -> bytes:
+        payload = {**ids, "object": "chat.completion.chunk", "choices": choices}
+        if include_usage:
+            payload["usage"] = usage
         return f"data: {json.dumps(payload)}\n\n".encode()
 
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return event([{"index": 0, "delta": delta, "finish_reason": finish}])
+
     def delta(piece: Piece) -> dict[str, Any] | None:
-        if piece.kind == "finish":
-            finish["reason"] = piece.data
+        if piece.kind in ("finish", "usage"):
+            ended["reason" if piece.kind == "finish" else "usage"] = piece.data
             return None
         if piece.kind == "audio":
             if "audio" not in modalities:
@@ -173,7 +184,9 @@ async def create_chat(
         if "audio" in modalities:  # as OpenAI: the last audio update holds only its expiry
             expires = int(time.time()) + AUDIO_LIFETIME
             yield chunk({"audio": {"id": audio_id, "expires_at": expires}})
-        yield chunk({}, finish["reason"])
+        yield chunk({}, ended["reason"])
+        if include_usage:
+            yield event([], ended["usage"])
         yield b"data: [DONE]\n\n"
 
     return OwnedStreamingResponse(

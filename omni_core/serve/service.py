@@ -69,16 +69,27 @@ class Serving:
             )
         return serving
 
+    @property
+    def usage_stage(self) -> str | None:
+        """The stage whose token counts are the request's usage: the text stage, else audio."""
+        return self.text_stage or self.audio_stage
+
 
 @dataclass
 class Piece:
-    """Something for the client: a text delta (str), PCM16 audio (bytes), or why it ended.
+    """Something for the client: a text delta (str), PCM16 audio (bytes), why it ended, usage.
 
-    ``finish`` pieces carry ``stop`` or ``length`` (a token or frame cap ended
-    the request) from a terminal stage's final output ``{"finish_reason": ...}``.
+    A terminal stage's final output may be a dict that carries either or both of
+
+    - ``"finish_reason"``: ``"stop"`` (the model ended, or hit a stop string)
+      or ``"length"`` (a token or frame cap ended it) -> ``Piece("finish", str)``;
+    - ``"usage"``: ``{"prompt_tokens": int, "completion_tokens": int}`` ->
+      ``Piece("usage", {"prompt_tokens", "completion_tokens", "total_tokens"})``.
+      Only the :attr:`Serving.usage_stage` counts (a speech pipeline's text
+      stage, not its audio stage: the counts are never summed across stages).
     """
 
-    kind: str  # "text", "audio" or "finish"
+    kind: str  # "text", "audio", "finish" or "usage"
     data: Any
 
 
@@ -154,6 +165,10 @@ class Service:
                         event = await stream.__anext__()
                 except StopAsyncIteration:
                     return
+                if event.final and isinstance(event.data, dict):
+                    for piece in self._ending(event):
+                        yield piece
+                    continue
                 piece = self._piece(event, streamed)
                 if piece is None:
                     continue
@@ -183,13 +198,24 @@ class Service:
         finally:
             await stream.aclose()
 
+    def _ending(self, event: Any) -> list[Piece]:
+        """The finish reason and usage a terminal stage's final dict carries (see Piece)."""
+        serving = self.serving
+        if event.stage not in (serving.audio_stage, serving.text_stage):
+            return []
+        found = []
+        reason = event.data.get("finish_reason")
+        if isinstance(reason, str):
+            found.append(Piece("finish", reason))
+        usage = event.data.get("usage")
+        if usage is not None and event.stage == serving.usage_stage:
+            found.append(Piece("usage", _usage(usage, event.stage)))
+        return found
+
     def _piece(self, event: Any, streamed: set[str]) -> Piece | None:
         serving = self.serving
         if event.stage not in (serving.audio_stage, serving.text_stage):
             return None
-        if event.final and isinstance(event.data, dict):
-            reason = event.data.get("finish_reason")
-            return Piece("finish", reason) if isinstance(reason, str) else None
         if event.final and (
             event.stage in streamed or not _is_whole(event.data, event.stage, serving)
         ):
@@ -209,6 +235,21 @@ class Service:
                 f"{type(event.data).__name__}, not str",
             )
         return Piece("text", event.data)
+
+
+def _usage(usage: Any, stage: str) -> dict[str, int]:
+    """A stage's ``usage``, checked, plus ``total_tokens``; APIError(500) if it is malformed."""
+    counts = {}
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(key) if isinstance(usage, dict) else None
+        if type(value) is not int or value < 0:
+            raise APIError(
+                500,
+                f"stage {stage!r} reported usage {key} = {value!r}; expected "
+                '{"prompt_tokens": int >= 0, "completion_tokens": int >= 0}',
+            )
+        counts[key] = value
+    return {**counts, "total_tokens": counts["prompt_tokens"] + counts["completion_tokens"]}
 
 
 def _is_whole(data: Any, stage: str, serving: Serving) -> bool:

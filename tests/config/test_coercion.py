@@ -29,16 +29,16 @@ def test_free_form_keys_use_toml_scalar_rules(text, expected):
 
 
 def test_free_form_factory_key_from_a_flag(resolve):
-    # qwen3-omni's preprocessing declares no factory settings: its keys pass through
+    # qwen3-omni's decode stage declares no factory settings: its keys pass through
     res = resolve(
         None,
-        "--preprocessing.factory.use_fast_path",
+        "--decode.factory.use_fast_path",
         "true",
-        "--preprocessing.factory.warmup",
+        "--decode.factory.warmup",
         "3",
         pipeline="qwen3-omni",
     )
-    extra = res.config.stage("preprocessing").factory.model_extra
+    extra = res.config.stage("decode").factory.model_extra
     assert extra == {"use_fast_path": True, "warmup": 3}
 
 

@@ -41,10 +41,24 @@ def create_append(tag: str, delay: float = 0.0) -> Append:
 
 
 class Producer:
-    """Streams ``n`` chunks downstream, then returns how many it sent."""
+    """Streams ``n`` chunks downstream, then returns how many it sent.
+
+    With ``forever`` it streams until cancelled (then writes ``"cancelled"`` to
+    the file ``marker``), marking chunk ``stop_after`` as the consumer's last.
+    """
 
     async def run(self, request):
-        n = int(request.data.get("n", 3))
+        data = request.data
+        if data.get("forever"):
+            try:
+                for i in range(10**9):
+                    await request.emit({"index": i, "last": i == data.get("stop_after")})
+                    await anyio.sleep(0.01)
+            except anyio.get_cancelled_exc_class():
+                with open(data["marker"], "w") as marker:
+                    marker.write("cancelled")
+                raise
+        n = int(data.get("n", 3))
         for i in range(n):
             await request.emit({"index": i})
         return {"sent": n}
@@ -62,6 +76,8 @@ class Doubler:
         async for chunk in request.stream:
             await request.emit(chunk["index"] * 2)
             count += 1
+            if chunk.get("last"):
+                break  # done early: what the upstream still makes is not needed
         return {"received": count}
 
 

@@ -296,3 +296,15 @@ async def test_health_reports_each_stages_queue_depth(deployment):
                 or queue()["p"]["queue"]["join"]["waiting"]
             ):
                 await anyio.sleep(0.05)
+
+
+async def test_an_ended_request_stops_what_still_runs_upstream(deployment, tmp_path):
+    # The terminal stage stops after two chunks; the producer would stream forever.
+    marker = tmp_path / "producer-cancelled"
+    async with deployment("t-stream") as runtime:
+        outputs = await runtime.run({"forever": True, "stop_after": 1, "marker": str(marker)})
+        with anyio.fail_after(10):
+            while not marker.exists():
+                await anyio.sleep(0.02)
+    assert outputs["doubler"] == {"received": 2}
+    assert marker.read_text() == "cancelled"

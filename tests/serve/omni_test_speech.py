@@ -4,13 +4,18 @@
 text, ``synth`` streams sine-wave chunks to ``audio``, the terminal audio
 stage, which runs in another process so that numpy chunks cross a transport.
 ``t-chat`` (api chat): ``think`` writes a reply, ``text`` streams it word by
-word, and ``talker`` (routed to only when audio is asked for) streams sine
-audio. Registered in-process by the tests and, by module name, in the
-children the runtime spawns.
+word (a word is a "token": it honours ``sampling.max_tokens`` and
+``sampling.stop`` and reports usage), and ``talker`` (routed to only when
+audio is asked for) streams sine audio. ``test_echo: true`` (an extra field)
+makes the reply the JSON of the ``sampling`` dict the entry stage received;
+``test_usage`` is reported as the text stage's usage instead of its counts.
+Registered in-process by the tests and, by module name, in the children the
+runtime spawns.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -82,14 +87,19 @@ class Synth:
 
 
 class Audio:
-    """The terminal audio stage: passes chunks to the client, returns the sample count."""
+    """The terminal audio stage: passes chunks to the client, returns the sample count.
+
+    Its usage counts a chunk as a token (the pipeline has no text stage, so
+    this stage's usage is the request's).
+    """
 
     async def run(self, request):
-        samples = 0
+        samples = chunks = 0
         async for chunk in request.stream:
             samples += len(chunk)
+            chunks += 1
             await request.emit(chunk)
-        return {"samples": samples}
+        return {"samples": samples, "usage": {"prompt_tokens": 0, "completion_tokens": chunks}}
 
 
 class Think:
@@ -99,34 +109,47 @@ class Think:
         if not text.strip():
             raise RequestError("the last user message has no text")
         await _maybe_wait(data)
-        return {
-            "reply": f"You said: {text}",
-            "max_tokens": data.get("max_tokens"),
+        sampling, echo = data["sampling"], bool(data.get("test_echo"))
+        return {  # an echo is neither capped nor cut (it holds the stop strings)
+            "reply": json.dumps(sampling, sort_keys=True) if echo else f"You said: {text}",
+            "prompt_tokens": len(text.split()),
+            "max_tokens": None if echo else sampling["max_tokens"],
+            "stop": [] if echo else sampling["stop"],
+            "usage": data.get("test_usage"),  # what text reports instead of its own counts
             "modalities": data.get("modalities") or ["text"],
             "voice": (data.get("audio") or {}).get("voice") or "alice",
         }
 
 
 class Text:
-    """Streams the reply a word (a "token") at a time, up to ``max_tokens``."""
+    """Streams the reply a word (a "token") at a time, up to ``max_tokens``, and
+    ends it before the first stop string, which it leaves out (as OpenAI)."""
 
     async def run(self, request):
-        words = request.data["reply"].split(" ")
-        cap = request.data.get("max_tokens") or len(words)
+        data = request.data
+        reply = data["reply"]
+        hits = [reply.find(stop) for stop in data["stop"] if stop in reply]
+        text = reply[: min(hits)] if hits else reply
+        words = text.split(" ")
+        cap = data["max_tokens"] or len(words)
         for index, word in enumerate(words[:cap]):
             await request.emit(word if index == 0 else f" {word}")
-        if cap < len(words):
-            return {"finish_reason": "length"}
-        return request.data["reply"]
+        usage = data["usage"] or {
+            "prompt_tokens": data["prompt_tokens"],
+            "completion_tokens": min(cap, len(words)),
+        }
+        return {"finish_reason": "length" if cap < len(words) else "stop", "usage": usage}
 
 
 class Talker:
+    """Its usage is not the request's: the pipeline's text stage counts."""
+
     async def run(self, request):
         frequency = VOICES.get(request.data["voice"], 220.0)
         count = len(request.data["reply"].split())
         for index in range(count):
             await request.emit(sine(frequency, index))
-        return {"chunks": count}
+        return {"chunks": count, "usage": {"prompt_tokens": 1000, "completion_tokens": 1000}}
 
 
 def create(kind: str, start_delay: float = 0.0) -> Any:

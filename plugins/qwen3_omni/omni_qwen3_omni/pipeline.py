@@ -12,7 +12,7 @@ memory share, so the processes cannot grab memory first-come-first-served.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -20,19 +20,33 @@ from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfi
 from omni_core.schema import DType, LoadFormat
 
 STAGES = "omni_qwen3_omni.stages"
+PREPROCESSING = "omni_qwen3_omni.preprocessing"
 ROUTING = "omni_qwen3_omni.routing"
 MODEL = "Qwen/Qwen3-Omni-30B-A3B-Instruct"
 ALIASES = ("qwen3_omni_moe", "Qwen3OmniMoeForConditionalGeneration")
 
 
+class PreprocessingArgs(FactoryArgs):
+    # per request: media count and size bounds, checked before anything is decoded
+    max_images: int = Field(default=16, ge=0)
+    max_audios: int = Field(default=8, ge=0)
+    max_audio_seconds: float = Field(default=300.0, gt=0)
+    max_media_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    # the largest max_tokens a request may ask for (also its default)
+    max_tokens: int = Field(default=2048, ge=1)
+
+
 class EncoderArgs(FactoryArgs):
     dtype: DType = "bfloat16"
+    load_format: LoadFormat = "auto"
+    seed: int = Field(default=0, ge=0)  # dummy weights' seed
     max_batch_size: int = Field(default=8, ge=1)
 
 
 class EngineFactoryArgs(FactoryArgs):
     dtype: DType = "bfloat16"
     load_format: LoadFormat = "auto"
+    seed: int = Field(default=0, ge=0)  # dummy weights' seed
 
 
 class Code2WavArgs(FactoryArgs):
@@ -46,10 +60,11 @@ def _front(fan_in: str, route_fn: str, process: dict[str, str]) -> list[StageCon
     return [
         StageConfig(
             name="preprocessing",
-            factory_path=f"{STAGES}:create_preprocessing",
+            factory_path=f"{PREPROCESSING}:create_preprocessing",
             next=["image_encoder", "audio_encoder", fan_in],
             route_fn=f"{ROUTING}:{route_fn}",
             process=process["preprocessing"],
+            factory=PreprocessingArgs(),
         ),
         StageConfig(
             name="image_encoder",
@@ -127,7 +142,21 @@ SPEECH_PROCESSES = {
 COLOCATED_PROCESSES = {**SPEECH_PROCESSES, "code2wav": "talker_ar"}
 
 
-class Qwen3OmniSpeechPipeline(PipelineConfig):
+class _Qwen3OmniSource:
+    """Model-path checks at resolve time (torch-free): what the loading stages would refuse."""
+
+    def model_source_problems(self) -> list[Any]:
+        from .source import source_problems
+
+        formats = {
+            stage.name: stage.factory.load_format
+            for stage in self.stages  # type: ignore[attr-defined]
+            if "load_format" in type(stage.factory).model_fields
+        }
+        return source_problems(self.model_path, formats)  # type: ignore[attr-defined]
+
+
+class Qwen3OmniSpeechPipeline(_Qwen3OmniSource, PipelineConfig):
     pipeline_name: ClassVar[str] = "qwen3-omni"
     aliases: ClassVar[tuple[str, ...]] = (*ALIASES, "Qwen3OmniSpeechPipelineConfig")
     description: ClassVar[str] = (
@@ -141,7 +170,7 @@ class Qwen3OmniSpeechPipeline(PipelineConfig):
         return _speech_stages(talker_gpu=1, processes=SPEECH_PROCESSES, vocoder_in_process=False)
 
 
-class Qwen3OmniColocatedPipeline(PipelineConfig):
+class Qwen3OmniColocatedPipeline(_Qwen3OmniSource, PipelineConfig):
     pipeline_name: ClassVar[str] = "qwen3-omni-colocated"
     aliases: ClassVar[tuple[str, ...]] = ("Qwen3OmniSpeechColocatedPipelineConfig",)
     description: ClassVar[str] = (
@@ -164,7 +193,7 @@ class Qwen3OmniColocatedPipeline(PipelineConfig):
         return stages
 
 
-class Qwen3OmniTextPipeline(PipelineConfig):
+class Qwen3OmniTextPipeline(_Qwen3OmniSource, PipelineConfig):
     pipeline_name: ClassVar[str] = "qwen3-omni-text"
     aliases: ClassVar[tuple[str, ...]] = ("Qwen3OmniTextPipelineConfig",)
     description: ClassVar[str] = (
@@ -172,6 +201,8 @@ class Qwen3OmniTextPipeline(PipelineConfig):
     )
     entry_stage: ClassVar[str] = "preprocessing"
     default_model_path: ClassVar[str] = MODEL
+    api: ClassVar[tuple[str, ...]] = ("chat",)
+    text_stage: ClassVar[str | None] = "decode"
 
     @classmethod
     def default_stages(cls) -> list[StageConfig]:
@@ -191,6 +222,7 @@ class Qwen3OmniTextPipeline(PipelineConfig):
                 name="thinker",
                 factory_path=f"{STAGES}:create_thinker",
                 next="decode",
+                stream_to=["decode"],
                 process="pipeline",
                 gpu=0,
                 factory=EngineFactoryArgs(),

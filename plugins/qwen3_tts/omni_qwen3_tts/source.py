@@ -57,10 +57,12 @@ def resolve_model_path(name: str, allow_download: bool = True) -> ResolvedPath:
         )
     if not allow_download:
         raise FileNotFoundError(f"model {name!r} is not a local directory and downloads are off")
-    return ResolvedPath(_download(name))
+    return ResolvedPath(download(name))
 
 
-def _download(repo: str) -> Path:
+def download(repo: str, patterns: list[str] | None = None) -> Path:
+    """A hub snapshot of ``repo`` (the cache first), or FileNotFoundError saying how to get it."""
+    patterns = patterns or HUB_PATTERNS
     try:
         from huggingface_hub import snapshot_download
     except ImportError as exc:  # pragma: no cover - declared dependency
@@ -68,11 +70,11 @@ def _download(repo: str) -> Path:
             f"model {repo!r} is a hub id but huggingface_hub is not installed"
         ) from exc
     try:
-        return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS, local_files_only=True))
+        return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
     except Exception:
         pass
     try:
-        return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS, etag_timeout=10))
+        return Path(snapshot_download(repo, allow_patterns=patterns, etag_timeout=10))
     except Exception as exc:
         raise FileNotFoundError(
             f"could not fetch hub model {repo!r} ({type(exc).__name__}: {exc}). "

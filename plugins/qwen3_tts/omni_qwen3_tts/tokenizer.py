@@ -77,3 +77,11 @@ class TextTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
+
+    def special_tokens(self) -> dict[int, str]:
+        """The special tokens (chat markers, media pads) by id: never part of an answer's text."""
+        added = self._tok.get_added_tokens_decoder()
+        return {i: token.content for i, token in added.items() if token.special}
+
+    def special_ids(self) -> set[int]:
+        return set(self.special_tokens())

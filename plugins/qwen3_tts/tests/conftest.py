@@ -25,14 +25,6 @@ from omni_qwen3_tts.model import Qwen3TTSModel  # noqa: E402
 from omni_qwen3_tts.weights import PRESETS_DIR  # noqa: E402
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "reference: compares against the qwen-tts reference implementation "
-        "(needs the venv described in tests/REFERENCE.md; skipped otherwise)",
-    )
-
-
 def write_checkpoint(root: Path, variant: str = "custom_voice", seed: int = 0) -> Path:
     """Copy the tiny preset to ``root`` as ``variant`` and save seeded weights into it."""
     shutil.copytree(PRESETS_DIR / "tiny", root)

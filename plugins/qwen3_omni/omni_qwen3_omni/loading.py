@@ -1,0 +1,119 @@
+"""Building each stage's part of Qwen3-Omni and filling it with weights.
+
+A part (the audio tower, the vision tower, the thinker's decoder) is
+constructed directly on its device with parameter initialisation switched
+off: a real checkpoint overwrites every parameter, and ``dummy`` weights
+are written by a seeded generator in name order, so initialising first
+would only cost time (minutes for the real thinker). Buffers computed in
+constructors (rotary tables, sinusoidal positions) are kept as built, in
+float32; only parameters take the stage's dtype.
+
+Parts are cached per process, so stages that share a process (the
+text-only variant's single process) share one copy of each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .checkpoint import OWNERS, Checkpoint, check_coverage
+from .config import ThinkerConfig
+from .source import resolve_model_path
+
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+_RESETTABLE = (
+    nn.Linear,
+    nn.Embedding,
+    nn.LayerNorm,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+)
+
+
+@contextlib.contextmanager
+def _no_parameter_init() -> Iterator[None]:
+    saved = {cls: cls.reset_parameters for cls in _RESETTABLE}
+    try:
+        for cls in _RESETTABLE:
+            cls.reset_parameters = lambda self: None  # type: ignore[method-assign]
+        yield
+    finally:
+        for cls, method in saved.items():
+            cls.reset_parameters = method  # type: ignore[method-assign]
+
+
+def construct(factory: Callable[[], nn.Module], device: torch.device, dtype: torch.dtype):
+    """``factory()`` on ``device`` with uninitialised parameters in ``dtype``, in eval mode."""
+    with _no_parameter_init(), torch.device(device):
+        module = factory()
+    for param in module.parameters():
+        param.data = param.data.to(dtype)
+    return module.eval().requires_grad_(False)
+
+
+def read_config(root: Path) -> ThinkerConfig:
+    path = root / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the model config ({exc})") from None
+    return ThinkerConfig.from_dict(raw)
+
+
+def _factories(config: ThinkerConfig) -> dict[str, Callable[[], nn.Module]]:
+    from .audio.encoder import AudioEncoder
+    from .thinker.decoder import ThinkerLM
+    from .vision.encoder import VisionEncoder
+
+    return {
+        "audio_encoder": lambda: AudioEncoder(config.audio),
+        "image_encoder": lambda: VisionEncoder(config.vision),
+        "thinker": lambda: ThinkerLM(config.text),
+    }
+
+
+def part_seed(seed: int, part: str) -> int:
+    """Dummy weights of one part depend on the seed and the part only, never on the split."""
+    return (seed * 1_000_003 + zlib.crc32(part.encode())) % (2**63)
+
+
+@functools.lru_cache(maxsize=8)
+def load_part(
+    model_path: str, part: str, load_format: str, dtype: str | None, device: str, seed: int = 0
+) -> Any:
+    """The ``part`` of the checkpoint at ``model_path`` (one of :data:`OWNERS`), ready to run."""
+    from omni_qwen3_tts.weights import dummy_fill, parse_dtype
+
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(
+            f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}"
+        )
+    resolved = resolve_model_path(model_path)
+    if resolved.preset and load_format != "dummy":
+        raise ValueError(
+            f"model {model_path!r} is the {resolved.preset!r} preset (configs only); "
+            'it needs load_format = "dummy"'
+        )
+    config = read_config(resolved.path)
+    target = torch.device(device)
+    module = construct(_factories(config)[part], target, parse_dtype(dtype, target))
+    if load_format == "dummy":
+        dummy_fill(module, part_seed(seed, part))
+    else:
+        checkpoint = Checkpoint.open(resolved.path)
+        check_coverage(checkpoint, [part])
+        # The decoder's keys are model.* / lm_head.*; a tower's start below its own prefix.
+        strip = "thinker." if part == "thinker" else OWNERS[part][0]
+        checkpoint.load_into(module, OWNERS[part], strip, f"stage {part!r}")
+    return module, config, resolved.path

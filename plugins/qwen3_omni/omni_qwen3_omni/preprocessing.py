@@ -1,0 +1,289 @@
+"""The preprocessing stage: chat messages in; token ids, positions, mel and image patches out.
+
+It is the only stage that reads what the client sent, so everything a
+client can get wrong is refused here with a 400 naming the field: unknown
+content, media that does not decode, too much media, bad sampling values.
+Media are read under the core's bounds (:mod:`omni_core.media`); decoding,
+resampling, the mel front end and patching run in a worker thread so the
+event loop keeps serving other requests.
+
+The prompt holds one placeholder token per encoder output row, in the order
+the media appear in the messages; :mod:`.assemble` relies on that order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import torch
+
+from omni_core import RequestError
+from omni_core.engine.interface import SamplingParams, check_sampling
+from omni_core.media import AudioLimits, decode_audio
+
+from .audio.mel import SAMPLE_RATE as MEL_RATE
+from .audio.mel import audio_token_count, log_mel
+from .chat import ChatPrompter
+from .config import ThinkerConfig
+from .loading import read_config
+from .source import resolve_model_path
+from .thinker.positions import MediaTokens, prompt_positions
+from .vision.processor import ImageProcessorConfig, image_to_patches
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+IMAGE_PARTS = {"image_url", "image"}
+AUDIO_PARTS = {"input_audio", "audio_url", "audio"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_images: int
+    max_audios: int
+    max_audio_seconds: float
+    max_media_bytes: int
+
+
+class Preprocessing:
+    def __init__(self, root: Path, limits: Limits, max_tokens: int):
+        self.config: ThinkerConfig = read_config(root)
+        self.media_tokens = MediaTokens.from_config(self.config)
+        self.prompter = ChatPrompter.from_dir(root)
+        self.special = sorted(set(self.prompter.tokenizer.special_tokens().values()), key=len)
+        self.images = ImageProcessorConfig.from_dict(_json(root / "preprocessor_config.json"))
+        self.images.check_against(self.config.vision)
+        self.generation = _json(root / "generation_config.json")
+        self.limits, self.max_tokens = limits, max_tokens
+
+    async def run(self, request: Any) -> dict[str, Any]:
+        data = dict(request.data or {})
+        messages = data.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("'messages' must be a non-empty list")
+        fetch = _media_fetch(request.params, self.limits.max_media_bytes)
+        internal, media = _normalise(messages)
+        self._refuse_markers(internal)
+        self._check_counts(media)
+        raw = [await _read(kind, value, where, fetch) for kind, value, where in media]
+        return await anyio.to_thread.run_sync(self._prepare, data, internal, media, raw)
+
+    def _refuse_markers(self, internal: list[dict[str, Any]]) -> None:
+        """Refuse text holding the template's own markers (``<|im_start|>``, ``<|image_pad|>``...).
+
+        The tokenizer reads them as the special tokens they spell, so a client
+        could forge turns or placeholders that no encoder output fills.
+        """
+        for m_index, message in enumerate(internal):
+            for part in message["content"]:
+                text = part.get("text") or ""
+                found = next((t for t in self.special if t in text), None) if "<" in text else None
+                if found:
+                    raise RequestError(
+                        f"messages.{m_index}: the text contains {found!r}, a control token of "
+                        "the chat template; remove it (media go in image_url / input_audio parts)"
+                    )
+
+    def _check_counts(self, media: list[tuple[str, Any, str]]) -> None:
+        images = sum(1 for kind, _, _ in media if kind == "image")
+        audios = len(media) - images
+        if images > self.limits.max_images:
+            raise RequestError(
+                f"the messages hold {images} images; this server takes at most "
+                f"{self.limits.max_images} per request (factory.max_images)"
+            )
+        if audios > self.limits.max_audios:
+            raise RequestError(
+                f"the messages hold {audios} audio clips; this server takes at most "
+                f"{self.limits.max_audios} per request (factory.max_audios)"
+            )
+
+    def _prepare(
+        self,
+        data: dict[str, Any],
+        internal: list[dict[str, Any]],
+        media: list[tuple[str, Any, str]],
+        raw: list[Any],
+    ) -> dict[str, Any]:
+        images, audios, grids, mel_lengths = [], [], [], []
+        for (kind, _, where), payload in zip(media, raw, strict=True):
+            if kind == "image":
+                pixels, grid = self._image(payload, where)
+                images.append({"pixel_values": pixels, "grid_thw": list(grid)})
+                grids.append(tuple(grid))
+            else:
+                mel = self._audio(payload, where)
+                audios.append(mel)
+                mel_lengths.append(int(mel.shape[-1]))
+        merge = self.images.merge_size
+        image_counts = [t * h * w // (merge * merge) for t, h, w in grids]
+        audio_counts = [audio_token_count(n) for n in mel_lengths]
+        token_ids = self.prompter.encode(internal, image_counts, audio_counts)
+        placed = prompt_positions(
+            token_ids, self.media_tokens, image_grids=grids, audio_lengths=audio_counts
+        )
+        positions, next_position = placed.positions, placed.next_position
+        sampling = self._sampling(data.get("sampling") or _legacy_sampling(data))
+        return {
+            "prompt": {
+                "token_ids": token_ids,
+                "positions": positions,
+                "next_position": int(next_position),
+            },
+            "images": images,
+            "audios": audios,
+            "sampling": sampling,
+            "stop": list((data.get("sampling") or {}).get("stop") or []),
+        }
+
+    def _image(self, payload: Any, where: str) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        from omni_core.media import ImageLimits, decode_image
+
+        raw, _mime = payload
+        array = decode_image(raw, where, ImageLimits(max_bytes=self.limits.max_media_bytes))
+        try:
+            pixels, grid = image_to_patches(array, self.images)
+        except ValueError as exc:
+            raise RequestError(f"{where}: {exc}") from None
+        return pixels, tuple(int(v) for v in grid)
+
+    def _audio(self, payload: Any, where: str) -> torch.Tensor:
+        raw, _mime = payload
+        limits = AudioLimits(
+            max_seconds=self.limits.max_audio_seconds, max_bytes=self.limits.max_media_bytes
+        )
+        clip = decode_audio(raw, where, limits)
+        mono = clip.samples.mean(axis=1).astype(np.float32)
+        if clip.rate != MEL_RATE:
+            import soxr
+
+            mono = soxr.resample(mono, clip.rate, MEL_RATE).astype(np.float32)
+        if mono.shape[0] < MEL_RATE // 100:
+            raise RequestError(f"{where}: the clip is shorter than 10 ms")
+        return log_mel(mono)
+
+    def _sampling(self, given: dict[str, Any]) -> dict[str, Any]:
+        g = self.generation
+        greedy_default = not g.get("do_sample", False)
+
+        def pick(key: str, default: Any) -> Any:
+            value = given.get(key)
+            return default if value is None else value
+
+        max_tokens = pick("max_tokens", self.max_tokens)
+        if max_tokens > self.max_tokens:
+            raise RequestError(
+                f"max_tokens is {max_tokens}; this server allows at most {self.max_tokens} "
+                "(factory.max_tokens of the preprocessing stage)"
+            )
+        top_k = pick("top_k", g.get("top_k", 0))
+        params = SamplingParams(
+            temperature=float(
+                pick("temperature", 0.0 if greedy_default else g.get("temperature", 1.0))
+            ),
+            top_k=0 if top_k in (-1, None) else int(top_k),
+            top_p=float(pick("top_p", g.get("top_p", 1.0))),
+            repetition_penalty=float(pick("repetition_penalty", g.get("repetition_penalty", 1.0))),
+            seed=given.get("seed"),
+            max_new_tokens=int(max_tokens),
+        )
+        check_sampling(params)
+        return {
+            "temperature": params.temperature,
+            "top_k": params.top_k,
+            "top_p": params.top_p,
+            "repetition_penalty": params.repetition_penalty,
+            "seed": params.seed,
+            "max_new_tokens": params.max_new_tokens,
+        }
+
+
+def _json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _legacy_sampling(data: dict[str, Any]) -> dict[str, Any]:
+    """Sampling fields read from the top level of the body (callers other than the server)."""
+    keys = ("temperature", "top_p", "top_k", "seed", "repetition_penalty", "stop")
+    out = {k: data.get(k) for k in keys}
+    out["max_tokens"] = data.get("max_completion_tokens") or data.get("max_tokens")
+    if isinstance(out["stop"], str):
+        out["stop"] = [out["stop"]]
+    return out
+
+
+def _normalise(messages: list[Any]) -> tuple[list[dict[str, Any]], list[tuple[str, Any, str]]]:
+    """OpenAI messages -> the chat template's form, and the media in order of appearance."""
+    internal: list[dict[str, Any]] = []
+    media: list[tuple[str, Any, str]] = []
+    for m_index, message in enumerate(messages):
+        where = f"messages.{m_index}"
+        role = ROLES.get(message.get("role")) if isinstance(message, dict) else None
+        if role is None:
+            raise RequestError(
+                f"{where}.role: must be one of {', '.join(ROLES)} for qwen3-omni "
+                "(tool messages are not supported)"
+            )
+        content = message.get("content")
+        if content is None:
+            content = ""
+        if isinstance(content, str):
+            internal.append({"role": role, "content": [{"type": "text", "text": content}]})
+            continue
+        parts = []
+        for p_index, part in enumerate(content):
+            kind, at = part.get("type"), f"{where}.content.{p_index}"
+            if kind in ("text", "refusal"):
+                parts.append({"type": "text", "text": part[kind]})
+            elif kind in IMAGE_PARTS:
+                if role != "user":
+                    raise RequestError(f"{at}: only user messages may hold images")
+                value = part[kind]["url"] if kind == "image_url" else part[kind]
+                media.append(("image", value, f"{at}.{kind}"))
+                parts.append({"type": "image"})
+            elif kind in AUDIO_PARTS:
+                if role != "user":
+                    raise RequestError(f"{at}: only user messages may hold audio")
+                value = part[kind] if kind != "audio_url" else part[kind]["url"]
+                media.append(("audio", value, f"{at}.{kind}"))
+                parts.append({"type": "audio"})
+            else:
+                raise RequestError(f"{at}.type: qwen3-omni does not take {kind!r} parts")
+        internal.append({"role": role, "content": parts})
+    return internal, media
+
+
+def _media_fetch(params: Any, max_bytes: int) -> Any:
+    from omni_core.media import MediaFetch
+
+    given = dict((params or {}).get("media") or {})
+    return MediaFetch(
+        allow_remote=bool(given.get("allow_remote", False)),
+        max_bytes=int(given.get("max_bytes", max_bytes)),
+        timeout=float(given.get("timeout", 30.0)),
+    )
+
+
+async def _read(kind: str, value: Any, where: str, fetch: Any) -> tuple[bytes, str | None]:
+    from omni_core.media import read_base64, read_media
+
+    if isinstance(value, dict):  # input_audio: {"data": base64, "format": ...}
+        return read_base64(value["data"], f"{where}.data", fetch.max_bytes), value.get("format")
+    return await read_media(value, where, fetch)
+
+
+def create_preprocessing(
+    model_path: str,
+    max_audio_seconds: float = 300.0,
+    max_images: int = 16,
+    max_audios: int = 8,
+    max_media_bytes: int = 32 * 1024 * 1024,
+    max_tokens: int = 2048,
+) -> Preprocessing:
+    limits = Limits(max_images, max_audios, max_audio_seconds, max_media_bytes)
+    return Preprocessing(resolve_model_path(model_path).path, limits, max_tokens)

@@ -1,0 +1,131 @@
+"""The thinker as the engine backend sees it: a :class:`~omni_core.engine.interface.StepModel`.
+
+A prompt (:class:`~omni_core.engine.prompt.EmbeddedPrompt`) is prefilled
+once: token embeddings with the encoders' rows spliced in at the
+placeholders, the prompt's three-stream M-RoPE positions, and the vision
+deepstack rows added after the first layers. Every later step feeds one
+token per sequence at its next position (the same in all three streams,
+offset by the prompt's rope delta). Each step returns the sampled token id;
+the sequence finishes on an end-of-turn id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_core.engine.interface import CacheLayout, StepResult
+from omni_core.engine.prompt import EmbeddedPrompt, splice_embeddings
+from omni_core.engine.sampling import sample_sequences
+from omni_qwen3_tts.layers import causal_mask
+from omni_qwen3_tts.talker import SlotStore
+
+from ..config import TextConfig
+
+
+class ThinkerStepModel:
+    """Batched prefill and decode of the thinker's decoder over the engine's slot cache."""
+
+    def __init__(
+        self,
+        lm: Any,
+        config: TextConfig,
+        *,
+        eos_ids: set[int],
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        self.lm, self.config, self.eos_ids = lm, config, set(eos_ids)
+        self.device, self.dtype = torch.device(device), dtype
+
+    def cache_layout(self) -> CacheLayout:
+        return CacheLayout(
+            num_layers=self.config.num_hidden_layers,
+            num_kv_heads=self.config.num_key_value_heads,
+            head_dim=self.config.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    def prompt_length(self, prompt: Any) -> int:
+        return len(_as_prompt(prompt))
+
+    @torch.no_grad()
+    def prefill(self, sequences: list[Any], cache: Any) -> list[StepResult]:
+        prompts = [_as_prompt(seq.prompt) for seq in sequences]
+        lengths = [len(p) for p in prompts]
+        batch, steps, hidden = len(prompts), max(lengths), self.config.hidden_size
+        x = torch.zeros(batch, steps, hidden, dtype=self.dtype, device=self.device)
+        positions = torch.zeros(3, batch, steps, dtype=torch.long, device=self.device)
+        for row, prompt in enumerate(prompts):
+            ids = torch.tensor(prompt.token_ids, dtype=torch.long, device=self.device)
+            x[row, : len(prompt)] = splice_embeddings(self.lm.embed(ids), prompt)
+            if prompt.positions is None:
+                positions[:, row, : len(prompt)] = torch.arange(len(prompt), device=self.device)
+            else:
+                positions[:, row, : len(prompt)] = prompt.positions.to(self.device)
+        lengths_t = torch.tensor(lengths, device=self.device)
+        starts_t = torch.zeros(batch, dtype=torch.long, device=self.device)
+        mask = causal_mask(starts_t, lengths_t, steps, steps)
+        store = SlotStore(cache, [int(s.slot) for s in sequences], [0] * batch, steps)
+        out = self.lm(x, positions, mask, store, deepstack=_deepstack(prompts, steps, self.device))
+        last = out[torch.arange(batch, device=self.device), lengths_t - 1]
+        for seq, prompt in zip(sequences, prompts, strict=True):
+            seq.cached = len(prompt)
+            seq.state["position"] = prompt.first_decode_position
+            seq.state["history"] = []
+        return self._emit(sequences, self.lm.logits(last))
+
+    @torch.no_grad()
+    def decode(self, sequences: list[Any], cache: Any) -> list[StepResult]:
+        batch = len(sequences)
+        ids = torch.tensor([[s.state["last"]] for s in sequences], device=self.device)
+        where = torch.tensor([[s.state["position"]] for s in sequences], device=self.device)
+        positions = where[None].expand(3, batch, 1)
+        starts = [int(s.cached) for s in sequences]
+        total = max(starts) + 1
+        starts_t = torch.tensor(starts, device=self.device)
+        ones = torch.ones(batch, dtype=torch.long, device=self.device)
+        mask = causal_mask(starts_t, ones, 1, total)
+        store = SlotStore(cache, [int(s.slot) for s in sequences], starts, total)
+        out = self.lm(self.lm.embed(ids), positions, mask, store, deepstack=None)
+        for seq in sequences:
+            seq.cached += 1
+            seq.state["position"] += 1
+        return self._emit(sequences, self.lm.logits(out[:, -1]))
+
+    def _emit(self, sequences: list[Any], logits: torch.Tensor) -> list[StepResult]:
+        penalised = any(s.sampling.repetition_penalty != 1.0 for s in sequences)
+        previous = [s.state["history"] for s in sequences] if penalised else None
+        tokens = sample_sequences(logits, sequences, previous).tolist()  # one sync per step
+        results = []
+        for seq, token in zip(sequences, tokens, strict=True):
+            seq.state["last"] = token
+            seq.state["history"].append(token)
+            results.append(StepResult(output=token, finished=token in self.eos_ids))
+        return results
+
+
+def _as_prompt(prompt: Any) -> EmbeddedPrompt:
+    if isinstance(prompt, EmbeddedPrompt):
+        return prompt
+    raise TypeError(f"the thinker takes an EmbeddedPrompt, got {type(prompt).__name__}")
+
+
+def _deepstack(
+    prompts: list[EmbeddedPrompt], steps: int, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Per deepstack layer: flat ``row * steps + position`` indexes and the rows to add there."""
+    layers = max((len(p.layer_additions) for p in prompts), default=0)
+    if not layers:
+        return None
+    out = []
+    for layer in range(layers):
+        index, rows = [], []
+        for row, prompt in enumerate(prompts):
+            if layer < len(prompt.layer_additions):
+                index.append(prompt.addition_index.to(device) + row * steps)
+                rows.append(prompt.layer_additions[layer].to(device))
+        out.append((torch.cat(index), torch.cat(rows)))
+    return out

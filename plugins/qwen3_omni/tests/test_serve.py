@@ -1,0 +1,145 @@
+"""qwen3-omni-text served over HTTP and used through the official ``openai`` client.
+
+One server (the built-in demo deploy file, tiny preset, dummy weights, CPU)
+for the module; media come as data URLs, base64 ``input_audio`` and files
+under ``server.media_dirs``.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("PIL")
+openai = pytest.importorskip("openai")
+
+from media_samples import audio_part, image_part, png_bytes, user  # noqa: E402
+
+from omni_core.plugins import OmniPlugins  # noqa: E402
+from omni_core.testing import plan_on_cpu, short_private_dir  # noqa: E402
+
+DEMO = Path(__file__).resolve().parents[3] / "examples" / "qwen3_omni_text_demo.toml"
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("media")
+    (root / "cat.png").write_bytes(png_bytes(48, 64, seed=5))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(media: Path):
+    with short_private_dir() as base:
+        flags = ["--server.media_dirs", f'["{media}"]']
+        planned = plan_on_cpu(OmniPlugins(env={}), base, deploy=DEMO, flags=flags)
+        with planned.serve() as live:
+            yield live
+
+
+def _chat(server, messages, **kw):
+    return server.client().chat.completions.create(model="tiny", messages=messages, **kw)
+
+
+def test_a_text_answer_reports_usage_and_why_it_ended(server):
+    reply = _chat(server, [{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0)
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason == "length"
+    assert reply.usage.completion_tokens == 5
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 5
+
+
+def test_image_and_audio_stream_as_text_deltas_equal_to_the_whole_answer(server):
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        *user(image_part(64, 96), audio_part(1.0), text="What do you see and hear?"),
+    ]
+    whole = _chat(server, messages, max_completion_tokens=6, temperature=0)
+    stream = _chat(
+        server,
+        messages,
+        max_completion_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    deltas, usage, reasons = [], None, []
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            deltas.append(choice.delta.content or "")
+            reasons.append(choice.finish_reason)
+    assert "".join(deltas) == whole.choices[0].message.content
+    assert reasons[-1] == "length"
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+    text_only = _chat(server, [{"role": "user", "content": "x"}], max_tokens=1)
+    assert whole.usage.prompt_tokens > text_only.usage.prompt_tokens + 6 + 13  # image + audio
+
+
+def test_a_multi_turn_history_and_a_file_from_the_media_dir(server, media):
+    messages = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi! Send me a picture."},
+        *user({"type": "image_url", "image_url": {"url": str(media / "cat.png")}}),
+    ]
+    reply = _chat(server, messages, max_tokens=3, seed=11, temperature=0.8, top_p=0.9)
+    again = _chat(server, messages, max_tokens=3, seed=11, temperature=0.8, top_p=0.9)
+    assert reply.choices[0].message.content == again.choices[0].message.content  # same seed
+
+
+@pytest.mark.parametrize(
+    ("messages", "kw", "param", "words"),
+    [
+        (
+            user({"type": "input_audio", "input_audio": {"data": "not base64!", "format": "wav"}}),
+            {},
+            "messages.0.content.0.input_audio.data",
+            "base64",
+        ),
+        (
+            user({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "aiff"}}),
+            {},
+            "messages.0.content.0.input_audio.format",
+            "must be one of",
+        ),
+        (
+            user({"type": "image_url", "image_url": {"url": "/etc/hostname"}}),
+            {},
+            "messages.0.content.0.image_url.url",
+            "media_dirs",
+        ),
+        ([{"role": "user", "content": "hi"}], {"n": 2}, "n", "n"),
+    ],
+)
+def test_bad_requests_are_refused_with_the_field_named(server, messages, kw, param, words):
+    with pytest.raises(openai.BadRequestError) as caught:
+        _chat(server, messages, max_tokens=2, **kw)
+    error = caught.value.body
+    assert error["param"] == param
+    assert words in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("part", "words"),
+    [
+        (
+            {
+                "type": "image_url",
+                "image_url": {
+                    "url": "data:image/png;base64," + base64.b64encode(b"x" * 64).decode()
+                },
+            },
+            "image",
+        ),
+        ({"type": "text", "text": "fake <|image_pad|> token"}, "control token"),
+    ],
+)
+def test_media_and_text_the_stages_cannot_use_are_client_errors(server, part, words):
+    with pytest.raises(openai.BadRequestError) as caught:
+        _chat(server, user(part), max_tokens=2)
+    assert words in caught.value.body["message"]
