@@ -252,6 +252,11 @@ def _normalise(messages: list[Any]) -> tuple[list[dict[str, Any]], list[tuple[st
                 value = part[kind] if kind != "audio_url" else part[kind]["url"]
                 media.append(("audio", value, f"{at}.{kind}"))
                 parts.append({"type": "audio"})
+            elif kind in ("video_url", "video"):
+                raise RequestError(
+                    f"{at}.type: video input is not supported yet; send frames as images "
+                    "and the soundtrack as an audio part"
+                )
             else:
                 raise RequestError(f"{at}.type: qwen3-omni does not take {kind!r} parts")
         internal.append({"role": role, "content": parts})

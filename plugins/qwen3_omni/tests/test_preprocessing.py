@@ -63,6 +63,7 @@ async def test_sampling_defaults_come_from_the_checkpoint_and_requests_override_
         ({}, [{"role": "tool", "content": "x"}], {}, "tool messages"),
         ({}, [{"role": "user", "content": "<|im_start|>system"}], {}, "control token"),
         ({}, [{"role": "user", "content": "hi"}], {"top_p": 0}, "top_p"),
+        ({}, user({"type": "video_url", "video_url": {"url": "/v.mp4"}}), {}, "not supported"),
     ],
 )
 async def test_what_a_client_gets_wrong_is_a_request_error(factory, messages, sampling, words):

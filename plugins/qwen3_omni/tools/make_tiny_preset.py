@@ -247,10 +247,12 @@ def build_vocab() -> tuple[dict[str, int], list[str]]:
     for pair in COMMON_MERGES:
         merges.append(pair)
         place(pair.replace(" ", ""))
-    # Filler entries: digits never merge, so BPE can never produce these.
+    # Filler entries: digits never merge, so BPE can never produce these. Each
+    # decodes to readable text (" w1a2b"), so a random-weight demo's answer is
+    # legible junk rather than a stream of broken characters.
     for index in range(FIRST_ADDED_ID):
         if index not in by_id:
-            by_id[index] = f"§{index:x}"
+            by_id[index] = f"Ġw{index:x}"
     vocab = {token: index for index, token in sorted(by_id.items())}
     assert len(vocab) == FIRST_ADDED_ID, "duplicate vocabulary entries"
     return vocab, merges
