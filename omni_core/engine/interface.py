@@ -158,5 +158,11 @@ class StepModel(Protocol):
         ...
 
     def decode(self, sequences: list[Sequence], cache: Any) -> list[StepResult]:
-        """One step for every running sequence; return each one's next output."""
+        """One step for every running sequence; return each one's next output.
+
+        A model may also define ``ready(seq) -> bool``: then only the
+        sequences it calls ready are decoded (the others wait for input that
+        streams in, e.g. a talker fed by a thinker in another process), and
+        whoever feeds them calls ``engine.wake()`` when input arrives.
+        """
         ...

@@ -10,7 +10,10 @@ iteration, between steps:
 2. admit waiting requests in arrival order while a slot is free and the
    step's prompt positions stay within ``engine.max_prefill_tokens``;
 3. in one worker-thread call, prefill the newcomers and decode the running
-   batch (the newcomers join the decode batch from the next step on);
+   sequences the model calls ready (all, unless it implements ``ready(seq)``:
+   a sequence fed by a stream waits for its next input, and the scheduler
+   sleeps until :meth:`TorchEngine.wake` when none is ready); the newcomers
+   join the decode batch from the next step on;
 4. hand each result to its request's stream, and finish sequences that said
    so, reached ``max_new_tokens``, or filled their slot.
 
@@ -225,6 +228,16 @@ class TorchEngine:
         self._poke()
         return True
 
+    def wake(self) -> None:
+        """New input arrived for a sequence the model said was not ready: look again.
+
+        A model whose sequences are fed while they run (a prompt that streams
+        in from another stage) implements ``ready(seq)``; the engine decodes
+        only the ready ones and sleeps when none is, until this is called.
+        Call it from the event loop that runs the engine.
+        """
+        self._poke()
+
     @property
     def num_running(self) -> int:
         return len(self._running)
@@ -277,8 +290,14 @@ class TorchEngine:
                     await self._wake.wait()
                     continue
                 newcomers = self._admit()
-                batch = list(self._running)
+                batch = [r for r in self._running if self._ready(r)]
                 self._running += newcomers
+                if not newcomers and not batch:
+                    # Every running sequence waits for input (a streamed prompt):
+                    # sleep until wake() says some arrived, or a request joins.
+                    self._wake = anyio.Event()
+                    await self._wake.wait()
+                    continue
                 outcome = await anyio.to_thread.run_sync(
                     self._compute, newcomers, batch, limiter=self._limiter
                 )
@@ -292,6 +311,10 @@ class TorchEngine:
             raise
         finally:
             self._stopped.set()
+
+    def _ready(self, request: _Request) -> bool:
+        ready = getattr(self.model, "ready", None)
+        return ready is None or bool(ready(request.seq))
 
     def _admit(self) -> list[_Request]:
         admitted: list[_Request] = []

@@ -27,12 +27,27 @@ class StageRequest:
     params: Mapping[str, Any] = field(default_factory=dict)
     stream: AsyncIterator[Any] | None = None
     _emit: Callable[[Any], Awaitable[None]] | None = field(default=None, repr=False)
+    _skip: Callable[[tuple[str, ...]], Awaitable[None]] | None = field(default=None, repr=False)
 
     async def emit(self, chunk: Any) -> None:
         """Send ``chunk`` downstream now (to streaming targets, or the client)."""
         if self._emit is None:
             raise RuntimeError("this stage has no streaming target and is not terminal")
         await self._emit(chunk)
+
+    async def skip(self, *targets: str) -> None:
+        """Send this request nothing more to ``targets`` (some of this stage's ``next``).
+
+        They, and every stage that would only hear from them, are skipped for
+        this request: no chunks and no output reach them, fan-ins stop
+        waiting for them, and the request no longer waits for their
+        terminals. A streaming stage says so before its first chunk (a route
+        function decides only after ``run`` returns, too late for a stream):
+        a chat request that asked for text only skips the speech stages.
+        """
+        if self._skip is None:
+            raise RuntimeError("skip() is only available to stages run by the runtime")
+        await self._skip(targets)
 
 
 @runtime_checkable

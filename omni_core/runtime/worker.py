@@ -245,14 +245,17 @@ class Worker:
         stage = self.config.stage(name)
         scope = anyio.CancelScope()
         self.scopes.setdefault(env.request_id, set()).add(scope)
-        emit = self._emitter(name, env) if stage.stream_to or stage.terminal else None
-        request = StageRequest(env.request_id, data, env.params, stream, emit)
+        skips: set[str] = set()  # targets this stage said it will send nothing to
+        emit = self._emitter(name, env, skips) if stage.stream_to or stage.terminal else None
+        request = StageRequest(
+            env.request_id, data, env.params, stream, emit, self._skipper(name, env, skips)
+        )
         self.running[name] = self.running.get(name, 0) + 1
         try:
             with scope:
                 try:
                     result = await self.stages[name].run(request)
-                    await self._forward(name, env, result)
+                    await self._forward(name, env, result, skips)
                 except Exception as exc:  # fails this request only, never the process
                     await self._fail(env, name, exc)
         finally:
@@ -263,11 +266,32 @@ class Worker:
                 if not scopes:
                     del self.scopes[env.request_id]
 
-    def _emitter(self, name: str, env: m.Envelope) -> Callable[[Any], Any]:
+    def _skipper(self, name: str, env: m.Envelope, skips: set[str]) -> Callable[[Any], Any]:
+        stage = self.config.stage(name)
+
+        async def skip(targets: tuple[str, ...]) -> None:
+            unknown = [t for t in targets if t not in stage.targets]
+            if unknown:
+                raise ValueError(
+                    f"stage {name!r} cannot skip {unknown}: not among its targets "
+                    f"({', '.join(stage.targets)})"
+                )
+            before = self.graph.skip_closure(env.skipped | skips)
+            skips.update(targets)
+            after = self.graph.skip_closure(env.skipped | skips)
+            if after != before:
+                await self._send(m.Envelope(m.SKIPPED, env.request_id, "", name, skipped=after))
+
+        return skip
+
+    def _emitter(self, name: str, env: m.Envelope, skips: set[str]) -> Callable[[Any], Any]:
         stage = self.config.stage(name)
 
         async def emit(chunk: Any) -> None:
+            skipped = self.graph.skip_closure(env.skipped | skips) if skips else env.skipped
             for target in stage.stream_to:
+                if target in skips:
+                    continue
                 await self._send(
                     m.Envelope(
                         m.CHUNK,
@@ -277,7 +301,7 @@ class Worker:
                         chunk,
                         env.params,
                         env.binding,
-                        env.skipped,
+                        skipped,
                     )
                 )
             if stage.terminal:
@@ -285,7 +309,13 @@ class Worker:
 
         return emit
 
-    async def _forward(self, name: str, env: m.Envelope, result: Any) -> None:
+    async def _forward(
+        self,
+        name: str,
+        env: m.Envelope,
+        result: Any,
+        skips: set[str] | frozenset[str] = frozenset(),
+    ) -> None:
         stage = self.config.stage(name)
         if stage.terminal:
             await self._send(m.Envelope(m.OUTPUT, env.request_id, "", name, result))
@@ -300,8 +330,9 @@ class Worker:
                     f"route function of stage {name!r} returned {undeclared}, which are not "
                     f"declared targets ({', '.join(stage.targets)})"
                 )
+        chosen = [t for t in chosen if t not in skips]
         skipped = self.graph.skip_closure(env.skipped | (set(stage.targets) - set(chosen)))
-        if skipped != env.skipped:
+        if skipped != self.graph.skip_closure(env.skipped | skips):  # skip() said the rest
             await self._send(m.Envelope(m.SKIPPED, env.request_id, "", name, skipped=skipped))
         for target in chosen:
             kind, data = (m.END, None) if target in stage.stream_to else (m.DELIVER, result)

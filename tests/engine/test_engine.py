@@ -451,3 +451,40 @@ async def test_the_real_decoder_stops_at_its_eos_token() -> None:
             ended = await collect(stream)
     assert ended == tokens[: tokens.index(tokens[2]) + 1]
     assert stream.finish_reason == "stop"
+
+
+class FedModel(FakeModel):
+    """A FakeModel whose sequences decode only when their stage has fed them an input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: dict[str, int] = {}
+
+    def ready(self, seq: Sequence) -> bool:
+        return self.inputs.get(seq.request_id, 0) > 0
+
+    def decode(self, sequences: list[Sequence], cache: SlotKVCache) -> list[StepResult]:
+        for seq in sequences:
+            assert self.ready(seq), f"{seq.request_id} was decoded without input"
+            self.inputs[seq.request_id] -= 1
+        return super().decode(sequences, cache)
+
+
+async def test_sequences_waiting_for_input_sleep_and_the_ready_ones_go_on():
+    model = FedModel()
+    engine = engine_with(model, max_running_requests=4)
+    async with engine:
+        fed, starved = (
+            engine.submit("fed", [1, 2], params(4)),
+            engine.submit("starved", [1], params(3)),
+        )
+        model.inputs["fed"] = 3
+        assert await collect(fed) == [("fed", 0), ("fed", 1), ("fed", 2), ("fed", 3)]
+        steps = engine.steps
+        await anyio.sleep(0.2)
+        assert engine.steps == steps  # nothing ready: the scheduler sleeps instead of spinning
+        model.inputs["starved"] = 2
+        engine.wake()
+        assert await collect(starved) == [("starved", 0), ("starved", 1), ("starved", 2)]
+    decodes = [ids for _, phase, ids, _ in model.calls if phase == "decode"]
+    assert all("starved" not in ids for ids in decodes[:3])

@@ -58,6 +58,8 @@ class Producer:
                 with open(data["marker"], "w") as marker:
                     marker.write("cancelled")
                 raise
+        for target in data.get("skip", []):
+            await request.skip(target)
         n = int(data.get("n", 3))
         for i in range(n):
             await request.emit({"index": i})
@@ -83,6 +85,17 @@ class Doubler:
 
 def create_doubler() -> Doubler:
     return Doubler()
+
+
+class Counter:
+    """Consumes a stream and returns how many chunks it had."""
+
+    async def run(self, request):
+        return {"received": len([chunk async for chunk in request.stream])}
+
+
+def create_counter() -> Counter:
+    return Counter()
 
 
 def route_media(data: dict[str, Any]) -> list[str]:
@@ -181,6 +194,27 @@ StreamPipeline = _pipeline(
     ],
     "producer",
 )
+StreamTwoWaysPipeline = _pipeline(
+    "StreamTwoWaysPipeline",
+    "t-stream-two-ways",
+    [
+        StageConfig(
+            name="producer",
+            factory_path=f"{HERE}:create_producer",
+            next=["doubler", "speaker"],
+            stream_to=["doubler", "speaker"],
+            process="p",
+        ),
+        StageConfig(
+            name="doubler", factory_path=f"{HERE}:create_doubler", terminal=True, process="q"
+        ),
+        StageConfig(
+            name="speaker", factory_path=f"{HERE}:create_counter", next="echo", process="q"
+        ),
+        _stage("echo", terminal=True, process="q"),
+    ],
+    "producer",
+)
 TwoTerminalPipeline = _pipeline(
     "TwoTerminalPipeline",
     "t-two-terminals",
@@ -217,6 +251,7 @@ PIPELINES = [
     TwoProcessPipeline,
     FanInPipeline,
     StreamPipeline,
+    StreamTwoWaysPipeline,
     TwoTerminalPipeline,
     ReplicaPipeline,
     BadRoutePipeline,

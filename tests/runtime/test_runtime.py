@@ -308,3 +308,14 @@ async def test_an_ended_request_stops_what_still_runs_upstream(deployment, tmp_p
                 await anyio.sleep(0.02)
     assert outputs["doubler"] == {"received": 2}
     assert marker.read_text() == "cancelled"
+
+
+async def test_a_streaming_stage_can_skip_a_target_and_what_depends_on_it(deployment):
+    async with deployment("t-stream-two-ways") as runtime:
+        both = await runtime.run({"n": 2})
+        one = await runtime.run({"n": 2, "skip": ["speaker"]})
+        with pytest.raises(RequestFailed, match="cannot skip"):
+            await runtime.run({"n": 2, "skip": ["echo"]})  # not a direct target
+    assert set(both) == {"doubler", "echo"}
+    assert both["echo"]["trail"] and both["echo"]["received"] == 2
+    assert one == {"doubler": {"received": 2}}  # echo, fed only by speaker, is skipped too
