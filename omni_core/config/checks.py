@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError, PluginError
+from ..errors import ConfigError, OmniError, PluginError
 from .origin import Path
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ def check_outside(resolution: Resolution, plugins: OmniPlugins) -> None:
         *resolution.config.model_source_problems(),
         *_media_dir_problems(resolution),
         *_transport_problems(resolution, plugins),
+        *_engine_problems(resolution),
     ]
     if problems:
         lines = [_line(resolution, paths, message, fix) for paths, message, fix in problems]
@@ -44,6 +45,32 @@ def _line(resolution: Resolution, paths: Iterable[Path], message: str, fix: str)
             origins.append(str(record.winner.origin))
     where = f" (set by {', '.join(dict.fromkeys(origins))})" if origins else ""
     return f"{message}{where}; fix: {fix}" if fix else f"{message}{where}"
+
+
+def _engine_problems(resolution: Resolution) -> list[Problem]:
+    """Each engine stage's ``engine.*`` group, checked by the backend it selects.
+
+    The backend's settings model is the one place that knows the keys and
+    their ranges (the schema only types the common ones for coercion).
+    """
+    from ..plan.checks import engine_settings
+
+    problems: list[Problem] = []
+    for stage in resolution.config.stages:
+        if not stage.is_engine or getattr(stage, "engine", None) is None:
+            continue
+        try:
+            engine_settings(stage)
+        except OmniError as exc:
+            path = ("stages", stage.name, "engine")
+            paths = [path, *(tuple((*path, key)) for key in _written(stage.engine))]
+            problems.append((tuple(paths), exc.message, exc.hint or ""))
+    return problems
+
+
+def _written(group: object) -> list[str]:
+    dump = getattr(group, "model_dump", None)
+    return [k for k, v in (dump(exclude_unset=True) if dump else {}).items() if v is not None]
 
 
 def _media_dir_problems(resolution: Resolution) -> list[Problem]:

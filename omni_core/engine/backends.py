@@ -97,8 +97,11 @@ def validate_engine_settings(stage_name: str, engine: Mapping[str, Any]) -> Engi
     try:
         settings = backend.settings.model_validate(data)
     except ValidationError as exc:
+        from ..schema.validation import plain_bound
+
         reasons = "; ".join(
-            f"engine.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+            f"engine.{'.'.join(str(p) for p in err['loc'])}: {plain_bound(err) or err['msg']}"
+            for err in exc.errors()
         )
         raise ConfigError(f"stage {stage_name!r}: {reasons}") from None
     return cast(EngineSettings, settings)  # a later backend may subclass EngineSettings

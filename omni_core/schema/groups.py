@@ -85,22 +85,12 @@ class FactoryArgs(SettingsGroup):
 class EngineArgs(SettingsGroup):
     """Settings read by the engine backend of an engine stage.
 
-    The common fields are typed here so that coercion and constraints apply
-    early; backends declare the rest (and refuse unknown keys at planning).
+    The common fields are typed here so that flags and files coerce to the
+    right types early; their ranges, and every other key, are the backend's
+    to check (``omni_core.engine.backends``: one model per backend), which
+    happens right after resolution, naming where each value came from.
     """
 
     mem_fraction_static: float | None = None
     max_running_requests: int | None = None
     max_total_tokens: int | None = None
-
-    @model_validator(mode="after")
-    def _check_ranges(self) -> EngineArgs:
-        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
-            raise ValueError(
-                f"engine.mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}"
-            )
-        for name in ("max_running_requests", "max_total_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"engine.{name} must be >= 1, got {value}")
-        return self

@@ -50,7 +50,7 @@ def validation_problems(
                     message = f"{'.'.join(base)}: {message}"
                 problems.append(Problem(message, tuple((*base, f) for f in fields)))
             continue
-        message = _plain(error) or str(error["msg"]).removeprefix("Value error, ")
+        message = plain_bound(error) or str(error["msg"]).removeprefix("Value error, ")
         if base and not message.startswith("stage "):
             message = f"{'.'.join(base)}: {message}"
         problems.append(Problem(message, (base,)))
@@ -66,7 +66,7 @@ _BOUNDS = {
 }
 
 
-def _plain(error: dict) -> str | None:
+def plain_bound(error: dict) -> str | None:
     """A bound declared with ``Field(ge=1)`` said as a serving engineer would say it."""
     kind = error.get("type", "")
     if kind in _BOUNDS:

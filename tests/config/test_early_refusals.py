@@ -60,6 +60,13 @@ CASES = {
         ["--server.max_body_bytes", "0"],
         ["max_body_bytes", "(set by --server.max_body_bytes)"],
     ),
+    "an engine memory share above one": (
+        ["--tts_engine.engine.mem_fraction_static", "1.5"],
+        [
+            "engine.mem_fraction_static: must be <= 1.0, got 1.5",
+            "(set by --tts_engine.engine.mem_fraction_static)",
+        ],
+    ),
     "a media directory that does not exist": (
         ["--server.media_dirs", '["/no/such/dir"]'],
         ["server.media_dirs[0] '/no/such/dir' does not exist", "(set by --server.media_dirs)"],
