@@ -60,7 +60,7 @@ def test_engine_dtype_is_refused_since_the_cache_follows_the_model_dtype() -> No
 
 
 def test_a_value_out_of_range_is_refused_with_its_key() -> None:
-    with pytest.raises(ConfigError, match=r"engine\.max_prefill_tokens: Input should be greater"):
+    with pytest.raises(ConfigError, match=r"engine\.max_prefill_tokens: must be >= 1, got 0"):
         validate_engine_settings("s", {"max_prefill_tokens": 0})
 
 
