@@ -21,6 +21,7 @@ cannot be deep-copied. Imported only in stage processes.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -71,20 +72,28 @@ def packing_available() -> bool:
         return False
 
 
-def pack_linear_weights(module: nn.Module, min_elements: int = DEFAULT_MIN_ELEMENTS) -> int:
+def pack_linear_weights(
+    module: nn.Module,
+    min_elements: int = DEFAULT_MIN_ELEMENTS,
+    skip: Callable[[str], bool] | None = None,
+) -> int:
     """Replace every eligible ``nn.Linear`` under ``module`` in place; return how many.
 
     Eligible: float32, on the CPU, at least ``min_elements`` weight
-    elements. Nothing happens (0) where the torch build cannot run packed
-    layers; packing twice packs nothing new.
+    elements, and not named (``layers.0.mlp.experts.3.up_proj``) by ``skip``.
+    Nothing happens (0) where the torch build cannot run packed layers;
+    packing twice packs nothing new. Skip what sees one or two rows per call
+    even in a batch, such as a mixture's experts: there oneDNN is slower
+    than MKL (``benchmarks/bench_qwen3_omni_thinker.py``).
     """
     if not packing_available():
         return 0
     targets = [
         (parent, name)
-        for parent in module.modules()
+        for prefix, parent in module.named_modules()
         for name, child in parent.named_children()
-        if type(child) is nn.Linear
+        if not (skip and skip(f"{prefix}.{name}" if prefix else name))
+        and type(child) is nn.Linear
         and child.weight.dtype == torch.float32
         and child.weight.device.type == "cpu"
         and child.weight.numel() >= min_elements

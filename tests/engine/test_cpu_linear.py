@@ -75,3 +75,24 @@ def test_a_packed_layer_refuses_to_silently_drop_a_gradient():
         layer(torch.zeros(2, 4, requires_grad=True))
     with torch.no_grad():
         assert layer(torch.zeros(2, 4, requires_grad=True)).shape == (2, 4)
+
+
+def test_skip_leaves_the_named_layers_dense():
+    from torch import nn
+
+    from omni_core.engine.cpu_linear import PackedLinear, pack_linear_weights, packing_available
+
+    if not packing_available():
+        pytest.skip("this torch build cannot run packed layers")
+    model = nn.ModuleDict(
+        {
+            "attn": nn.Linear(64, 64),
+            "experts": nn.ModuleList([nn.Linear(64, 64), nn.Linear(64, 64)]),
+        }
+    )
+    packed = pack_linear_weights(
+        model, min_elements=1, skip=lambda name: name.startswith("experts.")
+    )
+    assert packed == 1
+    assert isinstance(model["attn"], PackedLinear)
+    assert all(type(e) is nn.Linear for e in model["experts"])
