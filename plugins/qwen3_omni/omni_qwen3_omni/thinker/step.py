@@ -7,6 +7,13 @@ deepstack rows added after the first layers. Every later step feeds one
 token per sequence at its next position (the same in all three streams,
 offset by the prompt's rope delta). Each step returns the sampled token id;
 the sequence finishes on an end-of-turn id.
+
+A request that will be spoken also needs, for every position, the layer-0
+input row and the hidden state after ``accept_hidden_layer`` (what the
+talker reads). For such a request (:meth:`ThinkerStepModel.capture`) a step
+returns ``{"token": id, "rows": (layer0 [n, H], accept [n, H])}``: the rows of
+the positions that step consumed (the whole prompt at prefill, then the
+previous token), so they cost no extra forward pass.
 """
 
 from __future__ import annotations
@@ -38,6 +45,22 @@ class ThinkerStepModel:
     ):
         self.lm, self.config, self.eos_ids = lm, config, set(eos_ids)
         self.device, self.dtype = torch.device(device), dtype
+        self.captured: dict[str, int] = {}  # request id -> accept_hidden_layer
+
+    def capture(self, request_id: str, accept_layer: int) -> None:
+        """Return the talker's rows with every step of ``request_id`` (call before submit)."""
+        if not 0 <= accept_layer <= self.config.num_hidden_layers:
+            raise ValueError(
+                f"accept_hidden_layer {accept_layer} is outside 0..{self.config.num_hidden_layers}"
+            )
+        self.captured[request_id] = accept_layer
+
+    def release(self, request_id: str) -> None:
+        self.captured.pop(request_id, None)
+
+    def _layers(self, sequences: list[Any]) -> set[int] | None:
+        wanted = {self.captured[s.request_id] for s in sequences if s.request_id in self.captured}
+        return {0, *wanted} if wanted else None
 
     def cache_layout(self) -> CacheLayout:
         return CacheLayout(
@@ -69,13 +92,23 @@ class ThinkerStepModel:
         starts_t = torch.zeros(batch, dtype=torch.long, device=self.device)
         mask = causal_mask(starts_t, lengths_t, steps, steps)
         store = SlotStore(cache, [int(s.slot) for s in sequences], [0] * batch, steps)
-        out = self.lm(x, positions, mask, store, deepstack=_deepstack(prompts, steps, self.device))
+        layers = self._layers(sequences)
+        out = self.lm(
+            x,
+            positions,
+            mask,
+            store,
+            deepstack=_deepstack(prompts, steps, self.device),
+            capture_layers=layers,
+        )
+        out, captured = out if layers else (out, {})
         last = out[torch.arange(batch, device=self.device), lengths_t - 1]
         for seq, prompt in zip(sequences, prompts, strict=True):
             seq.cached = len(prompt)
             seq.state["position"] = prompt.first_decode_position
             seq.state["history"] = []
-        return self._emit(sequences, self.lm.logits(last))
+        rows = [slice(0, n) for n in lengths]
+        return self._emit(sequences, self.lm.logits(last), captured, rows)
 
     @torch.no_grad()
     def decode(self, sequences: list[Any], cache: Any) -> list[StepResult]:
@@ -89,21 +122,43 @@ class ThinkerStepModel:
         ones = torch.ones(batch, dtype=torch.long, device=self.device)
         mask = causal_mask(starts_t, ones, 1, total)
         store = SlotStore(cache, [int(s.slot) for s in sequences], starts, total)
-        out = self.lm(self.lm.embed(ids), positions, mask, store, deepstack=None)
+        layers = self._layers(sequences)
+        out = self.lm(
+            self.lm.embed(ids), positions, mask, store, deepstack=None, capture_layers=layers
+        )
+        out, captured = out if layers else (out, {})
         for seq in sequences:
             seq.cached += 1
             seq.state["position"] += 1
-        return self._emit(sequences, self.lm.logits(out[:, -1]))
+        rows = [slice(0, 1)] * batch
+        return self._emit(sequences, self.lm.logits(out[:, -1]), captured, rows)
 
-    def _emit(self, sequences: list[Any], logits: torch.Tensor) -> list[StepResult]:
+    def _emit(
+        self,
+        sequences: list[Any],
+        logits: torch.Tensor,
+        captured: dict[int, torch.Tensor],
+        rows: list[slice],
+    ) -> list[StepResult]:
         penalised = any(s.sampling.repetition_penalty != 1.0 for s in sequences)
         previous = [s.state["history"] for s in sequences] if penalised else None
         tokens = sample_sequences(logits, sequences, previous).tolist()  # one sync per step
         results = []
-        for seq, token in zip(sequences, tokens, strict=True):
+        for row, (seq, token) in enumerate(zip(sequences, tokens, strict=True)):
             seq.state["last"] = token
             seq.state["history"].append(token)
-            results.append(StepResult(output=token, finished=token in self.eos_ids))
+            output: Any = token
+            accept = self.captured.get(seq.request_id)
+            if accept is not None:
+                span = rows[row]
+                output = {
+                    "token": token,
+                    "rows": (
+                        captured[0][row, span].float().cpu(),
+                        captured[accept][row, span].float().cpu(),
+                    ),
+                }
+            results.append(StepResult(output=output, finished=token in self.eos_ids))
         return results
 
 
