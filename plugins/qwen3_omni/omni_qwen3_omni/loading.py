@@ -62,25 +62,40 @@ def construct(factory: Callable[[], nn.Module], device: torch.device, dtype: tor
     return module.eval().requires_grad_(False)
 
 
-def read_config(root: Path) -> ThinkerConfig:
+def read_raw_config(root: Path) -> dict[str, Any]:
     path = root / "config.json"
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: cannot read the model config ({exc})") from None
-    return ThinkerConfig.from_dict(raw)
 
 
-def _factories(config: ThinkerConfig) -> dict[str, Callable[[], nn.Module]]:
-    from .audio.encoder import AudioEncoder
-    from .thinker.decoder import ThinkerLM
-    from .vision.encoder import VisionEncoder
+def read_config(root: Path) -> ThinkerConfig:
+    return ThinkerConfig.from_dict(read_raw_config(root))
 
-    return {
-        "audio_encoder": lambda: AudioEncoder(config.audio),
-        "image_encoder": lambda: VisionEncoder(config.vision),
-        "thinker": lambda: ThinkerLM(config.text),
-    }
+
+def _factory(part: str, raw: dict[str, Any]) -> Callable[[], nn.Module]:
+    """How to build ``part`` from the root ``config.json`` (configs parsed, and checked, now)."""
+    if part == "code2wav":
+        from .code2wav.config import Code2WavConfig
+        from .code2wav.model import Code2Wav
+
+        c2w = Code2WavConfig.from_dict(raw)
+        return lambda: Code2Wav(c2w)
+    config = ThinkerConfig.from_dict(raw)
+    if part == "audio_encoder":
+        from .audio.encoder import AudioEncoder
+
+        return lambda: AudioEncoder(config.audio)
+    if part == "image_encoder":
+        from .vision.encoder import VisionEncoder
+
+        return lambda: VisionEncoder(config.vision)
+    if part == "thinker":
+        from .thinker.decoder import ThinkerLM
+
+        return lambda: ThinkerLM(config.text)
+    raise ValueError(f"no model part {part!r}; known: {', '.join(OWNERS)}")
 
 
 def part_seed(seed: int, part: str) -> int:
@@ -105,15 +120,17 @@ def load_part(
             f"model {model_path!r} is the {resolved.preset!r} preset (configs only); "
             'it needs load_format = "dummy"'
         )
-    config = read_config(resolved.path)
+    raw = read_raw_config(resolved.path)
+    config = ThinkerConfig.from_dict(raw)
     target = torch.device(device)
-    module = construct(_factories(config)[part], target, parse_dtype(dtype, target))
+    module = construct(_factory(part, raw), target, parse_dtype(dtype, target))
     if load_format == "dummy":
         dummy_fill(module, part_seed(seed, part))
     else:
         checkpoint = Checkpoint.open(resolved.path)
         check_coverage(checkpoint, [part])
-        # The decoder's keys are model.* / lm_head.*; a tower's start below its own prefix.
+        # The decoder's keys are model.* / lm_head.*; every other part's start below
+        # its own prefix (thinker.audio_tower., thinker.visual., talker., code2wav.).
         strip = "thinker." if part == "thinker" else OWNERS[part][0]
         checkpoint.load_into(module, OWNERS[part], strip, f"stage {part!r}")
     return module, config, resolved.path

@@ -46,7 +46,7 @@ from omni_core.engine.prompt import EmbeddedPrompt, splice_embeddings
 from omni_qwen3_omni.assemble import assemble, to_prompt
 from omni_qwen3_omni.audio.mel import audio_token_count
 from omni_qwen3_omni.chat import ChatPrompter
-from omni_qwen3_omni.checkpoint import OWNERS, Checkpoint, CheckpointError, check_coverage
+from omni_qwen3_omni.checkpoint import OWNERS, Checkpoint, check_coverage
 from omni_qwen3_omni.loading import load_part
 from omni_qwen3_omni.preprocessing import create_preprocessing
 from omni_qwen3_omni.stages import AudioEncoder, ImageEncoder
@@ -123,25 +123,9 @@ STRIP = {
 
 
 def _load(ckpt: Path, part: str) -> tuple[Any, Any, Path, str | None]:
-    """``load_part`` (strict), float32 on CPU; (module, config, root, workaround or None).
-
-    Should ``load_part`` fail, the part is loaded the same way by hand (its
-    factory, then ``Checkpoint.load_into`` under the part's own prefix, as
-    strict), so the parity checks below still run;
-    ``test_part_loads_with_zero_unmatched_tensors`` reports the failure itself.
-    (Needed while ``loading.load_part`` strips ``thinker.`` for the encoders
-    too, whose state keys start below ``thinker.audio_tower.`` / ``thinker.visual.``.)
-    """
-    try:
-        module, config, root = load_part(str(ckpt), part, "safetensors", "float32", "cpu")
-        return module, config, root, None
-    except CheckpointError as exc:
-        from omni_qwen3_omni.loading import _factories, construct, read_config
-
-        config = read_config(ckpt)
-        module = construct(_factories(config)[part], torch.device("cpu"), torch.float32)
-        Checkpoint.open(ckpt).load_into(module, OWNERS[part], STRIP[part], f"stage {part!r}")
-        return module, config, ckpt, str(exc)
+    """``load_part`` (strict), float32 on CPU: (module, config, root, None)."""
+    module, config, root = load_part(str(ckpt), part, "safetensors", "float32", "cpu")
+    return module, config, root, None
 
 
 @pytest.fixture(scope="session")

@@ -179,9 +179,14 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm Qwen3 block: attention then SwiGLU, each with a residual."""
+    """Pre-norm Qwen3 block: attention then SwiGLU, each with a residual.
 
-    def __init__(self, cfg: TransformerConfig, layer: int):
+    ``mlp`` replaces the SwiGLU with another feed-forward block of the same
+    contract (``[..., hidden] -> [..., hidden]``): Qwen3-Omni's talker uses
+    this layer with a mixture of experts there.
+    """
+
+    def __init__(self, cfg: TransformerConfig, layer: int, mlp: nn.Module | None = None):
         super().__init__()
         self.self_attn = Attention(
             cfg.hidden_size,
@@ -192,7 +197,7 @@ class DecoderLayer(nn.Module):
             bias=cfg.attention_bias,
             qk_norm_eps=cfg.rms_norm_eps,
         )
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = mlp if mlp is not None else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

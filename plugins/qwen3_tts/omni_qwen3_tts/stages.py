@@ -288,21 +288,22 @@ class Vocoder:
 
     def __init__(
         self,
-        model: Qwen3TTSModel,
+        decoder: Any,
         chunk_frames: int,
         left_context_frames: int | None,
         max_batch_size: int | None = None,
         max_chunk_frames: int | None = None,
+        sample_rate: int = SAMPLE_RATE,
     ):
-        if model.speech_tokenizer is None:
-            raise RuntimeError("the vocoder needs the speech tokenizer")
+        """``decoder``: a codec decoder (``speech_tokenizer.decoder.CodecDecoder``), shared
+        with Qwen3-Omni's code2wav, which streams through this same class."""
         if chunk_frames < 1:
             raise ValueError(f"factory.chunk_frames must be >= 1, got {chunk_frames}")
         if left_context_frames is not None and left_context_frames < 0:
             raise ValueError(
                 f"factory.left_context_frames must be >= 0 or none, got {left_context_frames}"
             )
-        self.decoder = model.speech_tokenizer.decoder
+        self.decoder, self.sample_rate = decoder, sample_rate
         self.device = next(self.decoder.parameters()).device
         self.chunk_frames = chunk_frames
         self.max_chunk_frames = max(chunk_frames, max_chunk_frames or chunk_frames)
@@ -339,7 +340,7 @@ class Vocoder:
         return {
             "frames": frames,
             "samples": samples,
-            "sample_rate": SAMPLE_RATE,
+            "sample_rate": self.sample_rate,
             "finish_reason": finish_reason,
         }
 
@@ -365,16 +366,21 @@ class Vocoder:
         return await self.batcher.decode(torch.stack(behind + new), len(behind), len(behind))
 
     def decode_streams(self, codes: torch.Tensor, streams: list[Any]) -> Any:
-        """Codes ``[B, 16, T]`` -> float32 audio ``[B, N]``, each row advancing its stream."""
+        """Codes ``[B, Q, T]`` -> float32 audio per row, each row advancing its stream.
+
+        Rows may be at different points of their streams (a first chunk beside
+        a later one), where a codec that looks ahead gives rows of different
+        lengths, so each row's audio comes back on its own.
+        """
         from .speech_tokenizer.streaming import StreamState
 
         with torch.inference_mode():
             batch = StreamState.stack(streams)
-            wav = self.decoder.stream(codes.to(self.device).clamp(min=0), batch)
+            rows = self.decoder.stream_rows(codes.to(self.device).clamp(min=0), batch)
         if len(streams) > 1:
             for stream, row in zip(streams, batch.split([1] * len(streams)), strict=True):
                 stream.adopt(row)
-        return wav[:, 0].float().cpu().numpy()
+        return [row[0].float().cpu().numpy() for row in rows]
 
     def decode_with_context(self, codes: torch.Tensor, contexts: list[int]) -> Any:
         """Codes ``[B, 16, T]`` -> float32 audio ``[B, N]`` of the frames after the context."""
@@ -396,4 +402,7 @@ def create_vocoder(
 ) -> Vocoder:
     device = torch_device(gpu_id, "vocoder")
     model = load_model(model_path, load_format, dtype, device, seed)
-    return Vocoder(model, chunk_frames, left_context_frames, max_batch_size, max_chunk_frames)
+    if model.speech_tokenizer is None:
+        raise RuntimeError("the vocoder needs the speech tokenizer")
+    decoder = model.speech_tokenizer.decoder
+    return Vocoder(decoder, chunk_frames, left_context_frames, max_batch_size, max_chunk_frames)

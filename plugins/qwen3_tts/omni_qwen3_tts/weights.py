@@ -201,8 +201,8 @@ def _gain(name: str, tensor: torch.Tensor) -> float:
     """Damp residual branches and the waveform head so dummy audio is not all clipping."""
     if name.endswith("conv2.conv.weight"):
         return 0.25
-    if name.startswith("decoder.decoder.") and tensor.shape[0] == 1:
-        return 0.05
+    if name.startswith("decoder.") and tensor.dim() == 3 and tensor.shape[0] == 1:
+        return 0.05  # the waveform head (Qwen3-TTS's decoder.decoder.N, code2wav's decoder.N)
     return 1.0
 
 

@@ -60,7 +60,12 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
 
 
 async def test_stateful_chunks_grow_and_equal_a_full_decode(tiny_model):
-    vocoder = Vocoder(tiny_model, chunk_frames=3, left_context_frames=None, max_chunk_frames=8)
+    vocoder = Vocoder(
+        tiny_model.speech_tokenizer.decoder,
+        chunk_frames=3,
+        left_context_frames=None,
+        max_chunk_frames=8,
+    )
     codes = frames(30, seed=1)
     request = Request(list(codes.unbind(0)))
     summary = await vocoder.run(request)
@@ -76,7 +81,7 @@ async def test_stateful_chunks_grow_and_equal_a_full_decode(tiny_model):
 
 
 async def test_an_in_context_reference_is_decoded_but_never_played(tiny_model):
-    vocoder = Vocoder(tiny_model, chunk_frames=4, left_context_frames=None)
+    vocoder = Vocoder(tiny_model.speech_tokenizer.decoder, chunk_frames=4, left_context_frames=None)
     reference, codes = frames(9, seed=2), frames(10, seed=3)
     request = Request([{"reference": reference}, *codes.unbind(0)])
     summary = await vocoder.run(request)
@@ -90,16 +95,21 @@ async def test_re_decoded_context_is_exact_only_with_the_whole_receptive_field(t
     codes = frames(24, seed=4)
     full = decoder(codes.T[None])[0, 0].numpy()
     exact = Request(list(codes.unbind(0)))
-    await Vocoder(tiny_model, 4, decoder.exact_context_frames()).run(exact)
+    await Vocoder(tiny_model.speech_tokenizer.decoder, 4, decoder.exact_context_frames()).run(exact)
     assert rel_l2(exact.audio, full) < 1e-5
     rough = Request(list(codes.unbind(0)))
-    await Vocoder(tiny_model, 4, 1).run(rough)
+    await Vocoder(tiny_model.speech_tokenizer.decoder, 4, 1).run(rough)
     assert rough.audio.shape == full.shape
     assert rel_l2(rough.audio, full) > 1e-4
 
 
 async def test_concurrent_streams_batched_together_equal_their_own_full_decodes(tiny_model):
-    vocoder = Vocoder(tiny_model, chunk_frames=2, left_context_frames=None, max_batch_size=8)
+    vocoder = Vocoder(
+        tiny_model.speech_tokenizer.decoder,
+        chunk_frames=2,
+        left_context_frames=None,
+        max_batch_size=8,
+    )
     codes = [frames(n, seed=10 + n) for n in (7, 12, 12, 16)]
     requests = [Request(list(c.unbind(0))) for c in codes]
     async with anyio.create_task_group() as group:
@@ -113,4 +123,4 @@ async def test_concurrent_streams_batched_together_equal_their_own_full_decodes(
 
 def test_a_negative_left_context_is_refused(tiny_model):
     with pytest.raises(ValueError, match="left_context_frames must be >= 0 or none, got -1"):
-        Vocoder(tiny_model, 4, -1)
+        Vocoder(tiny_model.speech_tokenizer.decoder, 4, -1)

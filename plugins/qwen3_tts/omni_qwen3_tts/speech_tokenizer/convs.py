@@ -6,6 +6,15 @@ enough left context equal to decoding everything at once. The ``stream``
 methods go one step further: they carry each operation's look-back in a
 :class:`~.streaming.StreamState` between chunks, so a stream decodes every
 frame once and still equals the full decode.
+
+Qwen3-Omni's code2wav shares these modules; its one difference is that its
+upsampling transposed convolutions also trim their overhang on the left
+(``left_trim``), which gives each of them a look-ahead of one input step.
+A stream emits such a layer's untrimmed outputs, so a stream's first chunk
+leads with samples the full decode trims away: the state's *lead* (see
+:meth:`~.streaming.StreamState.zero_lead`) zeroes them before every
+operation with look-back, where the full decode has its zero padding, and
+the decoder crops them from the audio.
 """
 
 from __future__ import annotations
@@ -70,6 +79,7 @@ class CausalConv1d(nn.Module):
             raise ValueError("only stride-1, zero-padded causal convolutions can stream")
         if self.left_pad == 0:
             return self.conv(x)
+        x = state.zero_lead(x)
         joined = torch.cat((state.tail(self, x, self.left_pad), x), dim=-1)
         state.keep_tail(self, joined, self.left_pad)
         return self.conv(joined)
@@ -90,31 +100,57 @@ def _pad_non_constant(x: torch.Tensor, left: int, right: int, mode: str) -> torc
 
 
 class CausalTransConv1d(nn.Module):
-    """``ConvTranspose1d`` with the ``kernel - stride`` overhang trimmed on the right."""
+    """``ConvTranspose1d`` with the ``kernel - stride`` overhang trimmed on the right.
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1):
+    ``left_trim`` (Qwen3-Omni's code2wav: ``kernel - stride``; Qwen3-TTS: 0)
+    also drops that many first outputs, so ``T`` inputs give
+    ``T * stride - left_trim`` outputs and output ``j`` is the untrimmed
+    output ``j + left_trim``: a look-ahead into the next input.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        left_trim: int = 0,
+    ):
         super().__init__()
+        if not 0 <= left_trim <= kernel_size - stride:
+            raise ValueError(f"left_trim {left_trim} outside 0..kernel - stride")
         self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
         self.right_trim = kernel_size - stride
+        self.left_trim = left_trim
         self.stride = stride
         # Earlier inputs whose kernels still overlap the outputs of a new one.
         self.overlap_inputs = math.ceil(kernel_size / stride) - 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv(x)
-        if self.right_trim > 0:
-            x = x[..., : x.shape[-1] - self.right_trim]
+        if self.left_trim > 0 or self.right_trim > 0:
+            x = x[..., self.left_trim : x.shape[-1] - self.right_trim]
         return x
 
     def stream(self, x: torch.Tensor, state: StreamState) -> torch.Tensor:
-        """Outputs of the new inputs, completed by the overhang of the carried ones."""
+        """Outputs of the new inputs, completed by the overhang of the carried ones.
+
+        These are the *untrimmed* outputs (``stride`` per input): with a
+        ``left_trim``, a starting row's first ``left_trim`` of them are trimmed
+        in the full decode, which the state records as lead (see module doc).
+        """
         carried = self.overlap_inputs
         if carried == 0:  # kernel == stride: every input owns its outputs
-            return self.conv(x)
-        joined = torch.cat((state.tail(self, x, carried), x), dim=-1)
-        state.keep_tail(self, joined, carried)
-        start = carried * self.stride
-        return self.conv(joined)[..., start : start + x.shape[-1] * self.stride]
+            out = self.conv(x)
+        else:
+            # Before the stream's start the full decode has no inputs at all.
+            x = state.zero_lead(x)
+            joined = torch.cat((state.tail(self, x, carried), x), dim=-1)
+            state.keep_tail(self, joined, carried)
+            start = carried * self.stride
+            out = self.conv(joined)[..., start : start + x.shape[-1] * self.stride]
+        state.upsample_lead(self.stride, self.left_trim)
+        return out
 
 
 class SnakeBeta(nn.Module):

@@ -12,6 +12,16 @@ once and equals the full decode. The release instead re-decodes a fixed left
 context (25 frames) with every chunk, an approximation we keep available as
 :meth:`Decoder.decode_chunk`; with at least :meth:`Decoder.exact_context_frames`
 of context that too reproduces the full decode, at a much higher cost.
+
+Qwen3-Omni's code2wav (``omni_qwen3_omni.code2wav``) is the same computation
+after its first step, under the same module names: :class:`CodecDecoder`
+holds that shared part (``pre_transformer``, ``upsample``, ``decoder``, the
+full and the streamed pass), and each codec adds only how codes become the
+transformer's input (here: split RVQ and ``pre_conv``; there: one summed
+embedding table). The differences are constructor parameters: whether the
+transformer projects in and out of its width, and whether the decoder
+blocks' transposed convolutions trim on the left (code2wav's do, which makes
+its full decode ``lookahead_samples`` short of whole frames).
 """
 
 from __future__ import annotations
@@ -127,9 +137,13 @@ class LayerScale(nn.Module):
 
 
 class CodecTransformerLayer(nn.Module):
-    """Pre-norm layer with layer-scaled residuals (no q/k norm)."""
+    """Pre-norm layer with layer-scaled residuals (no q/k norm).
 
-    def __init__(self, cfg: DecoderConfig, layer: int):
+    ``cfg`` is a :class:`DecoderConfig` or any config with the same
+    transformer fields (Qwen3-Omni's ``Code2WavConfig``).
+    """
+
+    def __init__(self, cfg: Any, layer: int):
         super().__init__()
         self.self_attn = Attention(
             cfg.hidden_size,
@@ -153,22 +167,36 @@ class CodecTransformerLayer(nn.Module):
 
 
 class CodecTransformer(nn.Module):
-    """``decoder.pre_transformer``: latent -> hidden -> layers (sliding window) -> latent."""
+    """``pre_transformer``: latent -> hidden -> layers (sliding window) -> latent.
 
-    def __init__(self, cfg: DecoderConfig):
+    With ``projected=False`` (code2wav) there are no ``input_proj`` /
+    ``output_proj``: the layers run at the latent width (``hidden_size``).
+    """
+
+    def __init__(self, cfg: Any, projected: bool = True):
         super().__init__()
         self.window = cfg.sliding_window
         self.layers = nn.ModuleList(
             CodecTransformerLayer(cfg, i) for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
-        self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+        self.input_proj: nn.Module | None = None
+        self.output_proj: nn.Module | None = None
+        if projected:
+            self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
+            self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
         register_rope(self, cfg.attn_head_dim, cfg.rope_theta)
+
+    def _project_in(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.input_proj is None else self.input_proj(x)
+
+    def _project_out(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        return x if self.output_proj is None else self.output_proj(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[B, T, latent]`` -> ``[B, T, latent]``."""
-        x = self.input_proj(x)
+        x = self._project_in(x)
         steps = x.shape[1]
         positions = torch.arange(steps, device=x.device)[None].expand(x.shape[0], -1)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
@@ -177,7 +205,7 @@ class CodecTransformer(nn.Module):
         mask = ((k <= q) & (k > q - self.window))[None, None]
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
-        return self.output_proj(self.norm(x))
+        return self._project_out(x)
 
     def stream(self, x: torch.Tensor, state: StreamState) -> torch.Tensor:
         """The next frames ``[B, n, latent]``, attending to the carried window.
@@ -187,7 +215,7 @@ class CodecTransformer(nn.Module):
         sees key ``r`` when ``i - window < r <= i`` and the key is real
         (not before the stream's start), exactly the full decode's mask.
         """
-        x = self.input_proj(x)
+        x = self._project_in(x)
         steps = x.shape[1]
         carried = state.keys[0].shape[2]
         arange = torch.arange(steps, device=x.device)
@@ -202,7 +230,7 @@ class CodecTransformer(nn.Module):
             x = layer(x, cos, sin, mask, store)
         state.valid = (state.valid + steps).clamp(max=carried)
         state.position = state.position + steps
-        return self.output_proj(self.norm(x))
+        return self._project_out(x)
 
 
 class ResidualUnit(nn.Module):
@@ -221,14 +249,18 @@ class ResidualUnit(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """SnakeBeta, transposed conv upsampling by ``rate``, then residual units (dilation 1, 3, 9)."""
+    """SnakeBeta, transposed conv upsampling by ``rate``, then residual units (dilation 1, 3, 9).
 
-    def __init__(self, in_dim: int, out_dim: int, rate: int):
+    ``trim_left`` (code2wav): the transposed conv also trims its ``rate``
+    overhang on the left (see :class:`CausalTransConv1d`).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, rate: int, trim_left: bool = False):
         super().__init__()
         self.block = nn.ModuleList(
             [
                 SnakeBeta(in_dim),
-                CausalTransConv1d(in_dim, out_dim, 2 * rate, rate),
+                CausalTransConv1d(in_dim, out_dim, 2 * rate, rate, rate if trim_left else 0),
                 *(ResidualUnit(out_dim, d) for d in (1, 3, 9)),
             ]
         )
@@ -250,42 +282,63 @@ def _stream(module: nn.Module, x: torch.Tensor, state: StreamState) -> torch.Ten
     return step(x, state) if step is not None else module(x)
 
 
-class Decoder(nn.Module):
-    """``decoder``: codes ``[B, K, T]`` -> waveform ``[B, 1, T * total_upsample]`` in [-1, 1]."""
+class CodecDecoder(nn.Module):
+    """The codec decoder after its code embedding, shared by Qwen3-TTS and Qwen3-Omni.
 
-    def __init__(self, cfg: DecoderConfig):
+    Modules (the names both releases use): ``pre_transformer``
+    (:class:`CodecTransformer`), ``upsample`` (per ratio, a transposed conv
+    with kernel = stride and a :class:`ConvNeXtBlock`) and ``decoder`` (a
+    causal conv to ``decoder_dim``, one :class:`DecoderBlock` per rate, each
+    halving the width, SnakeBeta and a causal conv to one channel).
+    Subclasses add their code embedding and implement :meth:`embed`.
+
+    ``cfg`` is a :class:`DecoderConfig` or a config with the same fields
+    (``num_quantizers``, the transformer's, ``upsampling_ratios``,
+    ``upsample_rates``, ``decoder_dim``); ``width`` is the channel count
+    between the transformer and the decoder; ``projected`` and ``trim_left``
+    are passed to :class:`CodecTransformer` and :class:`DecoderBlock`.
+    """
+
+    def __init__(self, cfg: Any, width: int, projected: bool = True, trim_left: bool = False):
         super().__init__()
         self.cfg = cfg
-        self.total_upsample = cfg.total_upsample
-        self.pre_transformer = CodecTransformer(cfg)
-        self.quantizer = SplitQuantizer(cfg)
-        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3)
+        self.pre_transformer = CodecTransformer(cfg, projected)
         self.upsample = nn.ModuleList(
-            nn.ModuleList(
-                [
-                    CausalTransConv1d(cfg.latent_dim, cfg.latent_dim, factor, factor),
-                    ConvNeXtBlock(cfg.latent_dim),
-                ]
-            )
+            nn.ModuleList([CausalTransConv1d(width, width, factor, factor), ConvNeXtBlock(width)])
             for factor in cfg.upsampling_ratios
         )
-        stages: list[nn.Module] = [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7)]
+        stages: list[nn.Module] = [CausalConv1d(width, cfg.decoder_dim, 7)]
         for i, rate in enumerate(cfg.upsample_rates):
             stages.append(
-                DecoderBlock(cfg.decoder_dim // 2**i, cfg.decoder_dim // 2 ** (i + 1), rate)
+                DecoderBlock(
+                    cfg.decoder_dim // 2**i, cfg.decoder_dim // 2 ** (i + 1), rate, trim_left
+                )
             )
         out_dim = cfg.decoder_dim // 2 ** len(cfg.upsample_rates)
         stages += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7)]
         self.decoder = nn.ModuleList(stages)
+        self.total_upsample = math.prod((*cfg.upsampling_ratios, *cfg.upsample_rates))
+        self.lookahead_samples = _lookahead_samples(
+            cfg.upsampling_ratios, cfg.upsample_rates, trim_left
+        )
+
+    def embed(self, codes: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
+        """Codes ``[B, K, T]`` -> the transformer's input ``[B, T, width or latent]``.
+
+        With ``state``, as the next frames of that stream.
+        """
+        raise NotImplementedError
+
+    def _check_codes(self, codes: torch.Tensor) -> None:
+        if codes.dim() != 3 or codes.shape[1] != self.cfg.num_quantizers:
+            got = codes.shape[1] if codes.dim() == 3 else f"shape {tuple(codes.shape)}"
+            raise ValueError(f"the decoder expects {self.cfg.num_quantizers} codebooks, got {got}")
 
     @torch.no_grad()
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
-        if codes.shape[1] != self.cfg.num_quantizers:
-            raise ValueError(
-                f"the decoder expects {self.cfg.num_quantizers} codebooks, got {codes.shape[1]}"
-            )
-        hidden = self.pre_conv(self.quantizer.decode(codes))
-        hidden = self.pre_transformer(hidden.transpose(1, 2)).transpose(1, 2)
+        """Codes ``[B, K, T]`` -> waveform ``[B, 1, T * total_upsample - lookahead_samples]``."""
+        self._check_codes(codes)
+        hidden = self.pre_transformer(self.embed(codes)).transpose(1, 2)
         for trans_conv, convnext in self.upsample:
             hidden = convnext(trans_conv(hidden))
         for stage in self.decoder:
@@ -308,25 +361,52 @@ class Decoder(nn.Module):
 
     @torch.no_grad()
     def stream(self, codes: torch.Tensor, state: StreamState) -> torch.Tensor:
-        """The audio of the next frames ``[B, K, n]`` of a stream: ``[B, 1, n * upsample]``.
+        """The audio of the next frames ``[B, K, n]`` of a stream: ``[B, 1, N]``.
 
         Concatenating the audio of successive calls equals ``self(all codes)``
         (up to float rounding); ``state`` carries what each causal operation
-        needs from earlier frames.
+        needs from earlier frames. ``N`` is ``n * total_upsample``, less
+        ``lookahead_samples`` in a stream's first chunk; with a look-ahead,
+        the rows must therefore all start their streams or all continue them
+        (:meth:`stream_rows` takes any mix).
         """
-        if codes.shape[1] != self.cfg.num_quantizers:
-            raise ValueError(
-                f"the decoder expects {self.cfg.num_quantizers} codebooks, got {codes.shape[1]}"
-            )
+        wav, cuts = self._stream(codes, state, uniform=True)
+        return wav[..., cuts[0] :] if cuts[0] else wav
+
+    @torch.no_grad()
+    def stream_rows(self, codes: torch.Tensor, state: StreamState) -> list[torch.Tensor]:
+        """:meth:`stream` for rows that may be at different stages: one ``[1, N_row]`` per row."""
+        wav, cuts = self._stream(codes, state, uniform=False)
+        return [wav[row, :, cut:] for row, cut in enumerate(cuts)]
+
+    def _stream(
+        self, codes: torch.Tensor, state: StreamState, uniform: bool
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The stream's audio with each starting row's lead still in front, and the leads."""
+        self._check_codes(codes)
         if codes.shape[0] != state.batch:
             raise ValueError(f"codes have {codes.shape[0]} rows, the stream {state.batch}")
-        hidden = self.pre_conv.stream(self.quantizer.decode(codes), state)
-        hidden = self.pre_transformer.stream(hidden.transpose(1, 2), state).transpose(1, 2)
-        for trans_conv, convnext in self.upsample:
-            hidden = convnext.stream(trans_conv.stream(hidden, state), state)
-        for stage in self.decoder:
-            hidden = _stream(stage, hidden, state)
-        return hidden.clamp(-1.0, 1.0)
+        starting = state.begin_chunk(self.lookahead_samples > 0)
+        cuts = [self.lookahead_samples if s else 0 for s in starting or [False] * state.batch]
+        if uniform and len(set(cuts)) > 1:
+            state.end_chunk()
+            raise ValueError(
+                "some rows start their streams with this chunk and others continue theirs; "
+                "their audio differs in length (use stream_rows)"
+            )
+        if codes.shape[-1] == 0:
+            state.end_chunk()
+            param = next(self.parameters())
+            return codes.new_zeros((state.batch, 1, 0), dtype=param.dtype), [0] * state.batch
+        try:
+            hidden = self.pre_transformer.stream(self.embed(codes, state), state).transpose(1, 2)
+            for trans_conv, convnext in self.upsample:
+                hidden = convnext.stream(trans_conv.stream(hidden, state), state)
+            for stage in self.decoder:
+                hidden = _stream(stage, hidden, state)
+        finally:
+            state.end_chunk()
+        return hidden.clamp(-1.0, 1.0), cuts
 
     def exact_context_frames(self) -> int:
         """Left context (frames) after which chunked decoding equals full decoding.
@@ -356,7 +436,7 @@ class Decoder(nn.Module):
         """Decode ``codes`` ``[B, K, T]`` whose first ``left_context`` frames were already played.
 
         Returns only the audio of the new frames:
-        ``[B, 1, (T - left_context) * total_upsample]``.
+        ``[B, 1, (T - left_context) * total_upsample - lookahead_samples]``.
         """
         if not 0 <= left_context <= codes.shape[-1]:
             raise ValueError(f"left_context {left_context} outside 0..{codes.shape[-1]}")
@@ -367,7 +447,11 @@ class Decoder(nn.Module):
     def chunked_decode(
         self, codes: torch.Tensor, chunk_size: int = 300, left_context: int = 25
     ) -> torch.Tensor:
-        """Decode in chunks of ``chunk_size`` frames, each with ``left_context`` earlier frames."""
+        """Decode in chunks of ``chunk_size`` frames, each with ``left_context`` earlier frames.
+
+        With a look-ahead, every chunk's audio lacks its last
+        ``lookahead_samples`` (as in the release's ``chunked_decode``).
+        """
         pieces = []
         start = 0
         total = codes.shape[-1]
@@ -377,3 +461,41 @@ class Decoder(nn.Module):
             pieces.append(self.decode_chunk(codes[..., start - context : stop], context))
             start = stop
         return torch.cat(pieces, dim=-1)
+
+
+def _lookahead_samples(
+    ratios: tuple[int, ...] | list[int], rates: tuple[int, ...] | list[int], trim_left: bool
+) -> int:
+    """Samples a full decode falls short of whole frames (left-trimmed decoder blocks).
+
+    Each block trims ``rate`` outputs on the left, after the earlier blocks'
+    trims were upsampled by its rate: 555 for rates (8, 5, 4, 3). Streaming
+    crops a row's lead within its first chunk, so the lead must stay shorter
+    than one frame's samples at every block.
+    """
+    if not trim_left:
+        return 0
+    per_frame, lead = math.prod(ratios), 0
+    for rate in rates:
+        per_frame *= rate
+        lead = lead * rate + rate
+        if lead >= per_frame:
+            raise ValueError(
+                f"upsample_rates {list(rates)} with upsampling_ratios {list(ratios)}: the "
+                "left-trimmed blocks would trim a whole frame's samples or more"
+            )
+    return lead
+
+
+class Decoder(CodecDecoder):
+    """``decoder``: codes ``[B, K, T]`` -> waveform ``[B, 1, T * total_upsample]`` in [-1, 1]."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__(cfg, cfg.latent_dim)
+        self.quantizer = SplitQuantizer(cfg)
+        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3)
+
+    def embed(self, codes: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
+        latent = self.quantizer.decode(codes)
+        hidden = self.pre_conv(latent) if state is None else self.pre_conv.stream(latent, state)
+        return hidden.transpose(1, 2)

@@ -14,6 +14,17 @@ a state has a fixed shape per row (convolution tails start as the zeros the
 full decode pads with; the key/value window is always ``window - 1`` long,
 with a per-row count of valid entries), so :meth:`StreamState.stack` is a
 concatenation and :meth:`StreamState.split` a slice.
+
+Lead (Qwen3-Omni's code2wav only): its transposed convolutions trim their
+overhang on the left too, so the full decode of ``F`` frames is shorter than
+``F`` frames' worth of samples and each of those layers looks one input
+ahead. A stream instead keeps every layer at a whole number of outputs per
+input: a row's first chunk then starts with *lead* samples that the full
+decode does not have. While a chunk is decoded the state knows, per row and
+at the current layer's rate, how many samples lead (:attr:`StreamState.lead`),
+zeroes them before every operation with look-back (exactly the full decode's
+zero padding there) and the decoder crops them from the audio. Rows that
+continue a stream have no lead, so rows at different stages still batch.
 """
 
 from __future__ import annotations
@@ -49,6 +60,51 @@ class StreamState:
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
         self.valid = torch.zeros(batch, dtype=torch.long, device=device)
         self.position = torch.zeros(batch, dtype=torch.long, device=device)
+        self._clear_lead()
+
+    # -- lead of rows that start in this chunk (left-trimmed transposed convs) -----
+
+    def _clear_lead(self) -> None:
+        # Both live only while one chunk is decoded: ``starting`` (long, 1 for
+        # the rows whose first chunk this is) while some row starts, ``lead``
+        # once a left-trimming layer has run.
+        self.starting: torch.Tensor | None = None
+        self.lead: torch.Tensor | None = None
+
+    def begin_chunk(self, track_lead: bool) -> list[bool] | None:
+        """Start decoding a chunk; with ``track_lead``, which rows start their streams with it.
+
+        ``track_lead``: the decoder has left-trimmed layers. Then, if a row
+        starts, :attr:`lead` is kept up to date through the chunk. Call
+        before anything advances :attr:`position`. Without ``track_lead``
+        nothing is read from the device (returns ``None``).
+        """
+        self._clear_lead()
+        if not track_lead:
+            return None
+        starting = self.position == 0
+        flags = [bool(s) for s in starting.tolist()]
+        if any(flags):
+            self.starting = starting.long()
+        return flags
+
+    def upsample_lead(self, stride: int, left_trim: int) -> None:
+        """A transposed convolution ran: lead is now at its output rate."""
+        if self.starting is None or (self.lead is None and left_trim == 0):
+            return
+        lead = self.starting * left_trim
+        self.lead = lead if self.lead is None else self.lead * stride + lead
+
+    def zero_lead(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[B, C, n]`` with each row's leading samples zeroed (no copy without lead)."""
+        if self.lead is None:
+            return x
+        keep = torch.arange(x.shape[-1], device=x.device)[None, :] >= self.lead[:, None]
+        return x * keep[:, None, :].to(x.dtype)
+
+    def end_chunk(self) -> None:
+        """Finish a chunk: the lead belongs to that chunk only."""
+        self._clear_lead()
 
     # -- convolutions -------------------------------------------------------------
 
@@ -76,6 +132,7 @@ class StreamState:
         out.values = [torch.cat(layer) for layer in zip(*(s.values for s in states), strict=True)]
         out.valid = torch.cat([s.valid for s in states])
         out.position = torch.cat([s.position for s in states])
+        out._clear_lead()
         out.tails = {}
         for module in {m: None for s in states for m in s.tails}:
             like = next(s.tails[module] for s in states if module in s.tails)
@@ -99,6 +156,7 @@ class StreamState:
             part.valid = self.valid[rows]
             part.position = self.position[rows]
             part.tails = {m: t[rows] for m, t in self.tails.items()}
+            part._clear_lead()
             parts.append(part)
             start += size
         return parts
@@ -108,6 +166,7 @@ class StreamState:
         self.batch, self.tails = other.batch, other.tails
         self.keys, self.values = other.keys, other.values
         self.valid, self.position = other.valid, other.position
+        self._clear_lead()
 
 
 class WindowKV:

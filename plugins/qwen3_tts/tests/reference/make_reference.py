@@ -20,10 +20,18 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
-from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
-from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
+# The reference environment also serves Qwen3-Omni's image processor, which needs
+# torchvision; Qwen3-TTS needs none, and a torchvision built for another torch
+# breaks transformers' imports, so this script hides it.
+sys.modules.setdefault("torchvision", None)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model  # noqa: E402
+from qwen_tts.core.models import (  # noqa: E402
+    Qwen3TTSConfig,
+    Qwen3TTSForConditionalGeneration,
+)
 
 
 def randomise(module: torch.nn.Module, seed: int) -> None:
