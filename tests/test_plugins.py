@@ -730,9 +730,8 @@ def test_a_wrapper_plugin_times_construction_without_replacing_it(
     assert all(seconds >= 0 for _, seconds, _ in timer.timings)
 
 
-IMPLEMENTED = {"qwen3-tts"}  # pipelines whose model code has landed (tested in their plugin)
-# Stages of partly implemented pipelines whose model code has not landed yet.
-NOT_YET = {"omni_qwen3_omni.stages:create_talker", "omni_qwen3_omni.stages:create_code2wav"}
+# Pipelines whose model code has landed (tested in their plugin).
+IMPLEMENTED = {"qwen3-tts", "qwen3-omni", "qwen3-omni-colocated", "qwen3-omni-text"}
 
 
 def _every_stage() -> list[tuple[str, str]]:
@@ -742,7 +741,6 @@ def _every_stage() -> list[tuple[str, str]]:
         for name, registered in sorted(plugins.pipelines().items())
         if name not in IMPLEMENTED and registered.plugin in MODELS
         for stage in registered.value.default_stages()
-        if registered.plugin != "omni-qwen3-omni" or stage.factory_path in NOT_YET
     ]
 
 

@@ -76,6 +76,12 @@ def read_config(root: Path) -> ThinkerConfig:
 
 def _factory(part: str, raw: dict[str, Any]) -> Callable[[], nn.Module]:
     """How to build ``part`` from the root ``config.json`` (configs parsed, and checked, now)."""
+    if part == "talker_ar":
+        from .talker.config import TalkerConfig
+        from .talker.model import Talker
+
+        talker = TalkerConfig.from_dict(raw)
+        return lambda: Talker(talker)
     if part == "code2wav":
         from .code2wav.config import Code2WavConfig
         from .code2wav.model import Code2Wav

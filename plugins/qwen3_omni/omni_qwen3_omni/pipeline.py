@@ -49,10 +49,24 @@ class EngineFactoryArgs(FactoryArgs):
     seed: int = Field(default=0, ge=0)  # dummy weights' seed
 
 
+class TalkerArgs(EngineFactoryArgs):
+    # frames a spoken answer may take (12.5 per second: 2048 is 164 s)
+    max_frames: int = Field(default=2048, ge=1)
+
+
 class Code2WavArgs(FactoryArgs):
     dtype: DType = "float32"
-    chunk_frames: int = Field(default=12, ge=1)
-    left_context_frames: int = Field(default=25, ge=0)
+    load_format: LoadFormat = "auto"
+    seed: int = Field(default=0, ge=0)  # dummy weights' seed
+    # frames in the first audio chunk (each frame is 80 ms); later chunks double
+    # up to max_chunk_frames. Streaming is stateful: every frame is decoded once
+    # and the stream equals a full decode (the release re-decodes 25 frames of
+    # left context per chunk instead; left_context_frames = 25 does that).
+    chunk_frames: int = Field(default=4, ge=1)
+    max_chunk_frames: int | None = Field(default=48, ge=1)
+    left_context_frames: int | None = Field(default=None, ge=0)
+    # chunks of concurrent requests decoded together (default: 16 GPU, 1 CPU)
+    max_batch_size: int | None = Field(default=None, ge=1)
 
 
 def _front(fan_in: str, route_fn: str, process: dict[str, str]) -> list[StageConfig]:
@@ -85,7 +99,7 @@ def _front(fan_in: str, route_fn: str, process: dict[str, str]) -> list[StageCon
     ]
 
 
-def _speech_stages(*, talker_gpu: int, processes: dict[str, str], vocoder_in_process: bool):
+def _speech_stages(*, talker_gpu: int, processes: dict[str, str]):
     return [
         *_front("thinker", "route_to_thinker", processes),
         EngineStageConfig(
@@ -98,6 +112,7 @@ def _speech_stages(*, talker_gpu: int, processes: dict[str, str], vocoder_in_pro
             process=processes["thinker"],
             gpu=0,
             factory=EngineFactoryArgs(),
+            author_kwargs={"talker_stage": "talker_ar"},
         ),
         StageConfig(
             name="decode",
@@ -112,8 +127,7 @@ def _speech_stages(*, talker_gpu: int, processes: dict[str, str], vocoder_in_pro
             stream_to=["code2wav"],
             process=processes["talker_ar"],
             gpu=talker_gpu,
-            factory=EngineFactoryArgs(),
-            author_kwargs={"vocoder_in_process": vocoder_in_process},
+            factory=TalkerArgs(),
         ),
         StageConfig(
             name="code2wav",
@@ -164,10 +178,14 @@ class Qwen3OmniSpeechPipeline(_Qwen3OmniSource, PipelineConfig):
     )
     entry_stage: ClassVar[str] = "preprocessing"
     default_model_path: ClassVar[str] = MODEL
+    api: ClassVar[tuple[str, ...]] = ("chat", "speech")
+    text_stage: ClassVar[str | None] = "decode"
+    audio_stage: ClassVar[str | None] = "code2wav"
+    sample_rate: ClassVar[int | None] = 24000
 
     @classmethod
     def default_stages(cls) -> list[StageConfig]:
-        return _speech_stages(talker_gpu=1, processes=SPEECH_PROCESSES, vocoder_in_process=False)
+        return _speech_stages(talker_gpu=1, processes=SPEECH_PROCESSES)
 
 
 class Qwen3OmniColocatedPipeline(_Qwen3OmniSource, PipelineConfig):
@@ -179,13 +197,15 @@ class Qwen3OmniColocatedPipeline(_Qwen3OmniSource, PipelineConfig):
     )
     entry_stage: ClassVar[str] = "preprocessing"
     default_model_path: ClassVar[str] = MODEL
+    api: ClassVar[tuple[str, ...]] = ("chat", "speech")
+    text_stage: ClassVar[str | None] = "decode"
+    audio_stage: ClassVar[str | None] = "code2wav"
+    sample_rate: ClassVar[int | None] = 24000
     default_placement_policy: ClassVar[str] = "colocate"
 
     @classmethod
     def default_stages(cls) -> list[StageConfig]:
-        stages = _speech_stages(
-            talker_gpu=0, processes=COLOCATED_PROCESSES, vocoder_in_process=True
-        )
+        stages = _speech_stages(talker_gpu=0, processes=COLOCATED_PROCESSES)
         for stage in stages:
             if stage.name == "code2wav":
                 # The share comes from the deploy file, like every other stage's.

@@ -57,10 +57,15 @@ class Preprocessing:
         self.images = ImageProcessorConfig.from_dict(_json(root / "preprocessor_config.json"))
         self.images.check_against(self.config.vision)
         self.generation = _json(root / "generation_config.json")
+        raw = _json(root / "config.json")
+        speakers = (raw.get("talker_config") or {}).get("speaker_id") or {}
+        self.speakers = sorted(str(name).lower() for name in speakers)
         self.limits, self.max_tokens = limits, max_tokens
 
     async def run(self, request: Any) -> dict[str, Any]:
         data = dict(request.data or {})
+        if "messages" not in data and "input" in data:
+            data = _speech_request(data)
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError("'messages' must be a non-empty list")
@@ -137,7 +142,22 @@ class Preprocessing:
             "audios": audios,
             "sampling": sampling,
             "stop": list((data.get("sampling") or {}).get("stop") or []),
+            "modalities": list(data.get("modalities") or ["text"]),
+            "voice": self._voice(data),
         }
+
+    def _voice(self, data: dict[str, Any]) -> str | None:
+        """The requested speaker, checked against the checkpoint's (a 400 lists them)."""
+        audio = data.get("audio") or {}
+        voice = audio.get("voice") if isinstance(audio, dict) else None
+        voice = voice or data.get("voice")
+        if voice is None or "audio" not in (data.get("modalities") or []):
+            return None
+        known = self.speakers
+        if str(voice).lower() not in known:
+            listed = ", ".join(known) or "none"
+            raise RequestError(f"unknown voice {voice!r}; this model's speakers are: {listed}")
+        return str(voice).lower()
 
     def _image(self, payload: Any, where: str) -> tuple[torch.Tensor, tuple[int, int, int]]:
         from omni_core.media import ImageLimits, decode_image
@@ -199,6 +219,19 @@ class Preprocessing:
             "seed": params.seed,
             "max_new_tokens": params.max_new_tokens,
         }
+
+
+def _speech_request(data: dict[str, Any]) -> dict[str, Any]:
+    """``/v1/audio/speech``: the input is the user's turn and the spoken answer the reply.
+
+    Qwen3-Omni answers what it hears or reads; it has no read-aloud mode in
+    the release, so ``input`` is a prompt, and ``instructions`` its system turn.
+    """
+    messages = []
+    if data.get("instructions"):
+        messages.append({"role": "system", "content": str(data["instructions"])})
+    messages.append({"role": "user", "content": str(data["input"])})
+    return {**data, "messages": messages, "modalities": ["audio"]}
 
 
 def _json(path: Path) -> dict[str, Any]:

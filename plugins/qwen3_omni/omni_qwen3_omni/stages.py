@@ -13,12 +13,13 @@ batch, continuously, on the engine.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import torch
 
-from omni_core import NotImplementedYet
+from omni_core import NotImplementedYet, RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
 
@@ -130,10 +131,16 @@ def create_mm_aggregate(model_path: str) -> Aggregate:
 
 
 class Thinker:
-    """Runs a prompt on the engine and streams each token id; then why it ended and usage."""
+    """Runs a prompt on the engine and streams each token id; then why it ended and usage.
 
-    def __init__(self, engine: Any, config: Any):
-        self.engine, self.config = engine, config
+    In the speech pipelines it also feeds the talker: for a request that
+    asked for audio, the chunks carry what the talker reads of every
+    position (its layer-0 row and the ``accept_hidden_layer`` row); a request
+    for text only skips the talker and code2wav at once.
+    """
+
+    def __init__(self, engine: Any, model: Any, config: Any, speech: Speech | None = None):
+        self.engine, self.model, self.config, self.speech = engine, model, config, speech
 
     async def run(self, request: Any) -> dict[str, Any]:
         data = request.data
@@ -143,19 +150,55 @@ class Thinker:
             wire = assemble(data, data.get("encoder_outputs") or {}, self.config)
         prompt = to_prompt(wire)
         sampling = SamplingParams(**data["sampling"])
-        tokens = 0
+        speaks = self.speech is not None and "audio" in (data.get("modalities") or ["text"])
+        header: dict[str, Any] = {
+            "stop": list(data.get("stop") or []),
+            "prompt_tokens": len(prompt),
+        }
+        if self.speech is not None and not speaks:
+            await request.skip(self.speech.stage)
+        if speaks:
+            assert self.speech is not None
+            header["talker"] = {
+                "voice": data.get("voice"),
+                "tts_rows": self.speech.tts_rows,
+                "greedy": sampling.temperature == 0,
+                "seed": sampling.seed,
+            }
+            self.model.capture(request.request_id, self.speech.accept_layer)
         # The decode stage's header: its stop strings, and the prompt's size for usage.
-        await request.emit({"stop": list(data.get("stop") or []), "prompt_tokens": len(prompt)})
-        async with self.engine.submit(request.request_id, prompt, sampling) as stream:
-            async for token in stream:
-                await request.emit(token)
-                tokens += 1
+        await request.emit(header)
+        tokens = 0
+        try:
+            async with self.engine.submit(request.request_id, prompt, sampling) as stream:
+                async for out in stream:
+                    if isinstance(out, dict):  # a spoken request: the talker's rows too
+                        layer0, accept = out["rows"]
+                        if tokens == 0:
+                            rows = {"token_ids": prompt.token_ids, "positions": prompt.positions}
+                            await request.emit({"prompt_rows": (layer0, accept), **rows})
+                        else:  # the rows of the token before this one
+                            await request.emit({"rows": (layer0, accept)})
+                        out = out["token"]
+                    await request.emit(out)
+                    tokens += 1
+        finally:
+            self.model.release(request.request_id)
         usage = {"prompt_tokens": len(prompt), "completion_tokens": tokens}
         await request.emit({"finish_reason": stream.finish_reason, "usage": usage})
         return {"finish_reason": stream.finish_reason, "usage": usage}
 
     async def aclose(self) -> None:
         await self.engine.aclose()
+
+
+@dataclass(frozen=True)
+class Speech:
+    """What the thinker needs to feed a talker: its stage, accept layer, and tts rows."""
+
+    stage: str
+    accept_layer: int
+    tts_rows: torch.Tensor  # [3, H]: layer-0 rows of tts_bos, tts_eos, tts_pad
 
 
 def create_thinker(
@@ -170,8 +213,10 @@ def create_thinker(
     load_format: str = "auto",
     seed: int = 0,
     pack_weights: bool = True,
+    talker_stage: str | None = None,
 ) -> Thinker:
     from .chat import ChatPrompter
+    from .loading import read_raw_config
     from .thinker.step import ThinkerStepModel
 
     if tp_size != 1:
@@ -186,6 +231,15 @@ def create_thinker(
     device = torch_device(gpu_id, "thinker")
     lm, config, root = load_part(model_path, "thinker", load_format, dtype, device, seed)
     model_dtype = lm.model.embed_tokens.weight.dtype
+    speech = None
+    if talker_stage is not None:
+        from .talker.config import TalkerConfig
+
+        talker = TalkerConfig.from_dict(read_raw_config(root))
+        with torch.no_grad():
+            ids = torch.tensor(talker.tts_special_ids, device=device)
+            tts_rows = lm.embed(ids).float().cpu()
+        speech = Speech(talker_stage, talker.accept_hidden_layer, tts_rows)
     if pack_weights and device == "cpu":
         from omni_core.engine.cpu_linear import pack_linear_weights
 
@@ -193,13 +247,99 @@ def create_thinker(
         pack_linear_weights(lm, skip=lambda name: ".experts." in name)
     eos = ChatPrompter.from_dir(root).eos_token_ids
     model = ThinkerStepModel(
-        lm,
-        config.text,
-        eos_ids=set(eos),
-        device=torch.device(device),
-        dtype=model_dtype,
+        lm, config.text, eos_ids=set(eos), device=torch.device(device), dtype=model_dtype
     )
-    return Thinker(create_engine(model, settings, device=device), config)
+    return Thinker(create_engine(model, settings, device=device), model, config, speech)
+
+
+# -- talker -----------------------------------------------------------------------
+
+
+class TalkerStage:
+    """Speaks what the thinker writes, as it writes it: frames of codes out, streamed.
+
+    The thinker's chunks arrive in order: a header (voice, sampling, the tts
+    rows), the prompt's rows with its first token, then each next token
+    after the rows of the one before it. The request joins the engine as
+    soon as the talker's prefill has what it needs (the first answer token);
+    every later token's rows wake the engine, which decodes the sequences
+    whose next text row has arrived, so the talker keeps pace with the
+    thinker but never runs ahead of it.
+    """
+
+    def __init__(self, engine: Any, config: Any, max_frames: int):
+        self.engine, self.config, self.max_frames = engine, config, max_frames
+
+    async def run(self, request: Any) -> dict[str, Any]:
+        from .talker.prompt import TalkerPrompt
+        from .talker.step import TALKER_SAMPLING
+
+        prompt: TalkerPrompt | None = None
+        sampling: SamplingParams | None = None
+        last_token: int | None = None
+        frames, reason = 0, None
+        send, receive = anyio.create_memory_object_stream[Any](0)
+
+        async def speak() -> None:
+            nonlocal frames
+            async with self.engine.submit(request.request_id, prompt, sampling) as stream:
+                async for frame in stream:
+                    if frame is not None:
+                        await request.emit(frame)
+                        frames += 1
+            await send.send(stream.finish_reason)
+
+        async with anyio.create_task_group() as tg:
+            started = False
+            async for item in request.stream:
+                if isinstance(item, int):
+                    last_token = item
+                elif "talker" in item:
+                    spec = item["talker"]
+                    prompt = TalkerPrompt(self.config, speaker=_voice(spec["voice"], self.config))
+                    greedy = {"temperature": 0.0} if spec["greedy"] else {}
+                    params = {**TALKER_SAMPLING, **greedy, "seed": spec["seed"]}
+                    sampling = SamplingParams(**params, max_new_tokens=self.max_frames)
+                    tts_rows = spec["tts_rows"]
+                elif "prompt_rows" in item and prompt is not None:
+                    layer0, accept = item["prompt_rows"]
+                    prompt.add_prompt(
+                        item["token_ids"],
+                        layer0,
+                        accept,
+                        tts_embeddings=tts_rows,
+                        positions=item.get("positions"),
+                    )
+                elif "rows" in item and prompt is not None and last_token is not None:
+                    layer0, accept = item["rows"]
+                    prompt.add_token(last_token, layer0[0], accept[0])
+                elif "finish_reason" in item and prompt is not None:
+                    prompt.finish()
+                if prompt is None:
+                    continue
+                if not started and (prompt.prefill_ready or prompt.finished):
+                    started = True
+                    tg.start_soon(speak)
+                self.engine.wake()
+            if prompt is not None and not prompt.finished:
+                prompt.finish()  # the thinker's stream ended without its trailer
+                self.engine.wake()
+            if started:
+                reason = await receive.receive()
+        await request.emit({"finish_reason": reason})
+        return {"frames": frames, "finish_reason": reason}
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
+
+
+def _voice(voice: Any, config: Any) -> Any:
+    """The request's voice, or the checkpoint's first speaker (the release names them)."""
+    if voice:
+        return voice
+    if not config.speaker_id:
+        raise RequestError("this checkpoint names no speakers (talker_config.speaker_id)")
+    return sorted(config.speaker_id)[0]
 
 
 # -- decode -----------------------------------------------------------------------
@@ -253,35 +393,57 @@ def create_decode(model_path: str) -> Decode:
     return Decode(TextTokenizer.from_dir(resolve_model_path(model_path).path))
 
 
-# -- part 2 -----------------------------------------------------------------------
-
-
-def _not_yet(stage: str) -> NotImplementedYet:
-    return NotImplementedYet(
-        f"omni-qwen3-omni: stage {stage!r} cannot be built yet: the talker and code2wav "
-        "(speech output) are not implemented in this release",
-        hint="serve text answers with the qwen3-omni-text pipeline",
-    )
+# -- talker and code2wav factories ---------------------------------------------------
 
 
 def create_talker(
     model_path: str,
     gpu_id: int | None = None,
     gpu_memory_fraction: float | None = None,
-    dtype: str = "bfloat16",
+    engine_settings: EngineSettings | None = None,
+    dtype: str | None = None,
     load_format: str = "auto",
     seed: int = 0,
-    vocoder_in_process: bool = False,
-):
-    raise _not_yet("talker_ar")
+    max_frames: int = 2048,
+) -> TalkerStage:
+    from .talker.step import TalkerStepModel
+
+    settings = engine_settings or EngineSettings()
+    if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
+        settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
+    device = torch_device(gpu_id, "talker_ar")
+    talker, _, root = load_part(model_path, "talker_ar", load_format, dtype, device, seed)
+    from .loading import read_raw_config
+    from .talker.config import TalkerConfig
+
+    config = TalkerConfig.from_dict(read_raw_config(root))
+    dtype_of = next(talker.parameters()).dtype
+    model = TalkerStepModel(talker, config, device=torch.device(device), dtype=dtype_of)
+    return TalkerStage(create_engine(model, settings, device=device), config, max_frames)
 
 
 def create_code2wav(
     model_path: str,
     gpu_id: int | None = None,
     gpu_memory_fraction: float | None = None,
-    dtype: str = "float32",
-    chunk_frames: int = 12,
-    left_context_frames: int = 25,
-):
-    raise _not_yet("code2wav")
+    dtype: str | None = "float32",
+    load_format: str = "auto",
+    seed: int = 0,
+    chunk_frames: int = 4,
+    max_chunk_frames: int | None = 48,
+    left_context_frames: int | None = None,
+    max_batch_size: int | None = None,
+) -> Any:
+    """The release's codec decoder, streamed by the same stage class as Qwen3-TTS's vocoder."""
+    from omni_qwen3_tts.stages import Vocoder
+
+    device = torch_device(gpu_id, "code2wav")
+    decoder, _, _ = load_part(model_path, "code2wav", load_format, dtype, device, seed)
+    return Vocoder(
+        decoder,
+        chunk_frames,
+        left_context_frames,
+        max_batch_size,
+        max_chunk_frames,
+        sample_rate=decoder.sample_rate,
+    )

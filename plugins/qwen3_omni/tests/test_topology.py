@@ -102,7 +102,7 @@ def test_speech_pipeline_runs_one_process_per_stage_on_two_gpus() -> None:
         "code2wav": 0,
     }
     assert config.stage("code2wav").gpu_memory_fraction == 0.02
-    assert config.stage("talker_ar").author_kwargs == {"vocoder_in_process": False}
+    assert config.stage("thinker").author_kwargs == {"talker_stage": "talker_ar"}
     assert config.placement.policy == "declared"
 
 
@@ -114,7 +114,7 @@ def test_colocated_pipeline_puts_code2wav_in_the_talkers_process_on_one_gpu() ->
     assert processes == {**{n: n for n in SPEECH_STAGES}, "code2wav": "talker_ar"}
     assert {s.gpu for s in config.stages if s.uses_gpu} == {0}
     assert [s.name for s in config.stages if not s.uses_gpu] == ["preprocessing", "decode"]
-    assert config.stage("talker_ar").author_kwargs == {"vocoder_in_process": True}
+    assert config.process_of(config.stage("code2wav")) == "talker_ar"
     # The colocate policy makes every GPU stage declare its share in the deploy file.
     assert Qwen3OmniColocatedPipeline.default_placement_policy == "colocate"
     assert config.placement.policy == "colocate"
