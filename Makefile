@@ -15,7 +15,7 @@ REFERENCE_VENV ?= /tmp/qwen-tts-ref
 # package and index; neither asks anything of the user. Failures still print.
 PIP_QUIET := --quiet --quiet
 
-.PHONY: install test lint format plan serve bench test-reference clean
+.PHONY: install test test-all lint format plan serve bench test-reference clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+# Everything, the slow end-to-end cases too (run before calling an issue done).
+test-all: $(STAMP)
+	$(BIN)/pytest -q --slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -79,6 +79,7 @@ class RequestHandle:
     client_error: bool = False
     process_lost: bool = False
     done: anyio.Event = field(default_factory=anyio.Event)
+    skipped: set[str] = field(default_factory=set)  # stages this request will not run
 
     async def stream(self) -> AsyncIterator[Event]:
         """Chunks and final outputs as they arrive; raises RequestFailed on failure."""
@@ -109,8 +110,26 @@ class Coordinator:
         *,
         max_inflight: int,
         binding: str = "least-loaded",
+        stage_process: dict[str, str] | None = None,
     ):
         self.graph = graph
+        # Which logical process runs each stage: a request that skips every stage of
+        # a process does not need it, so losing that process does not fail it.
+        self.stage_process = dict(stage_process or {})
+        # Stages some request may skip (a route function's or a stream's targets, and
+        # what only they feed); a process running only such stages is optional.
+        routed = {
+            target
+            for stage in graph.stages.values()
+            if stage.route_fn or stage.stream_to
+            for target in stage.targets
+        }
+        skippable = graph.skip_closure(routed)
+        self.optional = {
+            process
+            for process in set(self.stage_process.values())
+            if all(s in skippable for s, p in self.stage_process.items() if p == process)
+        }
         self.replicas = replicas
         self.max_inflight = max_inflight
         self.binding_mode = binding
@@ -132,7 +151,12 @@ class Coordinator:
             healthy = [r for r in range(count) if (process, r) not in self.unavailable]
             if not healthy:
                 reason = self.unavailable[(process, 0)]
-                raise Unavailable(f"process {process!r} is not serving: {reason}")
+                if process not in self.optional:
+                    raise Unavailable(f"process {process!r} is not serving: {reason}")
+                # Bound anyway: a request may never need it (a text-only chat skips the
+                # talker); one that does fails when its stage cannot reach it (503).
+                binding[process] = 0
+                continue
             start = next(self._round_robin[process])
             order = [healthy[(start + i) % len(healthy)] for i in range(len(healthy))]
             if self.binding_mode == "round-robin":
@@ -186,21 +210,33 @@ class Coordinator:
             if not handle.pending:
                 self._finish(handle, None)
         elif env.kind == m.SKIPPED:
+            handle.skipped |= set(env.skipped)
             handle.pending -= set(env.skipped)
             if not handle.pending:
                 self._finish(handle, None)
         elif env.kind == m.FAILED:
             handle.client_error = env.client_error
+            handle.process_lost = env.process_lost
             message = env.error if env.client_error else f"stage {env.source!r} failed: {env.error}"
             self._finish(handle, message)
 
     def fail_process(self, logical: str, replica: int, reason: str) -> list[RequestHandle]:
         """A process died: fail every request bound to it, at once."""
-        failed = [h for h in self.requests.values() if h.binding.get(logical) == replica]
+        failed = [
+            h
+            for h in self.requests.values()
+            if h.binding.get(logical) == replica and logical in self.needed(h)
+        ]
         for handle in failed:
             handle.process_lost = True
             self._finish(handle, reason)
         return failed
+
+    def needed(self, handle: RequestHandle) -> set[str]:
+        """The logical processes that run a stage ``handle`` has not skipped."""
+        if not self.stage_process:
+            return set(handle.binding)
+        return {p for s, p in self.stage_process.items() if s not in handle.skipped}
 
     def abort(self, handle: RequestHandle, reason: str) -> None:
         if handle.request_id in self.requests:

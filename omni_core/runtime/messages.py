@@ -36,3 +36,4 @@ class Envelope:
     skipped: frozenset[str] = frozenset()
     error: str = ""
     client_error: bool = False  # FAILED: the request itself was invalid (HTTP 400)
+    process_lost: bool = False  # FAILED: a stage it needed could not be reached (HTTP 503)

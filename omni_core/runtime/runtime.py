@@ -92,6 +92,7 @@ class Runtime:
             self.table.replicas,
             max_inflight=admission_limit(config, self.table.replicas),
             binding=config.runtime.binding,
+            stage_process=self.table.stage_process,
         )
         self.coordinator.send = self._send_from_coordinator
         self.children = {

@@ -27,12 +27,13 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from ..errors import RequestError
+from ..errors import OmniError, RequestError
 from ..factory import StageContext, import_object
 from ..plan.model import DeploymentPlan
 from ..plan.transports import address_for, default_transport, edge_transport, incoming_transports
 from ..plugins import OmniPlugins
 from ..schema import PipelineConfig
+from ..transport import ChannelClosed
 from ..wire import allow_wire_types
 from . import messages as m
 from .graph import StageGraph
@@ -43,6 +44,10 @@ from .stage_api import StageRequest, as_stage
 
 HEARTBEATS_PER_TIMEOUT = 5  # a process falls silent only after missing this many in a row
 MAX_HEARTBEAT_INTERVAL = 1.0  # seconds; the queue depth in /health is at most this old
+
+
+class StageUnreachable(OmniError):
+    """A request's next stage lives in a process that is down (the API answers 503)."""
 
 
 @dataclass
@@ -357,6 +362,7 @@ class Worker:
                 name,
                 error=text,
                 client_error=isinstance(exc, RequestError),
+                process_lost=isinstance(exc, StageUnreachable),
             )
         )
 
@@ -380,11 +386,20 @@ class Worker:
             address = address_for(base, transport, default)
         else:
             transport, address = default, self.table.coordinator
-        await self.outbound.send(
-            (transport, address),
-            lambda: self.plugins.transport(transport).connect(address, secret=self.spec.secret),
-            env,
-        )
+        try:
+            await self.outbound.send(
+                (transport, address),
+                lambda: self.plugins.transport(transport).connect(address, secret=self.spec.secret),
+                env,
+            )
+        except (ChannelClosed, OSError) as exc:
+            if not env.target:
+                raise
+            process = self.table.process_for(env.target, env.binding)
+            raise StageUnreachable(
+                f"stage {env.target!r} cannot be reached: process {process} is not serving "
+                f"({type(exc).__name__}); it may be restarting"
+            ) from exc
 
     def _import(self, path: str | None, what: str) -> Callable[..., Any]:
         assert path is not None

@@ -66,6 +66,7 @@ def _planned(base: Path, *flags: str):
     return plan_on_cpu(OmniPlugins(env={}), base, deploy=DEMO, flags=flags)
 
 
+@pytest.mark.slow
 async def test_one_process_and_three_give_the_same_answers(short_tmp):
     answers = {}
     for layout, flags in (("one", []), ("three", SPLIT)):

@@ -1,0 +1,26 @@
+"""Suite-wide test options: slow end-to-end cases run only when asked for.
+
+``make test`` (and CI) runs a representative set in a few minutes; the cases
+marked ``slow`` (many processes started several times over) run with
+``--slow`` or ``OMNI_SLOW_TESTS=1`` (``make test-all``), before an issue is
+called done.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--slow") or os.environ.get("OMNI_SLOW_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: run with --slow or OMNI_SLOW_TESTS=1 (make test-all)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,87 @@
+"""Spoken answers over HTTP through the official ``openai`` client (qwen3-omni demo, CPU)."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+openai = pytest.importorskip("openai")
+soundfile = pytest.importorskip("soundfile")
+
+from omni_core.plugins import OmniPlugins  # noqa: E402
+from omni_core.testing import plan_on_cpu, short_private_dir  # noqa: E402
+
+DEMO = Path(__file__).resolve().parents[3] / "examples" / "qwen3_omni_demo.toml"
+HELLO = [{"role": "user", "content": "Hello there"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with short_private_dir() as base:
+        flags = ["--talker_ar.factory.max_frames", "30"]
+        planned = plan_on_cpu(OmniPlugins(env={}), base, deploy=DEMO, flags=flags)
+        with planned.serve() as live:
+            yield live
+
+
+def _chat(server, voice: str = "ethan", **kw):
+    return server.client().chat.completions.create(
+        model="tiny",
+        messages=HELLO,
+        modalities=["text", "audio"],
+        audio={"voice": voice, "format": kw.pop("format", "wav")},
+        max_tokens=8,
+        temperature=0,
+        **kw,
+    )
+
+
+def test_a_spoken_answer_has_its_transcript_and_24_khz_audio(server):
+    reply = _chat(server)
+    message = reply.choices[0].message
+    wav, rate = soundfile.read(io.BytesIO(base64.b64decode(message.audio.data)))
+    assert rate == 24000 and wav.size > 0
+    assert message.audio.transcript == message.content and message.content
+    assert reply.usage.completion_tokens == 8
+
+
+def test_streamed_text_and_audio_deltas_add_up_to_the_whole_answer(server):
+    whole = _chat(server, voice="chelsie")
+    text, pcm = [], bytearray()
+    for chunk in _chat(server, voice="chelsie", stream=True, format="pcm16"):
+        for choice in chunk.choices:
+            text.append(choice.delta.content or "")
+            audio = getattr(choice.delta, "audio", None)
+            data = getattr(audio, "data", None) if audio is not None else None
+            if data:
+                pcm += base64.b64decode(data)
+    assert "".join(text) == whole.choices[0].message.content
+    streamed = np.frombuffer(bytes(pcm), dtype="<i2")
+    full, _ = soundfile.read(io.BytesIO(base64.b64decode(whole.choices[0].message.audio.data)))
+    assert streamed.size == full.size > 0  # the same samples, streamed as they were made
+
+
+def test_the_voice_is_chosen_per_request(server):
+    ethan = _chat(server, voice="ethan").choices[0].message.audio.data
+    aiden = _chat(server, voice="Aiden").choices[0].message.audio.data
+    assert ethan != aiden
+
+
+def test_an_unknown_voice_is_refused_with_the_speakers_listed(server):
+    with pytest.raises(openai.BadRequestError) as caught:
+        _chat(server, voice="bob")
+    message = caught.value.body["message"]
+    assert "unknown voice 'bob'" in message and "aiden, chelsie, ethan" in message
+
+
+def test_text_only_chat_and_the_speech_endpoint_on_the_same_server(server):
+    text = server.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=4)
+    assert text.choices[0].message.audio is None and text.choices[0].message.content
+    speech = server.client().audio.speech.create(model="tiny", voice="ethan", input="Say hi")
+    wav, rate = soundfile.read(io.BytesIO(speech.content))
+    assert rate == 24000 and wav.size > 0
