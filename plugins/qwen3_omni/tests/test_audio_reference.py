@@ -16,12 +16,11 @@ sdpa path; longer clips (and a batch of two) with the reference given its own
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from reference_support import opt_in, run_reference
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
@@ -32,17 +31,9 @@ from omni_qwen3_omni.audio.encoder import AudioEncoder  # noqa: E402
 from omni_qwen3_omni.audio.mel import audio_token_count, log_mel  # noqa: E402
 from omni_qwen3_omni.config import AudioEncoderConfig  # noqa: E402
 
-REFERENCE_PYTHON = Path(os.environ.get("QWEN_TTS_REF_PYTHON", "/nonexistent/qwen-tts-ref"))
 SCRIPT = Path(__file__).parent / "reference" / "audio_reference.py"
 
-pytestmark = [
-    pytest.mark.reference,
-    pytest.mark.skipif(
-        not REFERENCE_PYTHON.exists(),
-        reason="opt-in: set QWEN_TTS_REF_PYTHON to the reference environment's python "
-        "(see plugins/qwen3_tts/tests/REFERENCE.md)",
-    ),
-]
+pytestmark = opt_in
 
 # Window = 400 // 100 = 4 chunks = 52 tokens (4 s): the 3.7 s clip (48 tokens) fits one.
 TINY = {
@@ -91,14 +82,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, dic
         "mel_batch": MEL_BATCH,
     }
     (out / "request.json").write_text(json.dumps(request))
-    proc = subprocess.run(
-        [str(REFERENCE_PYTHON), str(SCRIPT), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_reference(SCRIPT.name, str(out))
     data = np.load(out / "reference.npz")
     return clips, {k: data[k] for k in data.files}, load_file(str(out / "audio_tower.safetensors"))
 

@@ -15,12 +15,11 @@ geometry with its own.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from reference_support import opt_in, run_reference
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
@@ -31,17 +30,9 @@ from omni_qwen3_omni.code2wav.config import Code2WavConfig  # noqa: E402
 from omni_qwen3_omni.code2wav.model import Code2Wav  # noqa: E402
 from omni_qwen3_tts.speech_tokenizer.streaming import StreamState  # noqa: E402
 
-REFERENCE_PYTHON = Path(os.environ.get("QWEN_TTS_REF_PYTHON", "/nonexistent/qwen-tts-ref"))
 SCRIPT = Path(__file__).parent / "reference" / "code2wav_reference.py"
 
-pytestmark = [
-    pytest.mark.reference,
-    pytest.mark.skipif(
-        not REFERENCE_PYTHON.exists(),
-        reason="opt-in: set QWEN_TTS_REF_PYTHON to the reference environment's python "
-        "(see plugins/qwen3_tts/tests/REFERENCE.md)",
-    ),
-]
+pytestmark = opt_in
 
 TINY = {
     "codebook_size": 40,
@@ -86,14 +77,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, dic
         "attn_implementation": "sdpa",
     }
     (out / "request.json").write_text(json.dumps(request))
-    proc = subprocess.run(
-        [str(REFERENCE_PYTHON), str(SCRIPT), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_reference(SCRIPT.name, str(out))
     data = np.load(out / "reference.npz")
     release = json.loads((out / "release_keys.json").read_text())
     return {k: data[k] for k in data.files}, load_file(str(out / "code2wav.safetensors")), release

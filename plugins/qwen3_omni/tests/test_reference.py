@@ -39,6 +39,7 @@ from typing import Any
 import anyio
 import pytest
 import torch
+from reference_support import REFERENCE_PYTHON, opt_in
 
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
@@ -53,7 +54,6 @@ from omni_qwen3_omni.stages import AudioEncoder, ImageEncoder
 from omni_qwen3_omni.thinker.step import ThinkerStepModel
 from omni_qwen3_omni.vision.processor import image_token_count
 
-REFERENCE_PYTHON = Path(os.environ.get("QWEN_TTS_REF_PYTHON", "/nonexistent/qwen-tts-ref"))
 SCRIPT = Path(__file__).parent / "reference" / "make_reference.py"
 CASES = ["text", "image", "two_images", "audio", "image_audio"]
 PARTS = ["audio_encoder", "image_encoder", "thinker"]
@@ -61,14 +61,7 @@ MAX_NEW = 32
 SEED = 2  # every case's greedy steps keep a top-1/top-2 logit margin above 3e-3
 REL_L2 = 1e-4
 
-pytestmark = [
-    pytest.mark.reference,
-    pytest.mark.skipif(
-        not REFERENCE_PYTHON.exists(),
-        reason="opt-in: set QWEN_TTS_REF_PYTHON to the reference environment's python "
-        "(make test-reference does)",
-    ),
-]
+pytestmark = opt_in
 
 
 # -- the reference, run once --------------------------------------------------------

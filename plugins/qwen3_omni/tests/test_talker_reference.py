@@ -22,11 +22,10 @@ The reference's greedy margins are recorded; a mismatch names the frame.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from reference_support import opt_in, run_reference
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
@@ -43,31 +42,16 @@ from omni_qwen3_omni.talker.model import Talker  # noqa: E402
 from omni_qwen3_omni.talker.prompt import TalkerPrompt  # noqa: E402
 from omni_qwen3_omni.talker.step import TalkerStepModel  # noqa: E402
 
-REFERENCE_PYTHON = Path(os.environ.get("QWEN_TTS_REF_PYTHON", "/nonexistent/qwen-tts-ref"))
 SCRIPT = Path(__file__).parent / "reference" / "talker_reference.py"
 CASES = ["text", "image_audio", "short", "text_eos"]
 
-pytestmark = [
-    pytest.mark.reference,
-    pytest.mark.skipif(
-        not REFERENCE_PYTHON.exists(),
-        reason="opt-in: set QWEN_TTS_REF_PYTHON to the reference environment's python "
-        "(see plugins/qwen3_tts/tests/REFERENCE.md)",
-    ),
-]
+pytestmark = opt_in
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("talker_ref")
-    proc = subprocess.run(
-        [str(REFERENCE_PYTHON), str(SCRIPT), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_reference(SCRIPT.name, str(out))
     return out
 
 

@@ -13,12 +13,11 @@ logits and recorded layer states within 1e-4 relative L2, positions exactly.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from reference_support import opt_in, run_reference
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
@@ -33,30 +32,15 @@ from omni_qwen3_omni.thinker.positions import (  # noqa: E402
     prompt_positions,
 )
 
-REFERENCE_PYTHON = Path(os.environ.get("QWEN_TTS_REF_PYTHON", "/nonexistent/qwen-tts-ref"))
 SCRIPT = Path(__file__).parent / "reference" / "thinker_reference.py"
 
-pytestmark = [
-    pytest.mark.reference,
-    pytest.mark.skipif(
-        not REFERENCE_PYTHON.exists(),
-        reason="opt-in: set QWEN_TTS_REF_PYTHON to the reference environment's python "
-        "(see plugins/qwen3_tts/tests/REFERENCE.md)",
-    ),
-]
+pytestmark = opt_in
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("thinker_ref")
-    proc = subprocess.run(
-        [str(REFERENCE_PYTHON), str(SCRIPT), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_reference(SCRIPT.name, str(out))
     return out
 
 

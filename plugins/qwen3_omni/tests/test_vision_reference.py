@@ -14,12 +14,11 @@ and deepstack features (relative L2 <= 1e-4).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from reference_support import opt_in, run_reference
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
@@ -34,30 +33,15 @@ from omni_qwen3_omni.vision.processor import (  # noqa: E402
     image_token_count,
 )
 
-REFERENCE_PYTHON = Path(os.environ.get("QWEN_TTS_REF_PYTHON", "/nonexistent/qwen-tts-ref"))
 SCRIPT = Path(__file__).parent / "reference" / "vision_reference.py"
 
-pytestmark = [
-    pytest.mark.reference,
-    pytest.mark.skipif(
-        not REFERENCE_PYTHON.exists(),
-        reason="opt-in: set QWEN_TTS_REF_PYTHON to the reference environment's python "
-        "(see plugins/qwen3_tts/tests/REFERENCE.md)",
-    ),
-]
+pytestmark = opt_in
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
     out = tmp_path_factory.mktemp("vision_reference")
-    proc = subprocess.run(
-        [str(REFERENCE_PYTHON), str(SCRIPT), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_reference(SCRIPT.name, str(out))
     data = np.load(out / "reference.npz")
     report = json.loads((out / "reference.json").read_text())
     return out, {k: data[k] for k in data.files}, report
