@@ -1,14 +1,16 @@
 """Stage factories of the Qwen3-Omni pipelines.
 
 Built in the child process that runs each stage (the parent never imports
-this module). The understanding half is real: preprocessing
-(:mod:`.preprocessing`), the two encoders, the aggregation, the thinker on
-the engine backend, and incremental detokenisation. The speech half (talker,
-code2wav) is the next piece of work; its factories say so at construction.
+this module): preprocessing (:mod:`.preprocessing`), the two encoders, the
+aggregation, the thinker and the talker on the engine backend, incremental
+detokenisation, and code2wav (the Qwen3-TTS vocoder stage over the shared
+codec decoder).
 
 Each encoder runs one request at a time (all of that request's images or
-clips in one batched call) in a worker thread; the thinker is where requests
-batch, continuously, on the engine.
+clips in one batched call) in a worker thread; the thinker and the talker are
+where requests batch, continuously, on their engines. A request's sampling
+defaults come from the checkpoint's ``generation_config.json`` (transformers'
+``generate`` ignores that file for the thinker and decodes greedily).
 """
 
 from __future__ import annotations
