@@ -33,7 +33,7 @@ from .expand import expand
 from .inventory import inventory_from_cluster
 from .model import DeploymentPlan, GpuInventory, PlacementRequest, Refusal
 from .mps import plan_mps
-from .processes import build_processes
+from .processes import build_processes, share_cpu_threads
 from .transports import check_transports
 from .usage import gpu_ledger
 from .weights import plan_weight_share, start_waves
@@ -119,6 +119,7 @@ def _plan(
     problems += gpu_problems
     processes, stages, process_problems = build_processes(expansion, assignments)
     problems += process_problems
+    share_cpu_threads(processes, config.runtime.cpu_threads)
     weight_share = plan_weight_share(config.weight_share, processes, expansion.members, problems)
     mps = plan_mps(config.mps, ledger, inventory, problems)
     endpoints = plan_endpoints(config, processes, stages, problems)

@@ -115,6 +115,11 @@ class RuntimeConfig(BaseModel):
         description="seconds a process may stay silent before it is declared unresponsive, "
         "its requests failed and it is restarted",
     )
+    cpu_threads: int | None = Field(
+        default=None,
+        description="torch (OpenMP) threads per process; default: the host's cores shared "
+        "out among the deployment's processes, at least 1 each",
+    )
     transport: str = Field(default="auto", description="transport between processes")
     edge_transports: dict[str, str] = Field(
         default_factory=dict, description='per edge, e.g. "tts_engine->vocoder" = "socket"'
@@ -136,6 +141,8 @@ class RuntimeConfig(BaseModel):
             raise ValueError(f"restart_attempts must be >= 0, got {self.restart_attempts}")
         if self.restart_backoff < 0:
             raise ValueError(f"restart_backoff must be >= 0, got {self.restart_backoff}")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if self.max_inflight is not None and self.max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
         for edge in self.edge_transports:

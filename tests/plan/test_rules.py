@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from omni_core.errors import ConfigError
 from omni_core.plan import GpuInventory, plan_deployment
+from omni_core.schema.deployment import RuntimeConfig
 from omni_qwen3_omni.pipeline import Qwen3OmniSpeechPipeline
 from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
 
@@ -113,7 +115,25 @@ def test_agreeing_env_defaults_merge(plugins, configure):
         Qwen3TTSPipeline,
         {"tts_engine": {"env": {"A": "1", "B": "2"}}, "vocoder": {"env": {"A": "1"}}},
     )
-    assert plan_deployment(config, plugins=plugins).process("pipeline").env == {"A": "1", "B": "2"}
+    env = plan_deployment(config, plugins=plugins).process("pipeline").env
+    assert {k: v for k, v in env.items() if k != "OMP_NUM_THREADS"} == {"A": "1", "B": "2"}
+
+
+def test_each_process_gets_its_share_of_the_cores_unless_told(plugins, configure):
+    cores = len(os.sched_getaffinity(0))
+    split = configure(Qwen3TTSPipeline, {"vocoder": {"process": "codec"}})
+    shares = {
+        p.name: p.env["OMP_NUM_THREADS"] for p in plan_deployment(split, plugins=plugins).processes
+    }
+    assert shares == {"pipeline": str(max(1, cores // 2)), "codec": str(max(1, cores // 2))}
+    pinned = configure(
+        Qwen3TTSPipeline,
+        {"vocoder": {"process": "codec", "env": {"OMP_NUM_THREADS": "3"}}},
+        runtime=RuntimeConfig(cpu_threads=5),
+    )
+    plan = plan_deployment(pinned, plugins=plugins)
+    assert plan.process("pipeline").env["OMP_NUM_THREADS"] == "5"  # runtime.cpu_threads
+    assert plan.process("codec").env["OMP_NUM_THREADS"] == "3"  # a stage's own env wins
 
 
 def test_all_reasons_are_reported_together(plugins, h100, configure):
