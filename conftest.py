@@ -12,6 +12,9 @@ import os
 
 import pytest
 
+# The fixtures plugin authors load too (plugins, short_tmp), for every suite here.
+pytest_plugins = ["omni_core.testing"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow", action="store_true", help="also run the tests marked slow")

@@ -10,24 +10,21 @@ refuse fails before any process starts.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omni_qwen3_tts.source import ResolvedPath
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 HUB_PATTERNS = ["*.json", "*.safetensors", "vocab.json", "merges.txt", "*.jinja"]
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
-@dataclass(frozen=True)
-class ResolvedPath:
-    path: Path
-    preset: str | None = None
-
-
 def available_presets() -> list[str]:
-    if not PRESETS_DIR.is_dir():
-        return []
-    return sorted(p.name for p in PRESETS_DIR.iterdir() if (p / "config.json").is_file())
+    from omni_qwen3_tts.source import available_presets as listed
+
+    return listed(PRESETS_DIR)
 
 
 def _preset(name: str) -> str | None:
@@ -38,24 +35,16 @@ def _preset(name: str) -> str | None:
 
 
 def resolve_model_path(name: str, allow_download: bool = True) -> ResolvedPath:
-    preset = _preset(name)
-    if preset is not None:
-        return ResolvedPath(PRESETS_DIR / preset, preset=preset)
-    local = Path(name).expanduser()
-    if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise FileNotFoundError(f"{local}: not a Qwen3-Omni checkpoint (no config.json)")
-        return ResolvedPath(local)
-    if local.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
-        raise FileNotFoundError(
-            f"model {name!r} is neither a directory, a preset ({', '.join(available_presets())}) "
-            "nor a hub id of the form owner/name"
-        )
-    if not allow_download:
-        raise FileNotFoundError(f"model {name!r} is not a local directory and downloads are off")
-    from omni_qwen3_tts.source import download
+    """A preset of this plugin, a local directory, or a hub id (the shared Qwen resolver)."""
+    from omni_qwen3_tts.source import resolve_model_path as resolve
 
-    return ResolvedPath(download(name, HUB_PATTERNS))
+    return resolve(
+        name,
+        allow_download,
+        presets_dir=PRESETS_DIR,
+        patterns=HUB_PATTERNS,
+        family="Qwen3-Omni",
+    )
 
 
 Problem = tuple[tuple[tuple[str, ...], ...], str, str]

@@ -1,4 +1,5 @@
-"""Fixtures for the Qwen3-Omni plugin's tests: the core's testing helpers, media samples."""
+"""The Qwen3-Omni plugin's tests import media samples from here (the core's testing
+fixtures come from the repository's top-level conftest)."""
 
 from __future__ import annotations
 
@@ -6,5 +7,3 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # media_samples
-
-from omni_core.testing import short_tmp  # noqa: F401 - a fixture

@@ -32,32 +32,44 @@ class ResolvedPath:
     preset: str | None = None
 
 
-def available_presets() -> list[str]:
-    return sorted(p.name for p in PRESETS_DIR.iterdir() if (p / "config.json").is_file())
+def available_presets(presets_dir: Path = PRESETS_DIR) -> list[str]:
+    if not presets_dir.is_dir():
+        return []
+    return sorted(p.name for p in presets_dir.iterdir() if (p / "config.json").is_file())
 
 
-def resolve_model_path(name: str, allow_download: bool = True) -> ResolvedPath:
+def resolve_model_path(
+    name: str,
+    allow_download: bool = True,
+    *,
+    presets_dir: Path = PRESETS_DIR,
+    patterns: list[str] | None = None,
+    family: str = "Qwen3-TTS",
+) -> ResolvedPath:
     """A preset name (``tiny`` / ``preset:tiny``), a local directory, or a hub id.
 
     A hub id is fetched with ``huggingface_hub`` (from its cache first); when
     that fails (offline, unknown repo) the error says how to get the files.
+    The Qwen3-Omni plugin resolves its own presets and hub files through this
+    too (``presets_dir``, ``patterns``, ``family`` for the messages).
     """
     preset = name.removeprefix("preset:")
-    if (PRESETS_DIR / preset / "config.json").is_file() and not Path(name).exists():
-        return ResolvedPath(PRESETS_DIR / preset, preset=preset)
+    if (presets_dir / preset / "config.json").is_file() and not Path(name).exists():
+        return ResolvedPath(presets_dir / preset, preset=preset)
     local = Path(name).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
-            raise FileNotFoundError(f"{local}: not a Qwen3-TTS checkpoint (no config.json)")
+            raise FileNotFoundError(f"{local}: not a {family} checkpoint (no config.json)")
         return ResolvedPath(local)
     if local.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
+        presets = ", ".join(available_presets(presets_dir)) or "none"
         raise FileNotFoundError(
-            f"model {name!r} is neither a directory, a preset ({', '.join(available_presets())}) "
+            f"model {name!r} is neither a directory, a preset ({presets}) "
             "nor a hub id of the form owner/name"
         )
     if not allow_download:
         raise FileNotFoundError(f"model {name!r} is not a local directory and downloads are off")
-    return ResolvedPath(download(name))
+    return ResolvedPath(download(name, patterns))
 
 
 def download(repo: str, patterns: list[str] | None = None) -> Path:

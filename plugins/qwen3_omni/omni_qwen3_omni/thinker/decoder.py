@@ -30,7 +30,7 @@ from typing import overload
 import torch
 from torch import nn
 
-from omni_qwen3_tts.layers import Attention, KVStore, RMSNorm, mrope_cos_sin, register_rope
+from omni_qwen3_tts.layers import DecoderLayer, KVStore, RMSNorm, mrope_cos_sin, register_rope
 
 from ..config import TextConfig
 from .moe import make_mlp
@@ -38,36 +38,6 @@ from .moe import make_mlp
 #: One deepstack set: flat indexes ``b * T + t`` of the visual tokens in this
 #: call, and the features ``[n, H]`` to add there (row ``j`` at ``index[j]``).
 DeepstackSet = tuple[torch.Tensor, torch.Tensor]
-
-
-class ThinkerDecoderLayer(nn.Module):
-    """``model.layers.N``: attention and feed-forward, each pre-normed and residual."""
-
-    def __init__(self, cfg: TextConfig, layer: int):
-        super().__init__()
-        self.self_attn = Attention(
-            cfg.hidden_size,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-            layer,
-            bias=cfg.attention_bias,
-            qk_norm_eps=cfg.rms_norm_eps,
-        )
-        self.mlp = make_mlp(cfg, layer)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | None,
-        store: KVStore | None,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, store)
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class ThinkerTextModel(nn.Module):
@@ -78,7 +48,9 @@ class ThinkerTextModel(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            ThinkerDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)
+            # Qwen3's block (shared with Qwen3-TTS), the feed-forward a mixture of experts
+            DecoderLayer(cfg, i, mlp=make_mlp(cfg, i))  # type: ignore[arg-type]
+            for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         register_rope(self, cfg.head_dim, cfg.rope_theta)
