@@ -121,6 +121,7 @@ def _dummy() -> list[str]:
     return flags
 
 
+@pytest.mark.slow
 async def test_the_talker_speaks_before_the_thinker_has_finished(short_tmp):
     async with _planned(short_tmp / "early", frames=LONG).runtime() as runtime:
         data = _spoken([{"role": "user", "content": "Tell me a long story"}], max_tokens=200)
