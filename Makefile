@@ -54,10 +54,45 @@ plan: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/omni serve $(EXAMPLE)
 
-# Opt-in parity with the official qwen-tts package and transformers' qwen3_omni_moe,
-# in their own environment (qwen-tts pins transformers 4.57.3, which has
-# qwen3_omni_moe); see plugins/qwen3_tts/tests/REFERENCE.md.
-test-reference: $(STAMP)
+# Opt-in parity with the official implementations, each in its own environment,
+# never in omni's: qwen-tts and transformers' qwen3_omni_moe (qwen-tts pins
+# transformers 4.57.3, which has qwen3_omni_moe; see
+# plugins/qwen3_tts/tests/REFERENCE.md), and OpenMOSS's MOSS-TTS (remote code for
+# transformers 5.0.0, run from the sources at pinned commits; see
+# plugins/moss_tts/tests/REFERENCE.md). Both environments see omni's CPU torch
+# through a .pth file instead of downloading one.
+MOSS_REFERENCE_VENV ?= /tmp/moss-tts-ref
+MOSS_TTS_GIT ?= https://github.com/OpenMOSS/MOSS-TTS.git
+MOSS_CODEC_GIT ?= https://github.com/OpenMOSS/MOSS-Audio-Tokenizer.git
+MOSS_TTS_COMMIT ?= 58b20a0d5fcc6766658d50967a90a9d890009a46
+MOSS_CODEC_COMMIT ?= 56df9eeb88f7236419dbf6328cd2e51f4dc21eeb
+
+# The registry has no torchaudio for torch 2.13 and its wheels are CUDA builds
+# whose extension cannot load here: 2.11.1 goes in without dependencies and its
+# lib/*.so is moved aside, leaving the pure-Python functional.resample the MOSS
+# processor imports. Built when the stamp is missing (a half-built directory is
+# removed first).
+.PHONY: moss-reference-env
+moss-reference-env: $(STAMP)
+	test -f $(MOSS_REFERENCE_VENV)/.omni-moss-ref || ( \
+	  rm -rf $(MOSS_REFERENCE_VENV) && \
+	  $(PYTHON) -m venv $(MOSS_REFERENCE_VENV) && \
+	  echo "$(CURDIR)/$(VENV)/lib/python3.11/site-packages" \
+	    > $(MOSS_REFERENCE_VENV)/lib/python3.11/site-packages/zz_omni_torch.pth && \
+	  $(MOSS_REFERENCE_VENV)/bin/pip install $(PIP_QUIET) transformers==5.0.0 \
+	    safetensors soundfile numpy tqdm && \
+	  $(MOSS_REFERENCE_VENV)/bin/pip install $(PIP_QUIET) --no-deps torchaudio==2.11.1 && \
+	  sp=$(MOSS_REFERENCE_VENV)/lib/python3.11/site-packages && \
+	  mkdir -p $$sp/torchaudio/lib.cuda-disabled && \
+	  mv $$sp/torchaudio/lib/*.so $$sp/torchaudio/lib.cuda-disabled/ && \
+	  git clone --quiet --no-checkout $(MOSS_TTS_GIT) $(MOSS_REFERENCE_VENV)/src/MOSS-TTS && \
+	  git -C $(MOSS_REFERENCE_VENV)/src/MOSS-TTS checkout --quiet $(MOSS_TTS_COMMIT) && \
+	  git clone --quiet --no-checkout $(MOSS_CODEC_GIT) $(MOSS_REFERENCE_VENV)/src/MOSS-Audio-Tokenizer && \
+	  git -C $(MOSS_REFERENCE_VENV)/src/MOSS-Audio-Tokenizer checkout --quiet $(MOSS_CODEC_COMMIT) && \
+	  $(MOSS_REFERENCE_VENV)/bin/python -c "import transformers, torchaudio.functional, soundfile" && \
+	  touch $(MOSS_REFERENCE_VENV)/.omni-moss-ref )
+
+test-reference: $(STAMP) moss-reference-env
 	test -x $(REFERENCE_VENV)/bin/python || ( \
 	  $(PYTHON) -m venv $(REFERENCE_VENV) && \
 	  echo "$(CURDIR)/$(VENV)/lib/python3.11/site-packages" \
@@ -69,8 +104,10 @@ test-reference: $(STAMP)
 	  sp=$(REFERENCE_VENV)/lib/python3.11/site-packages && \
 	  mkdir -p $$sp/torchaudio/compliance && touch $$sp/torchaudio/__init__.py \
 	    $$sp/torchaudio/compliance/__init__.py $$sp/torchaudio/compliance/kaldi.py )
-	QWEN_TTS_REF_PYTHON=$(REFERENCE_VENV)/bin/python $(BIN)/pytest -q \
-	  plugins/qwen3_tts/tests plugins/qwen3_omni/tests -m reference
+	QWEN_TTS_REF_PYTHON=$(REFERENCE_VENV)/bin/python \
+	  MOSS_TTS_REF_PYTHON=$(MOSS_REFERENCE_VENV)/bin/python \
+	  MOSS_TTS_REF_SRC=$(MOSS_REFERENCE_VENV)/src $(BIN)/pytest -q \
+	  plugins/qwen3_tts/tests plugins/qwen3_omni/tests plugins/moss_tts/tests -m reference
 
 bench: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(BIN)/python $$script || exit 1; done

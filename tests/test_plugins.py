@@ -17,7 +17,6 @@ from omni_core import (
     EngineArgs,
     EngineStageConfig,
     FactoryArgs,
-    NotImplementedYet,
     OmniPlugins,
     PipelineConfig,
     PluginError,
@@ -27,7 +26,7 @@ from omni_core import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
-from installed_plugins import INSTALLED, MODELS
+from installed_plugins import INSTALLED
 
 
 def external(plugins: OmniPlugins) -> dict[str, dict[str, Any]]:
@@ -728,40 +727,6 @@ def test_a_wrapper_plugin_times_construction_without_replacing_it(
         ("vocoder", "ConfigError"),
     ]
     assert all(seconds >= 0 for _, seconds, _ in timer.timings)
-
-
-# Pipelines whose model code has landed (tested in their plugin).
-IMPLEMENTED = {"qwen3-tts", "qwen3-omni", "qwen3-omni-colocated", "qwen3-omni-text"}
-
-
-def _every_stage() -> list[tuple[str, str]]:
-    plugins = OmniPlugins(env={})
-    return [
-        (name, stage.name)
-        for name, registered in sorted(plugins.pipelines().items())
-        if name not in IMPLEMENTED and registered.plugin in MODELS
-        for stage in registered.value.default_stages()
-    ]
-
-
-@pytest.mark.parametrize(("pipeline", "stage_name"), _every_stage())
-def test_model_stage_factories_say_they_are_not_implemented_yet(
-    plugins: OmniPlugins, pipeline: str, stage_name: str
-) -> None:
-    """Each declared stage reaches its factory (the kwargs fit), which refuses honestly."""
-    config = plugins.pipeline(pipeline)()
-    stage = config.stage(stage_name)
-    context = StageContext(
-        instance=stage_name,
-        process=config.process_of(stage),
-        gpu_ids=tuple(stage.gpu_ids),
-        gpu_memory_fraction=stage.gpu_memory_fraction,
-    )
-    with pytest.raises(NotImplementedYet) as caught:
-        plugins.build_stage(stage, config, context)
-    message = str(caught.value)
-    assert f"stage {stage_name!r} cannot be built yet" in message
-    assert "not implemented" in message
 
 
 def test_every_installed_pipeline_builds_its_default_config(plugins: OmniPlugins) -> None:

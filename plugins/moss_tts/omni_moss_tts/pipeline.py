@@ -12,23 +12,36 @@ from pydantic import Field
 
 from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfig
 from omni_core.schema import DType, LoadFormat
+from omni_core.schema.pipeline import SourceProblem
 
 PACKAGE = "omni_moss_tts.stages"
 
 
 class PreprocessingArgs(FactoryArgs):
     max_ref_audio_seconds: float = Field(default=30.0, gt=0)
+    # per-request cap on audio frames (12.5 per second); default: generation_config's
+    max_frames: int | None = Field(default=None, ge=1)
 
 
 class EngineFactoryArgs(FactoryArgs):
-    dtype: DType = "bfloat16"
-    load_format: LoadFormat = "auto"
+    dtype: DType | None = None  # default: bfloat16 on CUDA, float32 on CPU
+    load_format: LoadFormat = "auto"  # dummy: seeded random weights
+    seed: int = Field(default=0, ge=0)  # of dummy weights
+    # the MOSS audio tokenizer checkpoint; default: processor_config.json's, else the hub's
+    codec_path: str | None = None
+    # CPU only: repack the backbone's float32 linear weights for oneDNN
+    pack_weights: bool = True
 
 
 class VocoderArgs(FactoryArgs):
-    dtype: DType = "float32"
+    load_format: LoadFormat = "auto"
+    seed: int = Field(default=0, ge=0)
+    codec_path: str | None = None
+    # frames in the first audio chunk (4 frames = 0.32 s); later chunks double up to max
+    chunk_frames: int = Field(default=4, ge=1)
+    max_chunk_frames: int | None = Field(default=48, ge=1)
+    # chunks of concurrent requests decoded together (default: 16 GPU, 1 CPU)
     max_batch_size: int | None = Field(default=None, ge=1)
-    chunk_frames: int = Field(default=12, ge=1)
 
 
 class MossTTSPipeline(PipelineConfig):
@@ -44,6 +57,9 @@ class MossTTSPipeline(PipelineConfig):
     )
     entry_stage: ClassVar[str] = "preprocessing"
     default_model_path: ClassVar[str] = "OpenMOSS-Team/MOSS-TTS"
+    api: ClassVar[tuple[str, ...]] = ("speech",)
+    audio_stage: ClassVar[str | None] = "vocoder"
+    sample_rate: ClassVar[int | None] = 24000
 
     @classmethod
     def default_stages(cls) -> list[StageConfig]:
@@ -73,3 +89,15 @@ class MossTTSPipeline(PipelineConfig):
                 factory=VocoderArgs(),
             ),
         ]
+
+    def model_source_problems(self) -> list[SourceProblem]:
+        from .source import source_problems  # torch-free
+
+        formats, codecs = {}, {}
+        for stage in self.stages:
+            fields = type(stage.factory).model_fields
+            if "load_format" in fields:
+                formats[stage.name] = stage.factory.load_format
+            if "codec_path" in fields:
+                codecs[stage.name] = stage.factory.codec_path
+        return source_problems(self.model_path, formats, codecs)

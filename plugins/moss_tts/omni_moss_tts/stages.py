@@ -1,41 +1,301 @@
-"""Stage factories of the MOSS-TTS pipeline.
+"""Stage factories of the MOSS-TTS pipeline: preprocessing, tts_engine, vocoder.
 
-The model code (backbone with 33 summed embeddings, delay pattern, audio
-tokenizer decoder) has not landed yet; each factory says so at construction.
+Built in the child process that runs them (the parent never imports this
+module), so torch is imported freely.
+
+* preprocessing: checks the speech request (400 on bad input, naming the
+  field), decodes a reference clip under the media limits, fixes sampling;
+* tts_engine: encodes a reference clip with the codec, builds the prompt and
+  generates through the engine backend (continuous batching), streaming each
+  frame as soon as its 32nd codebook exists (already un-delayed);
+* vocoder: decodes frames statefully with the codec (every frame once, the
+  stream equal to a full decode) and streams 24 kHz audio.
+
+Stages in one process share one network and one codec (loaders memoised per
+process and arguments).
 """
 
 from __future__ import annotations
 
-from omni_core import NotImplementedYet
+import functools
+from typing import Any
+
+import anyio
+import numpy as np
+import torch
+
+from omni_core import RequestError
+from omni_core.engine.backends import create_engine
+from omni_core.engine.interface import EngineSettings, SamplingParams, check_sampling
+from omni_core.media import AudioLimits, decode_base64_audio
+from omni_qwen3_tts.stages import Vocoder, torch_device
+from omni_qwen3_tts.tokenizer import TextTokenizer
+
+from .codec import AudioTokenizer, prepare_reference
+from .loading import load_codec, model_root, read_config
+from .model import MossTTSModel, RequestPrompt, TextSampling
+from .prompt import PromptBuilder, PromptError
+
+SAMPLE_RATE = 24000
+MIN_REF_AUDIO_SECONDS = 0.5  # under ~6 frames the codec has too little of the voice
+SILENCE_DBFS = -60.0  # a reference quieter than this has no voice to clone
+TEXT_STEPS = 64  # engine steps allowed beyond the frames and the drain (text before audio)
+DEFAULT_VOICE = "default"  # the model's own voice: the release ships no named speakers
+REQUEST_KEYS = {
+    # OpenAI's speech fields
+    "model", "input", "voice", "response_format", "speed", "instructions", "stream",
+    "stream_format",
+    # MOSS-TTS's message fields and voice cloning
+    "language", "tokens", "ref_audio", "ref_text",
+    # sampling: audio (the OpenAI-style names) and the text channel
+    "temperature", "top_k", "top_p", "repetition_penalty", "seed", "max_frames",
+    "text_temperature", "text_top_k", "text_top_p",
+}  # fmt: skip
 
 
-def _not_yet(stage: str) -> NotImplementedYet:
-    return NotImplementedYet(
-        f"omni-moss-tts: stage {stage!r} cannot be built yet: the MOSS-TTS model code "
-        "is not implemented in this release",
-        hint="plan and inspect the deployment with `omni plan`; serving needs the model code",
+@functools.lru_cache(maxsize=4)
+def shared_codec(
+    model_path: str, codec_path: str | None, load_format: str, device: str, seed: int
+) -> AudioTokenizer:
+    """One codec per process and settings: the engine encodes references, the vocoder decodes."""
+    return load_codec(model_path, codec_path, load_format, torch.device(device), seed)
+
+
+@functools.lru_cache(maxsize=4)
+def load_model(
+    model_path: str,
+    load_format: str,
+    dtype: str | None,
+    device: str,
+    seed: int,
+    codec_path: str | None,
+) -> MossTTSModel:
+    codec = shared_codec(model_path, codec_path, load_format, device, seed)
+    return MossTTSModel.from_pretrained(
+        model_path, load_format=load_format, dtype=dtype, device=device, seed=seed, codec=codec
     )
 
 
-def create_preprocessing(model_path: str, max_ref_audio_seconds: float = 30.0):
-    raise _not_yet("preprocessing")
+# -- preprocessing ---------------------------------------------------------------
+
+
+def _number(data: dict[str, Any], key: str, default: Any, kind: type) -> Any:
+    value = data.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PromptError(f"{key!r} must be a number, got {value!r}")
+    if kind is int and value != int(value):
+        raise PromptError(f"{key!r} must be an integer, got {value!r}")
+    return kind(value)
+
+
+def _text(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise PromptError(f"{key!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+class Preprocessing:
+    def __init__(self, model_path: str, max_ref_audio_seconds: float, max_frames: int | None):
+        root = model_root(model_path, "dummy")
+        self.config, self.defaults = read_config(root)
+        self.prompts = PromptBuilder(self.config, TextTokenizer.from_dir(root))
+        self.max_ref_audio_seconds = max_ref_audio_seconds
+        self.max_frames = max_frames or self.defaults.max_new_tokens
+
+    async def run(self, request: Any) -> dict[str, Any]:
+        data = dict(request.data or {})
+        unknown = sorted(set(data) - REQUEST_KEYS)
+        if unknown:
+            raise RequestError(
+                f"unknown field {unknown[0]!r} for moss-tts",
+                hint="accepted: " + ", ".join(sorted(REQUEST_KEYS)),
+            )
+        try:
+            return self._checked(data)
+        except PromptError as exc:
+            raise RequestError(str(exc)) from None
+
+    def _checked(self, data: dict[str, Any]) -> dict[str, Any]:
+        if data.get("speed", 1.0) not in (1, 1.0, None):
+            raise PromptError(
+                "moss-tts does not change speed; omit 'speed' (or send 1.0) and use 'tokens' "
+                "(the expected length in frames, 12.5 per second) to control duration"
+            )
+        voice = data.get("voice")
+        if voice not in (None, "", DEFAULT_VOICE):
+            raise PromptError(
+                f"unknown voice {voice!r}: MOSS-TTS ships no named voices; voices: "
+                f"{DEFAULT_VOICE!r} (the model's own), or clone one with 'ref_audio'"
+            )
+        text = _text(data, "input") or ""
+        if not text.strip():
+            raise PromptError("'input' is empty: there is nothing to speak")
+        message = {
+            "text": text,
+            "language": _text(data, "language"),
+            "instruction": _text(data, "instructions"),
+            "reference_text": _text(data, "ref_text"),
+            "tokens": None,
+        }
+        if data.get("tokens") is not None:
+            tokens = _number(data, "tokens", None, int)
+            if not 1 <= tokens <= self.max_frames:
+                raise PromptError(f"'tokens' must be in 1..{self.max_frames} frames, got {tokens}")
+            message["tokens"] = tokens
+        for key, field in (
+            ("input", "text"),
+            ("language", "language"),
+            ("instructions", "instruction"),
+        ):
+            if message[field] is not None:
+                self.prompts.check_text(key, message[field])  # type: ignore[arg-type]
+        clip = None
+        if data.get("ref_audio"):
+            clip = self._reference_audio(data["ref_audio"])
+        elif message["reference_text"]:
+            raise PromptError("'ref_text' is the transcript of 'ref_audio', which is missing")
+        if message["reference_text"] is not None:
+            self.prompts.check_text("ref_text", message["reference_text"])  # type: ignore[arg-type]
+        return {"message": message, "ref_audio": clip, **self._sampling(data)}
+
+    def _reference_audio(self, encoded: Any) -> np.ndarray:
+        """The clip as mono float32 24 kHz, loudness-normalised as the release's processor does."""
+        clip = decode_base64_audio(
+            encoded,
+            "ref_audio",
+            AudioLimits(max_seconds=self.max_ref_audio_seconds, min_seconds=MIN_REF_AUDIO_SECONDS),
+        )
+        samples = clip.samples.mean(axis=1)
+        rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)) + 1e-20))
+        if 20 * np.log10(rms) < SILENCE_DBFS:
+            raise PromptError(
+                f"'ref_audio' is silent ({20 * np.log10(rms):.0f} dBFS): record the voice to clone"
+            )
+        return prepare_reference(samples, clip.rate).numpy()
+
+    def _sampling(self, data: dict[str, Any]) -> dict[str, Any]:
+        d = self.defaults
+        max_frames = _number(data, "max_frames", self.max_frames, int)
+        if not 1 <= max_frames <= self.max_frames:
+            raise PromptError(f"'max_frames' must be in 1..{self.max_frames}, got {max_frames}")
+        audio = SamplingParams(
+            temperature=_number(data, "temperature", d.audio_temperature, float),
+            top_k=_number(data, "top_k", d.audio_top_k, int),
+            top_p=_number(data, "top_p", d.audio_top_p, float),
+            repetition_penalty=_number(
+                data, "repetition_penalty", d.audio_repetition_penalty, float
+            ),
+            seed=_number(data, "seed", None, int),
+            max_new_tokens=max_frames + self.config.n_vq + TEXT_STEPS,
+        )
+        text = TextSampling(
+            temperature=_number(data, "text_temperature", d.text_temperature, float),
+            top_k=_number(data, "text_top_k", d.text_top_k, int),
+            top_p=_number(data, "text_top_p", d.text_top_p, float),
+        )
+        for params in (audio, SamplingParams(text.temperature, text.top_k, text.top_p)):
+            check_sampling(params)
+        return {"sampling": audio, "text_sampling": text, "max_frames": max_frames}
+
+
+def create_preprocessing(
+    model_path: str, max_ref_audio_seconds: float = 30.0, max_frames: int | None = None
+) -> Preprocessing:
+    return Preprocessing(model_path, max_ref_audio_seconds, max_frames)
+
+
+# -- tts_engine -------------------------------------------------------------------
+
+
+class TTSEngine:
+    def __init__(self, model: MossTTSModel, engine: Any):
+        self.model, self.engine = model, engine
+
+    async def run(self, request: Any) -> dict[str, Any]:
+        data = request.data
+        prompt = await anyio.to_thread.run_sync(self._prompt, data)
+        submitted = RequestPrompt(prompt, data["text_sampling"])
+        frames, finish = 0, None
+        async with self.engine.submit(request.request_id, submitted, data["sampling"]) as stream:
+            async for step in stream:
+                if step.context.shape[0]:
+                    # A continuation's reference frames: the codec's context, never played.
+                    await request.emit({"reference": step.context})
+                for frame in step.frames:
+                    await request.emit(frame)
+                    frames += 1
+                finish = step.finish_reason or finish
+        reason = finish or stream.finish_reason
+        await request.emit({"finish_reason": reason})
+        return {"frames": frames, "finish_reason": reason}
+
+    def _prompt(self, data: dict[str, Any]) -> Any:
+        message = dict(data["message"])
+        reference = continuation = None
+        if data.get("ref_audio") is not None:
+            codes = self.model.encode_reference(torch.from_numpy(data["ref_audio"]))
+            reference = codes
+            if message.get("reference_text"):
+                continuation = codes  # the release's continuation cloning (prefix audio)
+        assert self.model.prompts is not None
+        try:
+            return self.model.prompts.build(
+                message.pop("text"),
+                max_frames=data["max_frames"],
+                reference=reference,
+                continuation=continuation,
+                **message,
+            )
+        except PromptError as exc:
+            raise RequestError(str(exc)) from None
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
 
 
 def create_tts_engine(
     model_path: str,
     gpu_id: int | None = None,
     gpu_memory_fraction: float | None = None,
-    dtype: str = "bfloat16",
+    engine_settings: EngineSettings | None = None,
+    dtype: str | None = None,
     load_format: str = "auto",
-):
-    raise _not_yet("tts_engine")
+    seed: int = 0,
+    codec_path: str | None = None,
+    pack_weights: bool = True,
+) -> TTSEngine:
+    settings = engine_settings or EngineSettings()
+    if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
+        settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
+    device = torch_device(gpu_id, "tts_engine")
+    model = load_model(model_path, load_format, dtype, device, seed, codec_path)
+    if pack_weights and device == "cpu":
+        from omni_core.engine.cpu_linear import pack_linear_weights
+
+        # the backbone's layers only: the heads are read as raw weights (model.network)
+        pack_linear_weights(model.network.language_model)
+    return TTSEngine(model, create_engine(model, settings, device=device))
+
+
+# -- vocoder ----------------------------------------------------------------------
 
 
 def create_vocoder(
     model_path: str,
     gpu_id: int | None = None,
-    dtype: str = "float32",
+    load_format: str = "auto",
+    seed: int = 0,
+    codec_path: str | None = None,
+    chunk_frames: int = 4,
+    max_chunk_frames: int | None = 48,
     max_batch_size: int | None = None,
-    chunk_frames: int = 12,
-):
-    raise _not_yet("vocoder")
+) -> Vocoder:
+    """Stateful streaming decode with the MOSS codec, through Qwen3-TTS's streaming vocoder."""
+    device = torch_device(gpu_id, "vocoder")
+    codec = shared_codec(model_path, codec_path, load_format, device, seed)
+    return Vocoder(codec, chunk_frames, None, max_batch_size, max_chunk_frames, SAMPLE_RATE)

@@ -296,7 +296,8 @@ class Vocoder:
         sample_rate: int = SAMPLE_RATE,
     ):
         """``decoder``: a codec decoder (``speech_tokenizer.decoder.CodecDecoder``), shared
-        with Qwen3-Omni's code2wav, which streams through this same class."""
+        with Qwen3-Omni's code2wav, which streams through this same class, as does
+        MOSS-TTS's codec: anything with ``new_stream()`` and ``stream_rows()``."""
         if chunk_frames < 1:
             raise ValueError(f"factory.chunk_frames must be >= 1, got {chunk_frames}")
         if left_context_frames is not None and left_context_frames < 0:
@@ -372,10 +373,10 @@ class Vocoder:
         a later one), where a codec that looks ahead gives rows of different
         lengths, so each row's audio comes back on its own.
         """
-        from .speech_tokenizer.streaming import StreamState
-
         with torch.inference_mode():
-            batch = StreamState.stack(streams)
+            # The decoder's own state type (this package's StreamState, or the MOSS
+            # codec's): each offers stack / split / adopt for batching streams.
+            batch = type(streams[0]).stack(streams)
             rows = self.decoder.stream_rows(codes.to(self.device).clamp(min=0), batch)
         if len(streams) > 1:
             for stream, row in zip(streams, batch.split([1] * len(streams)), strict=True):

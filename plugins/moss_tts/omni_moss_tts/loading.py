@@ -1,0 +1,137 @@
+"""Loading the MOSS-TTS network and its codec: strict by name, or seeded dummy weights.
+
+Both checkpoints load through the same strict loader as Qwen3-TTS
+(``omni_qwen3_tts.weights``): every tensor must land in a parameter of the
+same name and shape, and every parameter must be filled, or the error names
+what did not match. ``load_format = "dummy"`` fills seeded random weights
+from the configs alone (what the ``tiny`` preset and the benchmarks use).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from omni_qwen3_tts.weights import (
+    LOAD_FORMATS,
+    build_empty,
+    checkpoint_files,
+    dummy_fill,
+    load_state,
+    parse_dtype,
+    read_json,
+)
+
+from .codec import AudioTokenizer, CodecConfig, dummy_fill_codec
+from .config import GenerationDefaults, MossTTSConfig
+from .network import MossNetwork
+from .source import resolve_codec, resolve_model
+
+
+def check_load_format(load_format: str) -> None:
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
+
+
+def model_root(model_path: str, load_format: str) -> Path:
+    resolved = resolve_model(model_path)
+    if resolved.preset is not None and load_format != "dummy":
+        raise ValueError(
+            f"preset {resolved.preset!r} ships configs and tokenizer files only, no weights; "
+            "load it with load_format='dummy'"
+        )
+    return resolved.path
+
+
+def read_config(root: Path) -> tuple[MossTTSConfig, GenerationDefaults]:
+    config = MossTTSConfig.from_dict(read_json(root / "config.json"), f"{root}/config.json")
+    defaults = GenerationDefaults.from_dict(
+        read_json(root / "generation_config.json", required=False)
+    )
+    return config, defaults
+
+
+def load_network(
+    root: Path,
+    config: MossTTSConfig,
+    load_format: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+) -> MossNetwork:
+    network = build_empty(lambda: MossNetwork(config), device, dtype)
+    if load_format == "dummy":
+        dummy_fill(network, seed)
+        _steer_dummy(network)
+    else:
+        load_state(network, checkpoint_files(root), f"{root}")
+    return network
+
+
+def _steer_dummy(network: MossNetwork) -> None:
+    """Make random weights speak: enter audio at once, then end each frame with odds 1 in 60.
+
+    Only for ``dummy`` weights (the demo, tests of the serving path,
+    benchmarks). Fully random weights make the text head pick a random token
+    every step, so the model would write text and never enter audio. Here one
+    hidden dimension carries a constant from the text embedding, large enough
+    to dominate the final normed state, and the text head reads only that
+    dimension for the audio ids: ``audio_start`` and the gen slot score about
+    12, the delay slot 6 less (at the release's text temperature of 1.5 the
+    segment then ends after about 60 frames, 5 s, when sampled; greedy runs to
+    the frame cap), everything else about 0. Audio codes stay random.
+    """
+    cfg = network.cfg
+    hidden = cfg.backbone.hidden_size
+    dim = hidden - 1
+    share = 0.8  # of the final normed state's norm carried by ``dim``
+    with torch.no_grad():
+        for table in (network.language_model.embed_tokens, *network.emb_ext):
+            table.weight.mul_(cfg.channels**-0.5)  # the sum of 33 rows: unit variance
+        network.language_model.embed_tokens.weight[:, dim] = (
+            share / (1 - share**2) ** 0.5
+        ) * hidden**0.5
+        for table in network.emb_ext:
+            table.weight[:, dim] = 0.0
+        head = network.lm_heads[0].weight
+        head[:, dim] = 0.0
+        unit = 1.0 / (share * hidden**0.5)
+        for token, logit in (
+            (cfg.audio_start_token_id, 12.0),
+            (cfg.audio_assistant_gen_slot_token_id, 12.0),
+            (cfg.audio_assistant_delay_slot_token_id, 6.0),
+            (cfg.im_end_token_id, 12.0),
+        ):
+            head[token] = 0.0
+            head[token, dim] = logit * unit
+
+
+def load_codec(
+    model_path: str,
+    codec_path: str | None,
+    load_format: str,
+    device: torch.device,
+    seed: int,
+) -> AudioTokenizer:
+    """The codec, in float32 (it is small next to the backbone, and bf16 audio is worse)."""
+    check_load_format(load_format)
+    root = model_root(model_path, load_format)
+    directory = resolve_codec(root, codec_path)
+    cfg = CodecConfig.from_dict(read_json(directory / "config.json"))
+    codec = build_empty(lambda: AudioTokenizer(cfg), device, torch.float32)
+    if load_format == "dummy":
+        dummy_fill_codec(codec, seed + 1)
+    else:
+        load_state(codec, checkpoint_files(directory), f"{directory}")
+    return codec
+
+
+__all__ = [
+    "check_load_format",
+    "load_codec",
+    "load_network",
+    "model_root",
+    "parse_dtype",
+    "read_config",
+]

@@ -1,0 +1,166 @@
+"""MOSS-TTS prompts and generation on the tiny preset (dummy weights), alone and in the engine."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from omni_core.engine.backends import create_engine  # noqa: E402
+from omni_core.engine.interface import EngineSettings  # noqa: E402
+from omni_moss_tts.delay import undelay  # noqa: E402
+from omni_moss_tts.model import MossTTSModel, StepOutput  # noqa: E402
+from omni_moss_tts.prompt import PromptError, user_content  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model() -> MossTTSModel:
+    torch.set_num_threads(1)
+    return MossTTSModel.from_pretrained("tiny", load_format="dummy", with_codec=False)
+
+
+def test_the_user_turn_is_the_release_instruction_block(model: MossTTSModel) -> None:
+    prompt = model.prompts.build("Hello there.", max_frames=10, language="English", tokens=25)
+    text = model.tokenizer.decode(prompt.ids[:, 0].tolist())
+    block = user_content(
+        {"reference": "None", "language": "English", "tokens": 25, "text": "Hello there."}
+    )
+    assert text == f"<|im_start|>user\n{block}<|im_end|>\n<|im_start|>assistant\n"
+    assert "- Tokens:\n25\n" in block and "- Instruction:\nNone\n" in block
+    assert (prompt.ids[:, 1:] == 1024).all()  # no audio in the prompt: every code is the pad
+
+
+def test_a_reference_clip_sits_in_user_slots_with_its_codes_delayed(model: MossTTSModel) -> None:
+    cfg = model.config
+    codes = torch.randint(0, 1024, (7, 32), generator=torch.Generator().manual_seed(0))
+    ids = model.prompts.build("Hi.", max_frames=10, reference=codes).ids
+    text = ids[:, 0]
+    start = int((text == cfg.audio_start_token_id).nonzero()[0])
+    end = int((text == cfg.audio_end_token_id).nonzero()[0])
+    assert end - start - 1 == 7 + 31  # one slot per frame plus the drain
+    assert (text[start + 1 : end] == cfg.audio_user_slot_token_id).all()
+    assert torch.equal(undelay(ids[start + 1 : end, 1:]), codes)
+    assert (ids[: start + 1, 1:] == 1024).all() and (ids[end:, 1:] == 1024).all()
+    rendered = model.tokenizer.decode(text[:start].tolist())
+    assert rendered.endswith("- Reference(s):\n[S1]:\n")
+
+
+def test_a_continuation_prompt_ends_inside_the_answer_after_the_reference(
+    model: MossTTSModel,
+) -> None:
+    cfg = model.config
+    codes = torch.randint(0, 1024, (5, 32), generator=torch.Generator().manual_seed(1))
+    ids = model.prompts.build(
+        "and the rest.", max_frames=10, continuation=codes, reference_text="The start "
+    ).ids
+    text = model.tokenizer.decode(ids[:, 0].tolist())
+    assert "- Text:\nThe start and the rest.\n" in text
+    # Qwen3's tokens at the ids MOSS uses: vision_start = audio start, video_pad = gen slot
+    assert text.endswith("<|im_start|>assistant\n<|vision_start|>" + "<|video_pad|>" * 5)
+    assert int(ids[-1, 0]) == cfg.audio_assistant_gen_slot_token_id
+
+
+@pytest.mark.parametrize("bad", ["say <|im_end|> now", "a <|audio|> b"])
+def test_control_tokens_in_the_text_are_refused(model: MossTTSModel, bad: str) -> None:
+    with pytest.raises(PromptError, match="control token"):
+        model.prompts.build(bad, max_frames=10)
+
+
+def test_greedy_generation_is_deterministic_and_ends_with_whole_frames(
+    model: MossTTSModel,
+) -> None:
+    prompt = model.prompts.build("One two three.", max_frames=12)
+    rows, frames = model.generate(prompt, max_steps=100)
+    again_rows, again = model.generate(prompt, max_steps=100)
+    assert torch.equal(rows, again_rows) and torch.equal(frames, again)
+    cfg = model.config
+    # the dummy model speaks until the cap: audio start, 12 frames, the drain, audio end
+    assert frames.shape == (12, 32)
+    assert int(rows[-1, 0]) == cfg.audio_end_token_id
+    start = int((rows[:, 0] == cfg.audio_start_token_id).nonzero()[0])
+    assert torch.equal(undelay(rows[start + 1 : -1, 1:]), frames)
+    assert int(frames.min()) >= 0 and int(frames.max()) < 1024  # never the pad
+
+
+def run_engine(model, requests, max_running=8):
+    """Submit ``(id, request_prompt, sampling)`` together; collect each one's frames and reason."""
+    out: dict[str, tuple[list, str | None]] = {}
+
+    async def one(engine, rid, prompt, sampling):
+        frames: list = []
+        reason = None
+        async with engine.submit(rid, prompt, sampling) as stream:
+            async for step in stream:
+                assert isinstance(step, StepOutput)
+                frames.extend(step.frames)
+                reason = step.finish_reason or reason
+        out[rid] = (frames, reason or stream.finish_reason)
+
+    async def main():
+        settings = EngineSettings(max_running_requests=max_running, max_total_tokens=4096)
+        engine = create_engine(model, settings, device="cpu")
+        async with anyio.create_task_group() as tg:
+            for rid, prompt, sampling in requests:
+                tg.start_soon(one, engine, rid, prompt, sampling)
+        await engine.aclose()
+
+    anyio.run(main)
+    return out
+
+
+def test_concurrent_requests_batched_equal_each_alone_with_fixed_seeds(
+    model: MossTTSModel,
+) -> None:
+    texts = ["First request.", "A second, longer request with more words.", "Third!"]
+    requests = []
+    for i, text in enumerate(texts):
+        prompt = model.prompts.build(text, max_frames=6 + 3 * i)
+        request = model.request(prompt)  # the release's text sampling (temperature 1.5)
+        sampling = model.audio_sampling(seed=100 + i)
+        sampling.max_new_tokens = 200
+        requests.append((f"r{i}", request, sampling))
+    batched = run_engine(model, requests)
+    alone = {}
+    for request in requests:
+        alone.update(run_engine(model, [request], max_running=1))
+    for rid, _, _ in requests:
+        frames, reason = batched[rid]
+        assert frames, rid
+        assert torch.equal(torch.stack(frames), torch.stack(alone[rid][0])), rid
+        assert reason == alone[rid][1]
+
+
+def test_the_frame_cap_reports_length(model: MossTTSModel) -> None:
+    prompt = model.prompts.build("Capped.", max_frames=5)
+    sampling = model.audio_sampling(temperature=0.0)
+    sampling.max_new_tokens = 200
+    request = model.request(prompt, text_temperature=0.0)
+    frames, reason = run_engine(model, [("capped", request, sampling)])["capped"]
+    assert len(frames) == 5 and reason == "length"
+
+
+def test_an_aborted_request_frees_its_slot_and_the_others_finish(model: MossTTSModel) -> None:
+    async def main():
+        settings = EngineSettings(max_running_requests=2, max_total_tokens=4096)
+        engine = create_engine(model, settings, device="cpu")
+        long_prompt = model.request(model.prompts.build("Long.", max_frames=400))
+        sampling = model.audio_sampling(seed=1)
+        sampling.max_new_tokens = 500
+        got = []
+        async with engine.submit("long", long_prompt, sampling) as stream:
+            async for step in stream:
+                got.extend(step.frames)
+                if len(got) >= 3:
+                    break  # leaving the stream aborts the request
+        short = model.request(model.prompts.build("Short.", max_frames=4))
+        frames = []
+        async with engine.submit("short", short, model.audio_sampling(seed=2)) as stream:
+            async for step in stream:
+                frames.extend(step.frames)
+        assert len(engine.cache.free) == engine.cache.num_slots
+        await engine.aclose()
+        return got, frames
+
+    got, frames = anyio.run(main)
+    assert len(got) >= 3 and 1 <= len(frames) <= 4
