@@ -3,7 +3,7 @@
 The engine is a Qwen3 backbone (8B shapes below, or the checkpoint's
 ``config.json`` when ``model_path`` is a local directory) with 32 audio
 codebook embeddings and heads; the vocoder loads the MOSS audio tokenizer
-(about 1.6B parameters, encoder and decoder, published as float32). Weights
+(1.77B parameters, encoder and decoder, run in float32). Weights
 by the stage's ``factory.dtype``; the engine adds a KV cache, in the same
 dtype, of ``engine.max_total_tokens`` tokens (the engine backend's default
 when unset). Approximate by design; declare
@@ -31,7 +31,7 @@ BACKBONE = dict(
 )
 AUDIO_CODEBOOKS = 32
 AUDIO_VOCAB = 1025  # 1024 entries + pad
-CODEC_PARAMS = 1_600_000_000
+CODEC_PARAMS = 1_770_000_000  # the release config.json, counted by our AudioTokenizer
 ENGINE_OVERHEAD = 2 * GiB
 VOCODER_OVERHEAD = 1 * GiB
 
@@ -54,15 +54,33 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
             shape, source = backbone_shape(pipeline.model_path)
             params = decoder_params(**shape, tied_embeddings=False)
             params += 2 * AUDIO_CODEBOOKS * AUDIO_VOCAB * shape["hidden"]  # embeddings + heads
-            estimates[stage.name] = engine_estimate(
+            estimate_ = engine_estimate(
                 stage, params, shape, source=source, overhead_bytes=ENGINE_OVERHEAD
             )
+            if not _shares_codec(pipeline, stage):
+                # the engine encodes reference clips with its own copy of the codec
+                estimate_ = MemoryEstimate(
+                    estimate_.weights_bytes + weights_bytes(CODEC_PARAMS, "float32"),
+                    estimate_.kv_bytes,
+                    estimate_.overhead_bytes,
+                    estimate_.source + " + the codec (1.77B, float32) for voice cloning",
+                )
+            estimates[stage.name] = estimate_
         elif stage.name == "vocoder":
             dtype = factory_dtype(stage, "float32")
             estimates[stage.name] = MemoryEstimate(
                 weights_bytes(CODEC_PARAMS, dtype),
                 0,
                 VOCODER_OVERHEAD,
-                f"MOSS audio tokenizer (1.6B), {dtype}",
+                f"MOSS audio tokenizer (1.77B), {dtype}",
             )
     return estimates
+
+
+def _shares_codec(pipeline: Any, engine: Any) -> bool:
+    """Whether the vocoder's codec is the engine's own (same process and GPU: one copy)."""
+    for stage in pipeline.stages:
+        if stage.name == "vocoder":
+            same_process = pipeline.process_of(stage) == pipeline.process_of(engine)
+            return same_process and stage.gpu == engine.gpu
+    return False

@@ -42,6 +42,11 @@ from .loading import (
 from .network import MossNetwork
 from .prompt import MossPrompt, PromptBuilder
 
+# Steps a sequence may spend before its first frame. The release's prompt ends
+# where the answer starts, and the model enters audio at once (its first token
+# is audio_start); text before that is a failing model, not speech coming.
+MAX_TEXT_STEPS = 64
+
 
 @dataclass
 class StepOutput:
@@ -198,6 +203,10 @@ class MossTTSModel:
             seq.state["rows"].append(torch.tensor([text, *row], dtype=torch.long))
             done = text in (self.config.audio_end_token_id, self.config.im_end_token_id)
             reason = ("length" if seq.state.get("capped") else "stop") if done else None
+            if not done and tracker.frames == 0 and tracker.step >= MAX_TEXT_STEPS:
+                # Our watchdog (the release has none but max_new_tokens): a model that
+                # writes text instead of entering audio is stopped, not run to the cap.
+                done, reason = True, "length"
             output = StepOutput(
                 text, _frames(new, self.config.n_vq), _frames(context, self.config.n_vq), reason
             )

@@ -33,13 +33,12 @@ from omni_qwen3_tts.tokenizer import TextTokenizer
 
 from .codec import AudioTokenizer, prepare_reference
 from .loading import load_codec, model_root, read_config
-from .model import MossTTSModel, RequestPrompt, TextSampling
+from .model import MAX_TEXT_STEPS, MossTTSModel, RequestPrompt, TextSampling
 from .prompt import PromptBuilder, PromptError
 
 SAMPLE_RATE = 24000
 MIN_REF_AUDIO_SECONDS = 0.5  # under ~6 frames the codec has too little of the voice
 SILENCE_DBFS = -60.0  # a reference quieter than this has no voice to clone
-TEXT_STEPS = 64  # engine steps allowed beyond the frames and the drain (text before audio)
 DEFAULT_VOICE = "default"  # the model's own voice: the release ships no named speakers
 REQUEST_KEYS = {
     # OpenAI's speech fields
@@ -191,7 +190,7 @@ class Preprocessing:
                 data, "repetition_penalty", d.audio_repetition_penalty, float
             ),
             seed=_number(data, "seed", None, int),
-            max_new_tokens=max_frames + self.config.n_vq + TEXT_STEPS,
+            max_new_tokens=max_frames + self.config.n_vq + MAX_TEXT_STEPS + 1,
         )
         text = TextSampling(
             temperature=_number(data, "text_temperature", d.text_temperature, float),
