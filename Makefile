@@ -26,7 +26,7 @@ $(BIN)/python:
 # recompile them, ~15% of `omni config`'s start-up (benchmarks/bench_cli.py).
 $(STAMP): $(BIN)/python pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	$(BIN)/pip install $(PIP_QUIET) torch==2.13.0
-	$(BIN)/pip install $(PIP_QUIET) -e ".[test,gpu]" $(addprefix -e ,$(PLUGINS)) openai
+	$(BIN)/pip install $(PIP_QUIET) -e ".[test,gpu,audio]" $(addprefix -e ,$(PLUGINS)) openai
 	$(BIN)/python -m compileall -q omni_core $(foreach p,$(PLUGINS),$(p)/omni_*)
 	touch $(STAMP)
 	@echo "installed: $(BIN)/omni (try: $(BIN)/omni plugins list)"
