@@ -145,11 +145,18 @@ class PathSchema:
         )
 
     def _leaf(self, path: Path, annotation: Any, rest: Path, free: bool = False) -> Node:
+        """``path`` as written (``rest``: its segments below the value, which must be none)."""
         if rest:
+            value = dotted(path[: len(path) - len(rest)])
+            table = getattr(annotation, "__origin__", None) is dict or str(annotation).startswith(
+                "dict"
+            )
             raise PathError(
-                f"{dotted(path)}: {dotted(path[: len(path) - len(rest)])} is a single value, "
-                "not a group",
-                hint=f"write {dotted(path[: len(path) - len(rest)])} = VALUE",
+                f"{dotted(path)}: {value} is a single value, not a group",
+                hint=f"write the whole table, e.g. --{value.removeprefix('stages.')} "
+                "'{key = \"value\"}'"
+                if table
+                else f"write {value} = VALUE",
             )
         return Node(path, container=False, annotation=annotation, free_form=free)
 
@@ -162,9 +169,7 @@ class PathSchema:
                 f"{dotted(path)}: {dotted(path[:depth])} has no field {field!r}",
                 hint=suggestion(field, model.model_fields, kind="fields"),
             )
-        return self._leaf(
-            path[: depth + 1], _annotation(model, field, kind=kind), path[depth + 1 :]
-        )
+        return self._leaf(path, _annotation(model, field, kind=kind), path[depth + 1 :])
 
     def _process_node(self, path: Path) -> Node:
         if len(path) == 1:

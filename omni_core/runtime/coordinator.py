@@ -142,6 +142,8 @@ class Coordinator:
         self.completed = 0
         self.failed = 0
         self.stage_stats: dict[str, dict[str, dict[str, int]]] = {}  # process -> stage -> depth
+        # process -> stage -> {"count": runs ended, "seconds": their total}, since it started
+        self.stage_runs: dict[str, dict[str, dict[str, float]]] = {}
         self.heartbeats: dict[str, float] = {}  # process -> monotonic time of its last heartbeat
 
     # -- admission and binding ---------------------------------------------
@@ -195,7 +197,8 @@ class Coordinator:
     # -- what the stages report ---------------------------------------------
     def on_envelope(self, env: m.Envelope) -> None:
         if env.kind == m.HEARTBEAT:
-            self.stage_stats[env.source] = env.data
+            self.stage_stats[env.source] = env.data["queue"]
+            self.stage_runs[env.source] = env.data["runs"]
             self.heartbeats[env.source] = time.monotonic()
             return
         handle = self.requests.get(env.request_id)

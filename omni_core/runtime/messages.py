@@ -20,7 +20,8 @@ OUTPUT_CHUNK = "output_chunk"  # a terminal stage's incremental output
 FAILED = "failed"  # the request failed in a stage
 SKIPPED = "skipped"  # a routing decision skipped these stages
 # A process is alive, sent from its event loop every heartbeat interval (so a blocked
-# loop falls silent); data: its per-stage queue depth {stage: {"running": n, "waiting": m}}.
+# loop falls silent); data: per stage, its queue depth and its runs so far:
+# {"queue": {stage: {"running": n, "waiting": m}}, "runs": {stage: {"count": k, "seconds": s}}}.
 HEARTBEAT = "heartbeat"
 
 

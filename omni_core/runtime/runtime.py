@@ -371,6 +371,9 @@ class Runtime:
                 "queue": self.coordinator.stage_stats.get(child.name, {})
                 if child.state == "healthy"
                 else {},
+                "runs": self.coordinator.stage_runs.get(child.name, {})
+                if child.state == "healthy"
+                else {},
             }
         states = {g["state"] for g in groups.values()}
         if not self.coordinator.accepting:

@@ -131,6 +131,7 @@ class Worker:
         self.fanin: dict[tuple[str, str], dict[str, Any]] = {}
         self.streams: dict[tuple[str, str], Any] = {}
         self.running: dict[str, int] = {}  # stage -> requests it is working on
+        self.runs: dict[str, tuple[int, float]] = {}  # stage -> (runs ended, their seconds)
         self._imports: dict[str, Callable[..., Any]] = {}
 
     # -- start-up -----------------------------------------------------------
@@ -187,19 +188,33 @@ class Worker:
             for stage in self.stages
         }
 
+    def run_stats(self) -> dict[str, dict[str, float]]:
+        """Per stage: runs that ended (however they ended) and the seconds they took in total.
+
+        Cumulative over this process's life, so that the parent can expose
+        them as a Prometheus summary: a rate of the sum over a rate of the
+        count is the mean time a request spends in the stage.
+        """
+        stats: dict[str, dict[str, float]] = {}
+        for stage in self.stages:
+            count, seconds = self.runs.get(stage, (0, 0.0))
+            stats[stage] = {"count": count, "seconds": seconds}
+        return stats
+
     async def _heartbeat(self) -> None:
         """Tell the coordinator, from this event loop, that the process is alive.
 
         Sent from the loop, not from a thread: a loop that is blocked (a stage
         computing without yielding, a deadlock, SIGSTOP) goes silent, and the
         supervisor treats silence as a hang. Each heartbeat carries the
-        stages' queue depth, which /health and /metrics show.
+        stages' queue depth and run times, which /health and /metrics show.
         """
         timeout = self.config.runtime.heartbeat_timeout
         interval = min(timeout / HEARTBEATS_PER_TIMEOUT, MAX_HEARTBEAT_INTERVAL)
         while True:
             with contextlib.suppress(Exception):  # the coordinator may be stopping
-                await self._send(m.Envelope(m.HEARTBEAT, "", "", self.process.name, self.stats()))
+                stats = {"queue": self.stats(), "runs": self.run_stats()}
+                await self._send(m.Envelope(m.HEARTBEAT, "", "", self.process.name, stats))
             await anyio.sleep(interval)
 
     async def _serve_inbox(self, inbox: Any) -> None:
@@ -256,6 +271,7 @@ class Worker:
             env.request_id, data, env.params, stream, emit, self._skipper(name, env, skips)
         )
         self.running[name] = self.running.get(name, 0) + 1
+        started = time.perf_counter()
         try:
             with scope:
                 try:
@@ -265,6 +281,8 @@ class Worker:
                     await self._fail(env, name, exc)
         finally:
             self.running[name] -= 1
+            count, seconds = self.runs.get(name, (0, 0.0))
+            self.runs[name] = (count + 1, seconds + time.perf_counter() - started)
             scopes = self.scopes.get(env.request_id)
             if scopes is not None:
                 scopes.discard(scope)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -180,7 +181,19 @@ class ServerConfig(BaseModel):
     body_timeout: float = Field(
         default=60.0, description="seconds a client has to send a request's whole body"
     )
+    ws_send_timeout: float = Field(
+        default=10.0,
+        description="seconds a WebSocket client may leave audio unread before it is disconnected",
+    )
     served_model_name: str | None = None
+    voices_dir: str | None = Field(
+        default=None,
+        description="directory of uploaded voices (POST /v1/audio/voices); unset: uploads off",
+    )
+    voice_aliases: dict[str, str] = Field(
+        default={},  # not default_factory=dict: see stage.py
+        description='names clients send mapped to the server\'s voices, e.g. alloy = "vivian"',
+    )
 
     @field_validator("max_body_bytes", "remote_media_max_bytes", mode="before")
     @classmethod
@@ -194,7 +207,21 @@ class ServerConfig(BaseModel):
         for name in ("max_body_bytes", "remote_media_max_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 byte, got {getattr(self, name)}")
-        for name in ("remote_media_timeout", "header_timeout", "body_timeout"):
+        for name in (
+            "remote_media_timeout",
+            "header_timeout",
+            "body_timeout",
+            "ws_send_timeout",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.voices_dir is not None:
+            path = Path(self.voices_dir).expanduser()
+            if path.exists() and not path.is_dir():
+                raise ValueError(f"voices_dir {self.voices_dir!r} exists and is not a directory")
+        for alias, target in self.voice_aliases.items():
+            if not alias or not target or alias == target:
+                raise ValueError(
+                    f"voice_aliases: {alias!r} -> {target!r} must map a name to another name"
+                )
         return self

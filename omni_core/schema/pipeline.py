@@ -52,6 +52,15 @@ class PipelineConfig(BaseModel):
     """The terminal stage whose chunks are text deltas (str)."""
     sample_rate: ClassVar[int | None] = None
     """Sample rate of the audio stage's output."""
+    voice_cloning: ClassVar[bool] = False
+    """Whether the pipeline can clone a voice from a clip (``POST /v1/audio/voices``).
+
+    If so, it handles the two requests of the voices contract (CONTRIBUTING:
+    "Voices"): an enrollment (``params["api"] == "voice"``) whose audio stage's
+    final output carries ``voice_prompt``, and a speech request carrying a
+    stored ``voice_prompt``. A checkpoint that turns out unable (Qwen3-TTS
+    CustomVoice, say) refuses the enrollment with a RequestError saying why.
+    """
 
     # -- deployment settings ------------------------------------------------
     model_path: str = ""
@@ -93,6 +102,15 @@ class PipelineConfig(BaseModel):
                 )
             ]
         return []
+
+    def builtin_voices(self) -> list[str] | None:
+        """The model's own voice names, read without loading it (torch-free).
+
+        ``GET /v1/audio/voices`` lists them and an unknown ``voice`` is refused
+        with them; ``None`` means unknown here (a hub id not yet downloaded):
+        the pipeline's stages then judge each name themselves.
+        """
+        return None
 
     @classmethod
     def engine_stage_names(cls) -> list[str]:

@@ -1,8 +1,8 @@
 """The HTTP server: an OpenAI-compatible API over a running :class:`~omni_core.runtime.Runtime`.
 
 Only ``omni serve`` imports it (it needs starlette and uvicorn; audio encoding
-needs numpy and, for FLAC, soundfile), so its names load on first access and
-``omni plan`` stays light.
+needs numpy and, for flac, mp3, opus, aac, speed and sample_rate, PyAV), so its
+names load on first access and ``omni plan`` stays light.
 """
 
 from importlib import import_module

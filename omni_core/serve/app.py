@@ -19,19 +19,25 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
 
 from .auth import APIKeyMiddleware
-from .bodies import ClientGone
+from .batch import PATH as BATCH_PATH
+from .batch import create_batch
+from .bodies import ClientGone, read_form
 from .chat import PATH as CHAT_PATH
 from .chat import create_chat
 from .errors import APIError, error_response
 from .media import MediaPolicy
-from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
+from .metrics import Metrics, MetricsMiddleware
 from .service import Service
 from .speech import PATH as SPEECH_PATH
 from .speech import create_speech
+from .voices import PATH as VOICES_PATH
+from .voices import Voices
+from .ws_speech import PATH as SPEECH_STREAM_PATH
+from .ws_speech import SpeechStreams
 
 log = logging.getLogger("omni.serve")
 CLIENT_CLOSED = 499  # nginx's "client closed request": only ever seen in the metrics
@@ -43,11 +49,16 @@ def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> 
     config = resolution.config
     server = config.server
     service = Service.of(runtime, resolution.pipeline_cls, config)
-    metrics = Metrics({SPEECH_PATH, CHAT_PATH, "/v1/models", "/health", "/metrics"})
-    service.observe_first_audio = metrics.observe_first_audio
+    metrics = Metrics(
+        runtime,
+        {SPEECH_PATH, BATCH_PATH, VOICES_PATH, CHAT_PATH, "/v1/models", "/health", "/metrics"},
+    )
+    service.audio_meter = metrics.audio
     created = int(time.time())
 
     media = MediaPolicy.of(server)
+    voices = Voices.of(resolution.pipeline_cls, config)
+    service.voices = voices
 
     async def speech(request: Request) -> Response:
         return await create_speech(request, service, server.max_body_bytes, server.body_timeout)
@@ -56,6 +67,25 @@ def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> 
         return await create_chat(
             request, service, server.max_body_bytes, media, server.body_timeout
         )
+
+    async def list_voices(request: Request) -> Response:
+        service.require("speech", VOICES_PATH)
+        return JSONResponse(voices.listing())
+
+    async def upload_voice(request: Request) -> Response:
+        service.require("speech", VOICES_PATH)
+        form = await read_form(request, server.max_body_bytes, server.body_timeout)
+        try:
+            return JSONResponse(await voices.upload(form, service), status_code=201)
+        finally:
+            await form.close()
+
+    async def delete_voice(request: Request) -> Response:
+        service.require("speech", VOICES_PATH)
+        return JSONResponse(voices.delete(request.path_params["name"]))
+
+    async def speech_batch(request: Request) -> Response:
+        return await create_batch(request, service, server.max_body_bytes, server.body_timeout)
 
     async def models(request: Request) -> Response:
         return JSONResponse(
@@ -79,14 +109,21 @@ def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> 
         return JSONResponse(state, status_code=503 if state["status"] in UNHEALTHY else 200)
 
     async def prometheus(request: Request) -> Response:
-        return PlainTextResponse(metrics.render(runtime), media_type=CONTENT_TYPE)
+        body, content_type = metrics.exposition(request.headers.get("accept"))
+        return Response(body, headers={"Content-Type": content_type})
 
+    speech_streams = SpeechStreams(service, server.ws_send_timeout)  # denies if no speech
     routes = [
         Route(SPEECH_PATH, _guarded(speech), methods=["POST"]),
+        Route(BATCH_PATH, _guarded(speech_batch), methods=["POST"]),
+        Route(VOICES_PATH, _guarded(list_voices), methods=["GET"]),
+        Route(VOICES_PATH, _guarded(upload_voice), methods=["POST"]),
+        Route(VOICES_PATH + "/{name}", _guarded(delete_voice), methods=["DELETE"]),
         Route(CHAT_PATH, _guarded(chat), methods=["POST"]),
         Route("/v1/models", _guarded(models), methods=["GET"]),
         Route("/health", _guarded(health), methods=["GET"]),
         Route("/metrics", _guarded(prometheus), methods=["GET"]),
+        WebSocketRoute(SPEECH_STREAM_PATH, speech_streams.serve),
     ]
     key = api_key if api_key is not None else server.api_key
     middleware = [Middleware(MetricsMiddleware, metrics=metrics)]
@@ -95,7 +132,9 @@ def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> 
     app = Starlette(
         routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_exception}
     )
+    metrics.endpoints.update(r.path for r in app.routes if hasattr(r, "path"))  # WebSocket too
     app.state.service, app.state.metrics = service, metrics
+    app.state.speech_streams = speech_streams
     return app
 
 

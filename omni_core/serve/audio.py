@@ -1,23 +1,29 @@
-"""Audio out: float samples from the audio stage to PCM16, WAV and FLAC bytes.
+"""Audio out: float samples from the audio stage to PCM16, and the wire formats' names.
 
 Stages emit 1-D float32 chunks in [-1, 1] (numpy arrays or torch tensors).
 The wire formats are 16-bit mono: ``pcm`` is raw little-endian int16 (what
 OpenAI's ``pcm`` and chat ``pcm16`` mean), ``wav`` is that PCM behind a
 44-byte RIFF header written here (a streamed WAV cannot know its length, so
-its size fields hold 0xFFFFFFFF, as streaming servers commonly do), and
-``flac`` goes through soundfile, imported only when asked for. numpy is
-imported lazily, so that the core stays importable without it.
+its size fields hold 0xFFFFFFFF, as streaming servers commonly do); flac,
+mp3, opus and aac are encoded by :mod:`.encoders` (PyAV, imported only when
+asked for). numpy is imported lazily, so that the core stays importable
+without it.
 """
 
 from __future__ import annotations
 
-import io
 import struct
 from typing import Any
 
-from .errors import APIError
-
-MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "pcm16": "audio/pcm", "flac": "audio/flac"}
+MEDIA_TYPES = {
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+    "pcm16": "audio/pcm",
+    "flac": "audio/flac",
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",  # Opus in an Ogg container
+    "aac": "audio/aac",  # ADTS frames
+}
 UNKNOWN_LENGTH = 0xFFFFFFFF
 
 
@@ -53,37 +59,20 @@ def wav_header(sample_rate: int, data_bytes: int | None, channels: int = 1) -> b
     )
 
 
-def encode(pcm: bytes, fmt: str, sample_rate: int) -> bytes:
-    """A whole signal (PCM16 bytes) in ``fmt``: wav, pcm/pcm16 or flac."""
-    if fmt in ("pcm", "pcm16"):
-        return pcm
-    if fmt == "wav":
-        return wav_header(sample_rate, len(pcm)) + pcm
-    if fmt == "flac":
-        return _flac(pcm, sample_rate)
-    raise APIError(400, f"unsupported audio format {fmt!r}; supported: wav, pcm, flac")
+def encode(
+    pcm: bytes, fmt: str, sample_rate: int, out_rate: int | None = None, speed: float = 1.0
+) -> bytes:
+    """A whole signal (PCM16 bytes at ``sample_rate``) as one body in ``fmt``, exact sizes.
+
+    ``out_rate`` and ``speed``: what the client asked for (see :mod:`.encoders`).
+    """
+    from .encoders import encode_whole
+
+    return encode_whole(pcm, fmt, sample_rate, out_rate, speed)
 
 
-def check_encoder(fmt: str) -> None:
+def check_encoder(fmt: str, param: str = "response_format") -> None:
     """Refuse a format this server cannot encode before any work is done."""
-    if fmt == "flac":
-        try:
-            import soundfile  # noqa: F401
-        except (ImportError, OSError):
-            raise APIError(
-                400,
-                "this server cannot encode flac: the soundfile package is not installed "
-                "(pip install soundfile); ask for wav or pcm",
-                param="response_format",
-            ) from None
+    from .encoders import check_format
 
-
-def _flac(pcm: bytes, sample_rate: int) -> bytes:
-    import numpy as np
-    import soundfile
-
-    buffer = io.BytesIO()
-    soundfile.write(
-        buffer, np.frombuffer(pcm, dtype="<i2"), sample_rate, format="FLAC", subtype="PCM_16"
-    )
-    return buffer.getvalue()
+    check_format(fmt, param)

@@ -3,6 +3,14 @@
 ``/health`` stays open because load balancers and orchestrators probe it
 without credentials; it reveals process states, not data. The key is compared
 in constant time.
+
+WebSockets are checked at the handshake, before the application accepts
+them: ``Authorization: Bearer <key>`` as for HTTP, or, since a browser's
+``new WebSocket(url, protocols)`` cannot set headers, the key offered as a
+subprotocol ``bearer.<key>`` (the server never selects that one, so the key
+is not echoed). A refused handshake is answered HTTP 401 with the same JSON
+error as HTTP routes (uvicorn's denial-response extension), or, on a server
+without that extension, closed with 1008 (policy violation).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from typing import Any
 from .errors import APIError, error_response
 
 OPEN_PATHS = frozenset({"/health"})
+BEARER_SUBPROTOCOL = "bearer."
 
 
 class APIKeyMiddleware:
@@ -21,21 +30,48 @@ class APIKeyMiddleware:
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization")
+        if given is None and scope["type"] == "websocket":
+            given = _subprotocol_key(scope)
         if given is None or not hmac.compare_digest(given, self.expected):
-            message = (
-                "missing API key: send it as 'Authorization: Bearer <key>'"
-                if given is None
-                else "invalid API key"
+            how = "'Authorization: Bearer <key>'"
+            if scope["type"] == "websocket":
+                how += " or the subprotocol 'bearer.<key>'"
+            message = f"missing API key: send it as {how}" if given is None else "invalid API key"
+            error = APIError(
+                401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
             )
-            response = error_response(
-                APIError(
-                    401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
-                )
-            )
-            await response(scope, receive, send)
+            if scope["type"] == "websocket":
+                await deny_websocket(scope, send, error)
+            else:
+                await error_response(error)(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def _subprotocol_key(scope: Any) -> bytes | None:
+    """``bearer.<key>`` among the offered subprotocols, as the header's ``Bearer <key>``."""
+    for offered in scope.get("subprotocols", ()):
+        if offered.startswith(BEARER_SUBPROTOCOL):
+            return f"Bearer {offered[len(BEARER_SUBPROTOCOL) :]}".encode()
+    return None
+
+
+async def deny_websocket(scope: Any, send: Any, error: APIError) -> None:
+    """Refuse a WebSocket handshake: HTTP ``error.status`` with its JSON body, else close 1008."""
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        reason = error.message.encode()[:123].decode(errors="ignore")  # a close reason's limit
+        await send({"type": "websocket.close", "code": 1008, "reason": reason})
+        return
+    response = error_response(error)
+    await send(
+        {
+            "type": "websocket.http.response.start",
+            "status": response.status_code,
+            "headers": response.raw_headers,
+        }
+    )
+    await send({"type": "websocket.http.response.body", "body": response.body})

@@ -54,6 +54,32 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
+async def read_form(request: Request, limit: int, timeout: float) -> Any:
+    """A ``multipart/form-data`` body as Starlette's ``FormData``, read under the body bounds.
+
+    The body is read whole by :func:`read_body` (size limit, deadline) before
+    the parser sees it, so a slow or oversized upload is refused exactly like
+    a JSON body. One file part at most; the caller closes the form.
+    """
+    from starlette.formparsers import MultiPartException, MultiPartParser
+
+    kind = request.headers.get("content-type", "")
+    if not kind.startswith("multipart/form-data"):
+        raise APIError(
+            400, f"expected a multipart/form-data body, got {kind or 'no content type'!r}"
+        )
+    raw = await read_body(request, limit, timeout)
+
+    async def body() -> Any:
+        yield raw
+
+    parser = MultiPartParser(request.headers, body(), max_files=1, max_fields=16)
+    try:
+        return await parser.parse()
+    except MultiPartException as exc:
+        raise APIError(400, f"the multipart body is malformed: {exc.message}") from None
+
+
 def _too_large(size: int, limit: int) -> str:
     return (
         f"the request body is larger than the limit of {limit} bytes (at least {size}); "

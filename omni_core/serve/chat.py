@@ -75,7 +75,7 @@ async def create_chat(
             )
         audio_format = "pcm16"
     if "audio" in modalities:
-        check_encoder(audio_format)
+        check_encoder(audio_format, param="audio.format")
     data = body.payload(modalities)
     await check_media(data["messages"], media)
     handle = await service.submit(data, {"api": "chat"})

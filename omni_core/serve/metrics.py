@@ -1,139 +1,205 @@
-"""``GET /metrics``: Prometheus text exposition, written by hand.
+"""``GET /metrics``: Prometheus metrics of the HTTP API, the audio it serves and the runtime.
 
-A handful of counters and histograms do not justify a dependency; the format
-is the plain text one (version 0.0.4). Request counts and latencies are
-recorded by :class:`MetricsMiddleware` for every route (unknown paths share
-one label, so clients cannot grow the label set); time to first audio chunk
-by the endpoints; runtime state (in flight per process replica, process
-state, restarts) is read from the runtime when scraped.
+Built on ``prometheus_client`` with one :class:`~prometheus_client.CollectorRegistry`
+per app (never the process-wide default), so that several apps in one process
+(the tests) keep separate counts. Three sources feed it:
+
+- :class:`MetricsMiddleware` counts and times every HTTP request;
+- :class:`AudioMeter` times the audio of every request where it reaches the
+  client: ``Service.pieces`` reports each audio chunk of every API (speech,
+  chat, WebSocket) as it hands it to the endpoint, so a slow-reading client
+  shows up as late chunks;
+- :class:`~.runtime_metrics.RuntimeCollector` reads the runtime's state
+  (admission, bindings, and the stage processes' heartbeats) at scrape time.
+
+Labels stay bounded: ``endpoint`` is the route's path template, or
+``other`` for a path no route serves (so clients cannot grow the label set);
+``method`` is one of the standard HTTP methods or ``other``; ``process`` and
+``stage`` come from the deployment plan.
+
+Metrics (type; labels): meaning
+
+- ``omni_requests_total`` (counter; endpoint, method, status): HTTP requests
+  answered; status 499 means the client went away first.
+- ``omni_request_duration_seconds`` (histogram; endpoint): from the request's
+  arrival to the last byte of its response.
+- ``omni_time_to_first_audio_seconds`` (histogram; endpoint): from the
+  request's arrival to its first audio chunk.
+- ``omni_audio_real_time_factor`` (histogram; endpoint): per request with
+  audio, wall time from its arrival to its last audio chunk divided by the
+  seconds of audio it produced (below 1: faster than real time).
+- ``omni_audio_seconds_total`` (counter; endpoint): seconds of audio handed
+  to clients (PCM16 mono at the pipeline's sample rate).
+- ``omni_audio_chunk_interval_seconds`` (histogram; endpoint): the time
+  between consecutive audio chunks of one request.
+- ``omni_audio_underruns_total`` (counter; endpoint): audio chunks that
+  arrived after the audio delivered before them had played out, for a client
+  playing from the first chunk (see :mod:`.playback`). Measured for every
+  request, streamed or not: it says whether the pipeline keeps up with real
+  time for this request.
+- ``omni_inflight_requests`` (gauge): requests admitted and not finished.
+- ``omni_max_inflight_requests`` (gauge): the admission limit.
+- ``omni_runtime_requests_total`` (counter; outcome = completed|failed):
+  requests the runtime finished.
+- ``omni_process_inflight_requests`` (gauge; process, replica): requests
+  bound to each replica of each logical process (a request is bound to one
+  replica of every process).
+- ``omni_process_up`` (gauge; process, state): 1 when the OS process is
+  healthy, else 0; its current state is the label.
+- ``omni_process_state`` (gauge; process, state): 1 for the state the OS
+  process is in, 0 for each other state (starting, healthy, unresponsive,
+  restarting, failed, stopped).
+- ``omni_process_restarts_total`` (counter; process): restarts of the process.
+- ``omni_stage_queue_depth`` (gauge; process, stage, state = running|waiting):
+  requests running in the stage, or waiting for the sources of a fan-in,
+  from the process's last heartbeat.
+- ``omni_stage_run_seconds`` (summary; process, stage): ``_count`` runs of
+  the stage that ended and ``_sum`` their seconds, since the process started
+  (a restart resets them, as Prometheus expects of counters).
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import choose_encoder
+
+from .playback import Playback
+from .runtime_metrics import RuntimeCollector
+
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-class Histogram:
-    def __init__(self, name: str, help: str, label: str):
-        self.name, self.help, self.label = name, help, label
-        self.series: dict[str, list[float]] = {}  # label value -> bucket counts, sum, count
-
-    def observe(self, label: str, value: float) -> None:
-        series = self.series.setdefault(label, [0.0] * (len(BUCKETS) + 2))
-        for index, bound in enumerate(BUCKETS):
-            if value <= bound:
-                series[index] += 1
-        series[-2] += value
-        series[-1] += 1
-
-    def lines(self) -> list[str]:
-        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        for label, series in sorted(self.series.items()):
-            tag = f'{self.label}="{_escape(label)}"'
-            for index, bound in enumerate(BUCKETS):
-                out.append(f'{self.name}_bucket{{{tag},le="{bound:g}"}} {series[index]:g}')
-            out.append(f'{self.name}_bucket{{{tag},le="+Inf"}} {series[-1]:g}')
-            out.append(f"{self.name}_sum{{{tag}}} {series[-2]:.6f}")
-            out.append(f"{self.name}_count{{{tag}}} {series[-1]:g}")
-        return out
+RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+INTERVAL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 5.0)
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER = "other"
 
 
 class Metrics:
-    def __init__(self, endpoints: set[str]):
-        self.endpoints = endpoints
-        self.requests: dict[tuple[str, int], int] = defaultdict(int)
+    """The registry of one app and the metrics recorded in it."""
+
+    def __init__(self, runtime: Any = None, endpoints: Iterable[str] = ()):
+        self.endpoints = set(endpoints)  # paths served; create_app adds its routes'
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.requests = Counter(
+            "omni_requests",
+            "HTTP requests by endpoint, method and status.",
+            ["endpoint", "method", "status"],
+            registry=registry,
+        )
         self.latency = Histogram(
             "omni_request_duration_seconds",
             "Time from request to the end of the response.",
-            "endpoint",
+            ["endpoint"],
+            buckets=BUCKETS,
+            registry=registry,
         )
+        self.audio = AudioMeter(self)
+        if runtime is not None:
+            registry.register(RuntimeCollector(runtime))
+
+    def endpoint(self, path: str) -> str:
+        return path if path in self.endpoints else OTHER
+
+    def observe_request(self, endpoint: str, method: str, status: int, seconds: float) -> None:
+        method = method if method in METHODS else OTHER
+        self.requests.labels(endpoint, method, str(status)).inc()
+        self.latency.labels(endpoint).observe(seconds)
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """The metrics in the format the scraper's Accept header asks for, and its type."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+class AudioMeter:
+    """The audio metrics; ``Service.pieces`` opens one :class:`RequestAudio` per request."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+        registry = metrics.registry
         self.first_audio = Histogram(
             "omni_time_to_first_audio_seconds",
             "Time from request to the first audio chunk.",
-            "endpoint",
+            ["endpoint"],
+            buckets=BUCKETS,
+            registry=registry,
+        )
+        self.real_time_factor = Histogram(
+            "omni_audio_real_time_factor",
+            "Wall time from request to its last audio chunk per second of audio produced.",
+            ["endpoint"],
+            buckets=RTF_BUCKETS,
+            registry=registry,
+        )
+        self.seconds = Counter(
+            "omni_audio_seconds",
+            "Seconds of audio handed to clients.",
+            ["endpoint"],
+            registry=registry,
+        )
+        self.interval = Histogram(
+            "omni_audio_chunk_interval_seconds",
+            "Time between consecutive audio chunks of a request.",
+            ["endpoint"],
+            buckets=INTERVAL_BUCKETS,
+            registry=registry,
+        )
+        self.underruns = Counter(
+            "omni_audio_underruns",
+            "Audio chunks that arrived after the audio before them had played out.",
+            ["endpoint"],
+            registry=registry,
         )
 
-    def endpoint(self, path: str) -> str:
-        return path if path in self.endpoints else "other"
+    def request(self, path: str, started: float) -> RequestAudio:
+        """The meter of one request served at ``path``, which arrived at ``started``."""
+        return RequestAudio(self, self.metrics.endpoint(path), started)
 
-    def observe_request(self, path: str, status: int, seconds: float) -> None:
-        endpoint = self.endpoint(path)
-        self.requests[(endpoint, status)] += 1
-        self.latency.observe(endpoint, seconds)
 
-    def observe_first_audio(self, path: str, seconds: float) -> None:
-        self.first_audio.observe(self.endpoint(path), seconds)
+class RequestAudio:
+    """One request's audio clock (:class:`.playback.Playback`) feeding the audio metrics."""
 
-    def render(self, runtime: Any) -> str:
-        out = [
-            "# HELP omni_requests_total HTTP requests by endpoint and status.",
-            "# TYPE omni_requests_total counter",
-        ]
-        for (endpoint, status), count in sorted(self.requests.items()):
-            out.append(
-                f'omni_requests_total{{endpoint="{_escape(endpoint)}",status="{status}"}} {count}'
-            )
-        out += self.latency.lines() + self.first_audio.lines()
-        coordinator = runtime.coordinator
-        out += [
-            "# HELP omni_inflight_requests Requests admitted and not finished.",
-            "# TYPE omni_inflight_requests gauge",
-            f"omni_inflight_requests {coordinator.inflight}",
-            "# HELP omni_max_inflight_requests The admission limit.",
-            "# TYPE omni_max_inflight_requests gauge",
-            f"omni_max_inflight_requests {coordinator.max_inflight}",
-            "# HELP omni_runtime_requests_total Requests the runtime finished, by outcome.",
-            "# TYPE omni_runtime_requests_total counter",
-            f'omni_runtime_requests_total{{outcome="completed"}} {coordinator.completed}',
-            f'omni_runtime_requests_total{{outcome="failed"}} {coordinator.failed}',
-            "# HELP omni_process_inflight_requests Requests bound to each process replica.",
-            "# TYPE omni_process_inflight_requests gauge",
-        ]
-        for (process, replica), count in sorted(coordinator.load.items()):
-            out.append(
-                f'omni_process_inflight_requests{{process="{_escape(process)}",'
-                f'replica="{replica}"}} {count}'
-            )
-        health = runtime.health()["processes"]
-        out += [
-            "# HELP omni_process_up 1 when the process is healthy.",
-            "# TYPE omni_process_up gauge",
-        ]
-        for name, info in sorted(health.items()):
-            out.append(
-                f'omni_process_up{{process="{_escape(name)}",state="{info["state"]}"}} '
-                f"{int(info['state'] == 'healthy')}"
-            )
-        out += [
-            "# HELP omni_stage_queue_depth Requests in each stage: running, or waiting for "
-            "the sources of a fan-in.",
-            "# TYPE omni_stage_queue_depth gauge",
-        ]
-        for name, info in sorted(health.items()):
-            for stage, depth in sorted(info.get("queue", {}).items()):
-                for state in ("running", "waiting"):
-                    out.append(
-                        f'omni_stage_queue_depth{{process="{_escape(name)}",'
-                        f'stage="{_escape(stage)}",state="{state}"}} {depth.get(state, 0)}'
-                    )
-        out += [
-            "# HELP omni_process_restarts_total Restarts of each process.",
-            "# TYPE omni_process_restarts_total counter",
-        ]
-        for name, info in sorted(health.items()):
-            out.append(
-                f'omni_process_restarts_total{{process="{_escape(name)}"}} {info["restarts"]}'
-            )
-        return "\n".join(out) + "\n"
+    def __init__(self, meter: AudioMeter, endpoint: str, started: float):
+        self.meter, self.endpoint = meter, endpoint
+        self.playback = Playback(started)
+        self.ended = False
+
+    def chunk(self, seconds: float) -> None:
+        """A chunk of ``seconds`` of audio is being handed to the client now."""
+        if seconds <= 0:
+            return  # nothing to play: neither a first chunk nor the end of a stall
+        meter, endpoint = self.meter, self.endpoint
+        arrival = self.playback.chunk(seconds, time.perf_counter())
+        meter.seconds.labels(endpoint).inc(seconds)
+        if arrival.first_audio is not None:
+            meter.first_audio.labels(endpoint).observe(arrival.first_audio)
+        if arrival.interval is not None:
+            meter.interval.labels(endpoint).observe(arrival.interval)
+        underruns = meter.underruns.labels(endpoint)  # a 0 series, not none, until one happens
+        if arrival.underrun:
+            underruns.inc()
+
+    def end(self) -> None:
+        """The request's audio is over (however it ended): record its real-time factor once."""
+        if self.ended:
+            return
+        self.ended = True
+        factor = self.playback.real_time_factor
+        if factor is not None:
+            self.meter.real_time_factor.labels(self.endpoint).observe(factor)
 
 
 class MetricsMiddleware:
-    """Counts every HTTP request by endpoint and status and times it to its last byte."""
+    """Counts every HTTP request by endpoint, method and status and times it to its last byte.
+
+    The endpoint is the path template of the route that served the request
+    (set by Starlette's router), else the path if some route serves it (a
+    request refused before routing, e.g. for its API key), else ``other``.
+    """
 
     def __init__(self, app: Any, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -153,8 +219,7 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, observe)
         finally:
-            self.metrics.observe_request(scope["path"], status[0], time.perf_counter() - started)
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+            route = getattr(scope.get("route"), "path", None)
+            endpoint = route if route is not None else self.metrics.endpoint(scope["path"])
+            seconds = time.perf_counter() - started
+            self.metrics.observe_request(endpoint, scope["method"], status[0], seconds)

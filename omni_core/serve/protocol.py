@@ -31,8 +31,9 @@ from pydantic_core import PydanticCustomError
 
 from .errors import APIError
 
-SPEECH_FORMATS = ("wav", "pcm", "flac")
-CHAT_AUDIO_FORMATS = ("wav", "pcm16", "flac")
+SPEECH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
+CHAT_AUDIO_FORMATS = ("wav", "pcm16", "flac", "mp3", "opus", "aac")
+SAMPLE_RATES = (8000, 48000)  # what a client may ask for; the encoders say which ones each takes
 # No OpenAI request nests beyond a handful of levels. Deeper bodies are refused
 # before parsing: json, pydantic and the IPC encoder all recurse, and a few
 # thousand brackets would exhaust the stack (a 500 carrying a RecursionError).
@@ -54,18 +55,27 @@ def _voice_name(value: Any) -> Any:
 
 
 class SpeechRequest(BaseModel):
-    """``POST /v1/audio/speech``."""
+    """``POST /v1/audio/speech``.
+
+    ``speed`` (time-stretched, pitch kept) and ``sample_rate`` (resampled) are
+    the server's work on the audio the pipeline made (:mod:`.encoders`), so
+    they are excluded from ``model_dump``, what the pipeline receives: every
+    pipeline gets them, none has to implement them.
+    """
 
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     input: str = Field(min_length=1)
     voice: str | None = None
-    response_format: Literal["wav", "pcm", "flac"] = "wav"
-    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    response_format: Literal["wav", "pcm", "flac", "mp3", "opus", "aac"] = "wav"
+    speed: Number = Field(default=1.0, ge=0.25, le=4.0, exclude=True)
+    sample_rate: StrictInt | None = Field(
+        default=None, ge=SAMPLE_RATES[0], le=SAMPLE_RATES[1], exclude=True
+    )
     instructions: str | None = None
     stream: bool = False
-    stream_format: Literal["audio"] | None = None
+    stream_format: Literal["audio", "sse"] | None = None  # sse: base64 audio in JSON events
 
     @field_validator("voice", mode="before")
     @classmethod
@@ -74,7 +84,7 @@ class SpeechRequest(BaseModel):
 
     @property
     def streaming(self) -> bool:
-        return self.stream or self.stream_format == "audio"
+        return self.stream or self.stream_format is not None
 
 
 class ChatMessage(BaseModel):
@@ -90,7 +100,7 @@ class AudioOutput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     voice: str | None = None
-    format: Literal["wav", "pcm16", "flac"] = "wav"
+    format: Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"] = "wav"
 
     @field_validator("voice", mode="before")
     @classmethod
@@ -356,6 +366,14 @@ def parse_body(raw: bytes, model: type[Model]) -> Model:
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+
+
+def validate_data(data: Any, model: type[Model]) -> Model:
+    """Validate already-decoded JSON (one item of a batch); APIError(400) naming the bad field."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -9,7 +9,9 @@ uvicorn bounds only the idle time between requests (``timeout_keep_alive``):
 a client that sends half a request line, or headers and then half a body,
 holds its connection for ever. :class:`DeadlineProtocol` gives every request
 ``server.header_timeout`` for its headers and ``server.body_timeout`` for its
-body, and closes the connection when either passes.
+body, and closes the connection when either passes. A connection upgraded to
+a WebSocket leaves both clocks behind; :class:`OmniWebSocketProtocol` then
+drops a client that stopped reading when the application gives up on it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import anyio
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from ..schema.deployment import ServerConfig
 
@@ -35,6 +38,7 @@ log = logging.getLogger("omni.serve")
 BODY_GRACE = 2.0
 HEADER_TIMEOUT = ServerConfig.model_fields["header_timeout"].default
 BODY_TIMEOUT = ServerConfig.model_fields["body_timeout"].default
+WS_MAX_MESSAGE_BYTES = 1024 * 1024  # a WebSocket client's message: JSON with a piece of text
 
 
 class DeadlineProtocol(H11Protocol):
@@ -54,6 +58,7 @@ class DeadlineProtocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._deadline: asyncio.TimerHandle | None = None
         self._phase: str | None = None
+        self._upgraded = False
         super().connection_made(transport)
         self._arm("headers")
 
@@ -61,7 +66,14 @@ class DeadlineProtocol(H11Protocol):
         if self.conn.their_state is h11.IDLE:
             self._arm("headers")  # a new request begins (no-op while already timing one)
         super().data_received(data)
-        self._follow()
+        if not self._upgraded:
+            self._follow()
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        """The socket now belongs to a WebSocket; a body deadline left armed would cut it."""
+        self._disarm()
+        self._upgraded = True
+        super().handle_websocket_upgrade(event)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -119,6 +131,32 @@ def deadline_protocol(header_timeout: float, body_timeout: float) -> type[Deadli
     )
 
 
+class OmniWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol, except that a close it cannot send drops the connection.
+
+    uvicorn waits for room in the transport's buffer before every send, the
+    close frame included; for a client that stopped reading there never is
+    room, so the close (and the connection, and its buffers) would wait for
+    ever. The application decides that a client is stuck (the speech stream
+    after ``server.ws_send_timeout``); its close with any code but 1000 then
+    aborts the connection at once. A normal close (1000) still waits its turn
+    behind the audio a slow client is still reading.
+    """
+
+    async def send(self, message: Any) -> None:
+        if (
+            message["type"] == "websocket.close"
+            and message.get("code", 1000) != 1000
+            and self.handshake_complete
+            and not self.close_sent
+            and not self.writable.is_set()
+        ):
+            self.close_sent = True
+            self.transport.abort()
+            return
+        await super().send(message)
+
+
 class OmniServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -171,6 +209,8 @@ def make_server(
         host=host,
         port=port,
         http=deadline_protocol(header_timeout, body_timeout),
+        ws=OmniWebSocketProtocol,
+        ws_max_size=WS_MAX_MESSAGE_BYTES,
         lifespan="off",
         access_log=False,
         log_level=log_level,

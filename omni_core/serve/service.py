@@ -99,7 +99,8 @@ class Service:
     serving: Serving
     model_names: tuple[str, ...]
     request_timeout: float
-    observe_first_audio: Any = None  # (path, seconds) -> None
+    audio_meter: Any = None  # .metrics.AudioMeter: times each request's audio chunks
+    voices: Any = None  # .voices.Voices: resolves a speech request's voice (aliases, uploads)
 
     @classmethod
     def of(cls, runtime: Any, pipeline_cls: Any, config: Any) -> Service:
@@ -130,6 +131,8 @@ class Service:
             )
 
     async def submit(self, data: dict[str, Any], params: dict[str, Any]) -> RequestHandle:
+        if params.get("api") == "speech" and self.voices is not None:
+            data = self.voices.apply(data)  # every speech API: aliases, uploaded voices
         try:
             return await self.runtime.submit(data, params)
         except Overloaded as exc:
@@ -151,11 +154,13 @@ class Service:
         """The request's text deltas and audio as they come; APIError on failure or timeout.
 
         A terminal stage that emitted no chunks but returned its whole output
-        (a string, or an array of samples) counts as one piece.
+        (a string, or an array of samples) counts as one piece. Every audio
+        piece of every API passes here: ``audio_meter`` times each as it is
+        handed on, labelled by ``path``.
         """
         started = time.perf_counter() if started is None else started
         streamed: set[str] = set()
-        first_audio = True
+        meter = None if self.audio_meter is None else self.audio_meter.request(path, started)
         deadline = time.monotonic() + self.request_timeout
         stream = handle.stream()
         try:
@@ -172,10 +177,8 @@ class Service:
                 piece = self._piece(event, streamed)
                 if piece is None:
                     continue
-                if piece.kind == "audio" and first_audio:
-                    first_audio = False
-                    if self.observe_first_audio is not None:
-                        self.observe_first_audio(path, time.perf_counter() - started)
+                if piece.kind == "audio" and meter is not None:  # PCM16 mono: 2 bytes a sample
+                    meter.chunk(len(piece.data) / (2 * (self.serving.sample_rate or 1)))
                 yield piece
         except TimeoutError:
             await self.finish(handle, "timed out")
@@ -196,6 +199,8 @@ class Service:
                 "the server log has the details",
             ) from None
         finally:
+            if meter is not None:
+                meter.end()
             await stream.aclose()
 
     def _ending(self, event: Any) -> list[Piece]:

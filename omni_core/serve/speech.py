@@ -1,23 +1,45 @@
-"""``POST /v1/audio/speech``: text in, audio out (wav, pcm or flac), whole or streamed.
+"""``POST /v1/audio/speech``: text in, audio out (wav, pcm, flac, mp3, opus, aac), streamed or not.
 
-Not streamed: the whole signal is collected and encoded with exact sizes.
-Streamed (``stream: true`` or ``stream_format: "audio"``): the response
-starts once the first audio chunk exists, so that a request the pipeline
-refuses (an unknown voice …) still gets its 400 rather than a broken stream;
-then PCM goes out as the audio stage emits it (WAV behind a header of unknown
-length). FLAC is not streamed: its header needs the whole signal.
+The pipeline's audio is encoded as it arrives, by one
+:class:`.encoders.StreamEncoder` per request, which also applies the
+client's ``speed`` (time-stretch, pitch kept) and ``sample_rate``: the
+server does both, so every pipeline offers them and none receives them.
+Format, speed and rate are checked before the request is submitted.
+
+Not streamed: the body is the whole encoding, with exact sizes in its
+headers, and ``X-Omni-Finish-Reason`` says why the speech ended.
+
+Streamed (``stream: true`` or any ``stream_format``): the response starts
+once the first audio chunk exists, so that a request the pipeline refuses
+(an unknown voice …) still gets its 400 rather than a broken stream. Then
+
+- ``stream_format: "audio"`` (and ``stream: true`` alone): the encoded
+  bytes, chunked, as the encoder lets them out (WAV behind a header of
+  unknown length; FLAC with its total-samples field 0, meaning unknown);
+- ``stream_format: "sse"`` (OpenAI's): ``text/event-stream`` events
+  ``{"type": "speech.audio.delta", "audio": <base64>}``, each a piece of
+  that same byte stream (concatenated, they make a valid file), then
+  ``{"type": "speech.audio.done", "usage": {"input_tokens",
+  "output_tokens", "total_tokens"}}``: the prompt and completion tokens of
+  the pipeline's usage stage (see :class:`.service.Piece`), or 0s when it
+  reports none. A failure after the stream started is sent as an
+  ``{"type": "error", "error": {...}}`` event; a raw audio stream just ends.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .audio import MEDIA_TYPES, check_encoder, encode, wav_header
 from .bodies import OwnedStreamingResponse, read_body, unless_disconnected
+from .encoders import StreamEncoder
 from .errors import APIError
 from .protocol import SpeechRequest, parse_body
 from .service import Piece, Service
@@ -33,18 +55,27 @@ async def create_speech(
     service.require("speech", PATH)
     body = parse_body(await read_body(request, max_body, body_timeout), SpeechRequest)
     service.check_model(body.model)
-    fmt = body.response_format
-    check_encoder(fmt)
-    if body.streaming and fmt == "flac":
-        raise APIError(
-            400,
-            "flac cannot be streamed (its header needs the whole signal); "
-            "stream wav or pcm, or ask for flac without streaming",
-            param="response_format",
-        )
-    handle = await service.submit(body.model_dump(mode="json"), {"api": "speech"})
+    encoder = StreamEncoder(
+        body.response_format,
+        service.serving.sample_rate or 0,
+        body.sample_rate,
+        body.speed,
+        streaming=body.streaming,
+    )
+    try:
+        handle = await service.submit(body.model_dump(mode="json"), {"api": "speech"})
+    except BaseException:
+        encoder.close()
+        raise
     pieces = service.pieces(handle, path=PATH, started=started)
-    rate = service.serving.sample_rate or 0
+
+    async def close() -> None:
+        encoder.close()
+        await pieces.aclose()
+        await service.finish(handle, "the client disconnected")
+
+    if not body.streaming:
+        return await _whole(request, service, pieces, encoder, close)
 
     async def next_audio() -> Piece | None:
         async for piece in pieces:
@@ -52,60 +83,101 @@ async def create_speech(
                 return piece
         return None
 
-    if not body.streaming:
-        finish = {"reason": "stop"}
-
-        async def collect() -> bytes:
-            pcm = bytearray()
-            async for piece in pieces:
-                if piece.kind == "audio":
-                    pcm += piece.data
-                elif piece.kind == "finish":
-                    finish["reason"] = piece.data
-            return bytes(pcm)
-
-        try:
-            pcm = await unless_disconnected(request, collect)
-        finally:
-            await pieces.aclose()
-            await service.finish(handle, "the client disconnected")
-        if not pcm:
-            raise APIError(
-                500,
-                f"pipeline {service.serving.pipeline!r} finished without "
-                f"producing audio in stage {service.serving.audio_stage!r}",
-            )
-        # "length": the frame cap (max_frames) cut the speech short
-        return Response(
-            encode(pcm, fmt, rate),
-            media_type=MEDIA_TYPES[fmt],
-            headers={FINISH_HEADER: finish["reason"]},
-        )
-
     try:
         first = await unless_disconnected(request, next_audio)
     except BaseException:
-        await pieces.aclose()
-        await service.finish(handle, "the client disconnected")
+        await close()
         raise
     if first is None:
-        await service.finish(handle, "no audio")
-        raise APIError(
-            500,
-            f"pipeline {service.serving.pipeline!r} finished without "
-            f"producing audio in stage {service.serving.audio_stage!r}",
-        )
+        await close()
+        raise _no_audio(service)
 
-    async def stream() -> Any:
-        if fmt == "wav":
-            yield wav_header(rate, None)
-        yield first.data
+    ended: dict[str, Any] = {"usage": None}
+
+    async def encoded() -> AsyncGenerator[bytes, None]:
+        """The encoder's output as the audio comes (b"" where a feed let nothing out yet)."""
+        yield encoder.feed(first.data)
         async for piece in pieces:
             if piece.kind == "audio":
-                yield piece.data
+                yield encoder.feed(piece.data)
+            elif piece.kind == "usage":
+                ended["usage"] = piece.data
+        yield encoder.flush()
 
-    async def close() -> None:
-        await pieces.aclose()
-        await service.finish(handle, "the client disconnected")
+    async def audio() -> AsyncGenerator[bytes, None]:
+        """What goes on the wire: the non-empty outputs."""
+        async with aclosing(encoded()) as chunks:
+            async for data in chunks:
+                if data:
+                    yield data
 
-    return OwnedStreamingResponse(stream(), close, media_type=MEDIA_TYPES[fmt])
+    if body.stream_format == "sse":
+        return OwnedStreamingResponse(
+            _events(audio(), ended),
+            close,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    return OwnedStreamingResponse(audio(), close, media_type=encoder.media_type)
+
+
+async def _whole(
+    request: Request,
+    service: Service,
+    pieces: AsyncIterator[Piece],
+    encoder: StreamEncoder,
+    close: Callable[[], Awaitable[None]],
+) -> Response:
+    """The whole encoding as one body, with the finish reason in a header."""
+    ended = {"reason": "stop"}
+
+    async def collect() -> bytes | None:
+        heard = False
+        async for piece in pieces:
+            if piece.kind == "audio":
+                heard = True
+                encoder.feed(piece.data)  # encoded as it comes; the bytes leave in flush()
+            elif piece.kind == "finish":
+                ended["reason"] = piece.data
+        return encoder.flush() if heard else None
+
+    try:
+        encoded = await unless_disconnected(request, collect)
+    finally:
+        await close()
+    if encoded is None:
+        raise _no_audio(service)
+    # "length": the frame cap (max_frames) cut the speech short
+    return Response(
+        encoded, media_type=encoder.media_type, headers={FINISH_HEADER: ended["reason"]}
+    )
+
+
+async def _events(
+    audio: AsyncGenerator[bytes, None], ended: dict[str, Any]
+) -> AsyncIterator[bytes]:
+    """OpenAI's speech SSE: an audio delta per encoded piece, then done with the usage."""
+    try:
+        async with aclosing(audio) as chunks:
+            async for data in chunks:
+                delta = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+                yield _event(delta)
+    except APIError as exc:
+        yield _event({"type": "error", **exc.body()})
+        return
+    usage = ended["usage"] or {"prompt_tokens": 0, "completion_tokens": 0}
+    counts = {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
+    total = counts["input_tokens"] + counts["output_tokens"]
+    yield _event({"type": "speech.audio.done", "usage": {**counts, "total_tokens": total}})
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+def _no_audio(service: Service) -> APIError:
+    return APIError(
+        500,
+        f"pipeline {service.serving.pipeline!r} finished without "
+        f"producing audio in stage {service.serving.audio_stage!r}",
+    )

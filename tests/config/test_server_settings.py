@@ -15,6 +15,7 @@ NEW_FIELDS = (
     "remote_media_timeout",
     "header_timeout",
     "body_timeout",
+    "ws_send_timeout",
 )
 
 

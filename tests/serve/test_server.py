@@ -44,8 +44,8 @@ def test_metrics_count_requests_latency_and_first_audio(speech_server):
         assert lines, f"no metric line starts with {line_start!r}"
         return float(lines[0].rsplit(" ", 1)[1])
 
-    assert value('omni_requests_total{endpoint="/v1/audio/speech",status="200"}') >= 1
-    assert value('omni_requests_total{endpoint="/v1/audio/speech",status="400"}') >= 1
+    assert value('omni_requests_total{endpoint="/v1/audio/speech",method="POST",status="200"}') >= 1
+    assert value('omni_requests_total{endpoint="/v1/audio/speech",method="POST",status="400"}') >= 1
     assert value('omni_request_duration_seconds_count{endpoint="/v1/audio/speech"}') >= 2
     assert value('omni_time_to_first_audio_seconds_count{endpoint="/v1/audio/speech"}') >= 1
     assert (

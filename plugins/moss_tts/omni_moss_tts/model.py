@@ -201,6 +201,12 @@ class MossTTSModel:
             if capped:
                 seq.state["capped"] = True
             seq.state["rows"].append(torch.tensor([text, *row], dtype=torch.long))
+            if tracker.drain == self.config.n_vq:
+                # The segment's last frame is complete and the next position is fixed
+                # (audio_end, no codebook due): take it without running the backbone.
+                text, row = self.config.audio_end_token_id, [self.config.audio_pad_code] * len(row)
+                tracker.advance(text, row)
+                seq.state["rows"].append(torch.tensor([text, *row], dtype=torch.long))
             done = text in (self.config.audio_end_token_id, self.config.im_end_token_id)
             reason = ("length" if seq.state.get("capped") else "stop") if done else None
             if not done and tracker.frames == 0 and tracker.step >= MAX_TEXT_STEPS:
@@ -267,9 +273,10 @@ class MossTTSModel:
         if not picks:
             return rows
         needed = sorted({i for i, _ in picks})
-        logits = self.network.audio_logits(hidden[needed]).float()  # [R, Q, 1025]
+        books = range(min(k for _, k in picks), max(k for _, k in picks) + 1)
+        logits = self.network.audio_logits(hidden[needed], books).float()  # [R, len, 1025]
         where = {i: r for r, i in enumerate(needed)}
-        flat = logits[[where[i] for i, _ in picks], [k for _, k in picks]]
+        flat = logits[[where[i] for i, _ in picks], [k - books.start for _, k in picks]]
         params = [sequences[i].sampling for i, _ in picks]
         previous = None
         if any(p.repetition_penalty != 1.0 for p in params):

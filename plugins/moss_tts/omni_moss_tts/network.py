@@ -79,10 +79,20 @@ class MossNetwork(nn.Module):
             weight = weight[ids]
         return hidden @ weight.T
 
-    def audio_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Codebook logits ``[B, n_vq, 1025]``, the pad entry at -inf as the release masks it."""
+    def audio_logits(self, hidden: torch.Tensor, books: range | None = None) -> torch.Tensor:
+        """Codebook logits ``[B, len(books), 1025]`` (all books by default), pad entry at -inf.
+
+        ``books`` is a contiguous range: at the start of a segment only the
+        first few codebooks are due and in the drain only the last few, and
+        the heads are read from memory at every step, so scoring only the due
+        ones saves what they would cost (about a third of a step at 8B width).
+        """
         weights = self._audio_head_weights()  # [Q, 1025, H]
-        logits = torch.matmul(hidden[None], weights.transpose(1, 2)).transpose(0, 1)
+        books = books if books is not None else range(weights.shape[0])
+        rows = weights[books.start : books.stop].flatten(0, 1)  # a view: no copy
+        # one [B, H] x [H, n * 1025] product: a single GEMM streams the heads once for
+        # the whole batch (32 small products cost ~4x more at 8 rows)
+        logits = torch.nn.functional.linear(hidden, rows).view(hidden.shape[0], len(books), -1)
         logits[..., self.cfg.audio_pad_code] = float("-inf")
         return logits
 

@@ -15,6 +15,7 @@ from omni_core.schema import DType, LoadFormat
 from omni_core.schema.pipeline import SourceProblem
 
 PACKAGE = "omni_moss_tts.stages"
+DEFAULT_VOICE = "default"  # the model's own voice: the release ships no named speakers
 
 
 class PreprocessingArgs(FactoryArgs):
@@ -40,7 +41,7 @@ class VocoderArgs(FactoryArgs):
     # frames in the first audio chunk (4 frames = 0.32 s); later chunks double up to max
     chunk_frames: int = Field(default=4, ge=1)
     max_chunk_frames: int | None = Field(default=48, ge=1)
-    # chunks of concurrent requests decoded together (default: 16 GPU, 1 CPU)
+    # chunks of concurrent requests decoded together (default 16, on the CPU too)
     max_batch_size: int | None = Field(default=None, ge=1)
 
 
@@ -60,6 +61,7 @@ class MossTTSPipeline(PipelineConfig):
     api: ClassVar[tuple[str, ...]] = ("speech",)
     audio_stage: ClassVar[str | None] = "vocoder"
     sample_rate: ClassVar[int | None] = 24000
+    voice_cloning: ClassVar[bool] = True
 
     @classmethod
     def default_stages(cls) -> list[StageConfig]:
@@ -101,3 +103,6 @@ class MossTTSPipeline(PipelineConfig):
             if "codec_path" in fields:
                 codecs[stage.name] = stage.factory.codec_path
         return source_problems(self.model_path, formats, codecs)
+
+    def builtin_voices(self) -> list[str] | None:
+        return [DEFAULT_VOICE]

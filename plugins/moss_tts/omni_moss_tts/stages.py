@@ -34,18 +34,20 @@ from omni_qwen3_tts.tokenizer import TextTokenizer
 from .codec import AudioTokenizer, prepare_reference
 from .loading import load_codec, model_root, read_config
 from .model import MAX_TEXT_STEPS, MossTTSModel, RequestPrompt, TextSampling
+from .pipeline import DEFAULT_VOICE
 from .prompt import PromptBuilder, PromptError
 
 SAMPLE_RATE = 24000
 MIN_REF_AUDIO_SECONDS = 0.5  # under ~6 frames the codec has too little of the voice
 SILENCE_DBFS = -60.0  # a reference quieter than this has no voice to clone
-DEFAULT_VOICE = "default"  # the model's own voice: the release ships no named speakers
 REQUEST_KEYS = {
     # OpenAI's speech fields
     "model", "input", "voice", "response_format", "speed", "instructions", "stream",
     "stream_format",
     # MOSS-TTS's message fields and voice cloning
     "language", "tokens", "ref_audio", "ref_text",
+    # the server's voices (CONTRIBUTING: "Voices"): an enrollment, a stored clone prompt
+    "voice_enroll", "voice_prompt",
     # sampling: audio (the OpenAI-style names) and the text channel
     "temperature", "top_k", "top_p", "repetition_penalty", "seed", "max_frames",
     "text_temperature", "text_top_k", "text_top_p",
@@ -115,6 +117,10 @@ class Preprocessing:
                 hint="accepted: " + ", ".join(sorted(REQUEST_KEYS)),
             )
         try:
+            if data.get("voice_enroll"):
+                if not data.get("ref_audio"):
+                    raise PromptError("a voice upload needs its audio")
+                return {"enroll": self._reference_audio(data["ref_audio"])}
             return self._checked(data)
         except PromptError as exc:
             raise RequestError(str(exc)) from None
@@ -153,14 +159,23 @@ class Preprocessing:
         ):
             if message[field] is not None:
                 self.prompts.check_text(key, message[field])  # type: ignore[arg-type]
-        clip = None
-        if data.get("ref_audio"):
+        clip = stored = None
+        if data.get("voice_prompt") is not None:
+            stored = data["voice_prompt"]  # a stored voice: its codes were computed at upload
+            if not isinstance(stored, dict) or "codes" not in stored:
+                raise PromptError("'voice_prompt' is not a MOSS-TTS voice (no codes)")
+        elif data.get("ref_audio"):
             clip = self._reference_audio(data["ref_audio"])
         elif message["reference_text"]:
             raise PromptError("'ref_text' is the transcript of 'ref_audio', which is missing")
         if message["reference_text"] is not None:
             self.prompts.check_text("ref_text", message["reference_text"])  # type: ignore[arg-type]
-        return {"message": message, "ref_audio": clip, **self._sampling(data)}
+        return {
+            "message": message,
+            "ref_audio": clip,
+            "voice_prompt": stored,
+            **self._sampling(data),
+        }
 
     def _reference_audio(self, encoded: Any) -> np.ndarray:
         """The clip as mono float32 24 kHz, loudness-normalised as the release's processor does."""
@@ -217,6 +232,12 @@ class TTSEngine:
 
     async def run(self, request: Any) -> dict[str, Any]:
         data = request.data
+        if data.get("enroll") is not None:  # a voice upload: its codes, computed once
+            codes = await anyio.to_thread.run_sync(
+                self.model.encode_reference, torch.from_numpy(data["enroll"])
+            )
+            await request.emit({"voice_prompt": {"codes": codes.numpy()}})
+            return {"frames": 0}
         prompt = await anyio.to_thread.run_sync(self._prompt, data)
         submitted = RequestPrompt(prompt, data["text_sampling"])
         frames, finish = 0, None
@@ -235,9 +256,12 @@ class TTSEngine:
 
     def _prompt(self, data: dict[str, Any]) -> Any:
         message = dict(data["message"])
-        reference = continuation = None
-        if data.get("ref_audio") is not None:
+        reference = continuation = codes = None
+        if data.get("voice_prompt") is not None:
+            codes = torch.as_tensor(data["voice_prompt"]["codes"]).long()
+        elif data.get("ref_audio") is not None:
             codes = self.model.encode_reference(torch.from_numpy(data["ref_audio"]))
+        if codes is not None:
             reference = codes
             if message.get("reference_text"):
                 continuation = codes  # the release's continuation cloning (prefix audio)
@@ -297,4 +321,8 @@ def create_vocoder(
     """Stateful streaming decode with the MOSS codec, through Qwen3-TTS's streaming vocoder."""
     device = torch_device(gpu_id, "vocoder")
     codec = shared_codec(model_path, codec_path, load_format, device, seed)
+    # The codec is transformers all the way: a chunk's decode is bound by reading
+    # its ~3.5 GB of decoder weights, so concurrent requests' chunks are stacked
+    # on the CPU too (Qwen3-TTS's convolutional codec is the opposite case).
+    max_batch_size = max_batch_size or 16
     return Vocoder(codec, chunk_frames, None, max_batch_size, max_chunk_frames, SAMPLE_RATE)

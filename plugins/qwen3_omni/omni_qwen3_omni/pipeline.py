@@ -169,6 +169,18 @@ class _Qwen3OmniSource:
         }
         return source_problems(self.model_path, formats)  # type: ignore[attr-defined]
 
+    def builtin_voices(self) -> list[str] | None:
+        """The talker's speakers (``talker_config.speaker_id``), read from a local config."""
+        from omni_qwen3_tts.source import local_config  # torch-free
+
+        from .source import PRESETS_DIR
+
+        config = local_config(self.model_path, PRESETS_DIR)  # type: ignore[attr-defined]
+        if config is None:
+            return None
+        speakers = (config.get("talker_config") or {}).get("speaker_id") or {}
+        return sorted(str(name).lower() for name in speakers)
+
 
 class Qwen3OmniSpeechPipeline(_Qwen3OmniSource, PipelineConfig):
     pipeline_name: ClassVar[str] = "qwen3-omni"

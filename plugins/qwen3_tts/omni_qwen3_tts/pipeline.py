@@ -65,6 +65,7 @@ class Qwen3TTSPipeline(PipelineConfig):
     api: ClassVar[tuple[str, ...]] = ("speech",)
     audio_stage: ClassVar[str | None] = "vocoder"
     sample_rate: ClassVar[int | None] = 24000
+    voice_cloning: ClassVar[bool] = True  # Base checkpoints; the others refuse the upload
 
     @classmethod
     def default_stages(cls) -> list[StageConfig]:
@@ -104,3 +105,15 @@ class Qwen3TTSPipeline(PipelineConfig):
             if "load_format" in type(stage.factory).model_fields
         }
         return source_problems(self.model_path, formats)
+
+    def builtin_voices(self) -> list[str] | None:
+        """CustomVoice's named speakers (``talker_config.spk_id``); the others have none."""
+        from .source import local_config  # torch-free
+
+        config = local_config(self.model_path)
+        if config is None:
+            return None
+        speakers = (config.get("talker_config") or {}).get("spk_id") or {}
+        if config.get("tts_model_type", "base") != "custom_voice":
+            return []
+        return sorted(str(name).lower() for name in speakers)

@@ -72,6 +72,25 @@ def resolve_model_path(
     return ResolvedPath(download(name, patterns))
 
 
+def local_config(model_path: str, presets_dir: Path = PRESETS_DIR) -> dict | None:
+    """The ``config.json`` of a preset or a local checkpoint directory; None for a hub id.
+
+    Torch-free and download-free: what the parent process can say about a
+    model before any stage loads it (its voices, for instance).
+    """
+    import json
+
+    preset = model_path.removeprefix("preset:")
+    local = Path(model_path).expanduser()
+    for root in (presets_dir / preset, local):
+        if (root / "config.json").is_file() and (root == local or not local.exists()):
+            try:
+                return json.loads((root / "config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None
+    return None
+
+
 def download(repo: str, patterns: list[str] | None = None) -> Path:
     """A hub snapshot of ``repo`` (the cache first), or FileNotFoundError saying how to get it."""
     patterns = patterns or HUB_PATTERNS

@@ -44,6 +44,8 @@ REQUEST_KEYS = {
     "stream_format",
     # Qwen3-TTS
     "language", "ref_audio", "ref_text", "x_vector_only",
+    # the server's voices (CONTRIBUTING: "Voices"): an enrollment, a stored clone prompt
+    "voice_enroll", "voice_prompt",
     # sampling
     "temperature", "top_k", "top_p", "repetition_penalty", "seed", "max_frames",
 }  # fmt: skip
@@ -95,6 +97,8 @@ class Preprocessing:
         if data.get("speed", 1.0) not in (1, 1.0, None):
             raise RequestError("qwen3-tts does not change speed; omit 'speed' or send 1.0")
         try:
+            if data.get("voice_enroll"):
+                return {"enroll": self._enrollment(data)}
             return {
                 "prompt": self._prompt(data),
                 "sampling": self._sampling(data),
@@ -102,6 +106,17 @@ class Preprocessing:
             }
         except PromptError as exc:
             raise RequestError(str(exc)) from None
+
+    def _enrollment(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A voice upload: the clip to compute the clone prompt from, once."""
+        if self.config.tts_model_type != "base":
+            raise PromptError(
+                f"this checkpoint is Qwen3-TTS {self.config.tts_model_type!r}, which cannot clone "
+                "voices; voice uploads need a Qwen3-TTS Base checkpoint"
+            )
+        if not data.get("ref_audio"):
+            raise PromptError("a voice upload needs its audio")
+        return {"ref_audio": self._reference_audio(data["ref_audio"])}
 
     def _prompt(self, data: dict[str, Any]) -> Any:
         text, language = data.get("input") or "", data.get("language") or "auto"
@@ -117,7 +132,7 @@ class Preprocessing:
 
     def _clone(self, data: dict[str, Any]) -> dict[str, Any] | None:
         if self.config.tts_model_type != "base":
-            for key in ("ref_audio", "ref_text", "x_vector_only"):
+            for key in ("ref_audio", "ref_text", "x_vector_only", "voice_prompt"):
                 if data.get(key):
                     raise PromptError(
                         f"{key!r} is for voice cloning, which needs a Base checkpoint; "
@@ -126,9 +141,12 @@ class Preprocessing:
             return None
         if not data.get("input", "").strip():
             raise PromptError("text is empty")
-        if not data.get("ref_audio"):
+        stored = data.get("voice_prompt")
+        if not data.get("ref_audio") and stored is None:
             raise PromptError("voice cloning needs 'ref_audio' (base64-encoded wav or flac)")
         x_vector_only = bool(data.get("x_vector_only", False))
+        if stored is not None and not (data.get("ref_text") or "").strip():
+            x_vector_only = True  # a stored voice without its transcript: the x-vector alone
         if not x_vector_only and not (data.get("ref_text") or "").strip():
             raise PromptError(
                 "voice cloning needs 'ref_text', the reference audio's transcript "
@@ -137,7 +155,8 @@ class Preprocessing:
         return {
             "text": data["input"],
             "language": data.get("language") or "auto",
-            "ref_audio": self._reference_audio(data["ref_audio"]),
+            "ref_audio": None if stored is not None else self._reference_audio(data["ref_audio"]),
+            "stored": stored,
             "ref_text": data.get("ref_text"),
             "x_vector_only": x_vector_only,
         }
@@ -198,6 +217,10 @@ class TTSEngine:
         self.model, self.engine = model, engine
 
     async def run(self, request: Any) -> dict[str, Any]:
+        if request.data.get("enroll"):
+            voice = await anyio.to_thread.run_sync(self._voice_prompt, request.data["enroll"])
+            await request.emit({"voice_prompt": voice})  # the vocoder hands it to the server
+            return {"frames": 0}
         prompt, sampling = request.data["prompt"], request.data["sampling"]
         if request.data.get("clone"):
             prompt = await anyio.to_thread.run_sync(self._clone_prompt, request.data["clone"])
@@ -216,10 +239,21 @@ class TTSEngine:
         await request.emit({"finish_reason": stream.finish_reason})
         return {"frames": frames, "finish_reason": stream.finish_reason}
 
+    def _voice_prompt(self, enroll: dict[str, Any]) -> dict[str, Any]:
+        """What a stored voice keeps: the clip's codes and x-vector, computed once."""
+        codes, xvector = self.model.voice_clone_reference(torch.from_numpy(enroll["ref_audio"]))
+        return {"ref_codes": codes.cpu().numpy(), "x_vector": xvector.float().cpu().numpy()}
+
     def _clone_prompt(self, clone: dict[str, Any]) -> Any:
-        wav = torch.from_numpy(clone["ref_audio"])
         try:
-            codes, xvector = self.model.voice_clone_reference(wav)
+            if clone.get("stored") is not None:
+                stored = clone["stored"]
+                codes = torch.as_tensor(stored["ref_codes"]).long()
+                xvector = torch.as_tensor(stored["x_vector"]).to(self.model.dtype)
+            else:
+                codes, xvector = self.model.voice_clone_reference(
+                    torch.from_numpy(clone["ref_audio"])
+                )
             return self.model.prompts.voice_clone(
                 clone["text"],
                 xvector,
@@ -319,10 +353,14 @@ class Vocoder:
         pending: list[torch.Tensor] = []  # frames not played yet
         frames = samples = 0
         finish_reason = None
+        voice_prompt = None
         chunk = self.chunk_frames
         async for codes in request.stream:
             if isinstance(codes, dict) and "finish_reason" in codes:
                 finish_reason = codes["finish_reason"]
+                continue
+            if isinstance(codes, dict) and "voice_prompt" in codes:
+                voice_prompt = codes["voice_prompt"]  # an enrollment: no audio, a prompt
                 continue
             if isinstance(codes, dict):  # an in-context clone's reference: context only
                 reference = list(torch.as_tensor(codes["reference"]).unbind(0))
@@ -343,6 +381,7 @@ class Vocoder:
             "samples": samples,
             "sample_rate": self.sample_rate,
             "finish_reason": finish_reason,
+            **({"voice_prompt": voice_prompt} if voice_prompt is not None else {}),
         }
 
     def _behind(self, behind: list[torch.Tensor], played: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -383,3 +383,39 @@ async def test_bad_clone_input_is_the_client_s_error(base, body, message):
         await speak(base, body)
     assert caught.value.client_error, str(caught.value)
     assert message in str(caught.value)
+
+
+async def enroll(runtime: Runtime, wav_bytes: bytes) -> dict[str, Any]:
+    """The voices contract's enrollment: the vocoder's final output carries the clone prompt."""
+    body = {"voice_enroll": True, "ref_audio": base64.b64encode(wav_bytes).decode()}
+    handle = await runtime.submit(body, {"api": "voice"})
+    with anyio.fail_after(120):
+        outputs = await handle.result()
+    return outputs["vocoder"]["voice_prompt"]
+
+
+@pytest.mark.parametrize("with_transcript", [False, True])
+async def test_an_enrolled_voice_speaks_as_its_clip_sent_directly(base, with_transcript):
+    wav_bytes = reference_wav(hz=240.0)
+    prompt = await enroll(base, wav_bytes)
+    assert prompt["ref_codes"].dtype == np.int64 and prompt["ref_codes"].shape[1] == 16
+    assert prompt["x_vector"].ndim == 1
+    body = {"input": "Hello again", "temperature": 0, "max_frames": 6}
+    extra = {"ref_text": "the user is an assistant"} if with_transcript else {}
+    direct = await speak(
+        base,
+        {
+            **body,
+            **extra,
+            "ref_audio": base64.b64encode(wav_bytes).decode(),
+            **({} if with_transcript else {"x_vector_only": True}),
+        },
+    )
+    stored = await speak(base, {**body, **extra, "voice_prompt": prompt})
+    assert np.array_equal(stored.audio, direct.audio)
+
+
+async def test_a_custom_voice_checkpoint_refuses_enrollment(demo):
+    with pytest.raises(RequestFailed) as caught:
+        await enroll(demo, reference_wav())
+    assert caught.value.client_error and "cannot clone voices" in caught.value.message

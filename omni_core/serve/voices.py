@@ -1,0 +1,223 @@
+"""Voices: which names a speech request may use, and ``/v1/audio/voices`` to list, upload, delete.
+
+A request's ``voice`` is resolved here, once, for every speech API (HTTP,
+WebSocket, batch) through :meth:`Voices.apply`, which ``Service.submit``
+calls:
+
+1. an alias (``server.voice_aliases``, e.g. OpenAI's ``alloy``) becomes the
+   voice it names, so unmodified OpenAI clients work;
+2. an uploaded voice becomes its stored clone prompt (``voice_prompt``) and
+   transcript (``ref_text``), computed when it was uploaded;
+3. a built-in voice (the model's own, ``PipelineConfig.builtin_voices``)
+   goes to the pipeline as it is;
+4. anything else is a 400 that lists the voices, when the server knows them
+   (for a hub model not yet downloaded it does not: the pipeline judges).
+
+An upload (multipart: ``name``, ``file``, optional ``transcript``, and
+``consent``, which must be true) is decoded under the upload limits (1-30 s,
+10 MB), sent through the pipeline as an enrollment request (the voices
+contract in CONTRIBUTING), and the returned clone prompt is stored.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ..media import AudioLimits
+from ..media.audio_input import decode_audio
+from ..media.errors import MediaError
+from ..runtime.coordinator import RequestFailed
+from .errors import APIError
+from .voice_store import VoiceStore, VoiceStoreError
+
+log = logging.getLogger("omni.serve")
+PATH = "/v1/audio/voices"
+UPLOAD_LIMITS = AudioLimits(max_seconds=30.0, min_seconds=1.0, max_bytes=10 * 1024 * 1024)
+ENROLL_TIMEOUT = 120.0
+TRUE = {"true", "1", "yes", "on"}
+
+
+@dataclass
+class Voices:
+    pipeline: str
+    cloning: bool
+    builtin: list[str] | None
+    aliases: dict[str, str]
+    store: VoiceStore | None
+    audio_stage: str | None
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, pipeline_cls: Any, config: Any) -> Voices:
+        server = config.server
+        builtin = config.builtin_voices()
+        store = None
+        if server.voices_dir:
+            store = VoiceStore.open(
+                server.voices_dir, pipeline_cls.pipeline_name, config.model_path
+            )
+        return cls(
+            pipeline_cls.pipeline_name,
+            bool(pipeline_cls.voice_cloning),
+            None if builtin is None else list(builtin),
+            dict(server.voice_aliases),
+            store,
+            pipeline_cls.audio_stage,
+            list(store.problems) if store else [],
+        )
+
+    # -- resolving a request's voice ---------------------------------------------
+
+    def names(self) -> list[str]:
+        uploaded = sorted(self.store.voices) if self.store else []
+        return [*(self.builtin or []), *uploaded]
+
+    def apply(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` with its voice resolved (see the module docstring); APIError(400) if unknown."""
+        if data.get("voice_prompt") is not None:
+            raise APIError(
+                400,
+                "voice_prompt is set by the server from an uploaded voice; "
+                "send that voice's name as voice",
+                param="voice_prompt",
+            )
+        name = data.get("voice")
+        if not isinstance(name, str) or not name:
+            return data
+        name = self.aliases.get(name, name)
+        stored = self.store.voices.get(name) if self.store else None
+        if stored is not None:
+            if data.get("ref_audio"):
+                raise APIError(
+                    400,
+                    f"voice {name!r} is an uploaded voice; do not send ref_audio with it",
+                    param="ref_audio",
+                )
+            out = {**data, "voice": None, "voice_prompt": stored.prompt}
+            if stored.transcript and not data.get("ref_text"):
+                out["ref_text"] = stored.transcript
+            return out
+        known = self.builtin
+        if known is not None and name.lower() not in {v.lower() for v in known}:
+            voices = ", ".join(self.names()) or "none"
+            hint = " (upload one at POST /v1/audio/voices)" if self.cloning else ""
+            raise APIError(400, f"unknown voice {name!r}; voices: {voices}{hint}", param="voice")
+        return {**data, "voice": name}
+
+    # -- GET / POST / DELETE ------------------------------------------------------
+
+    def listing(self) -> dict[str, Any]:
+        data: list[dict[str, Any]] = [
+            {"name": name, "type": "builtin", "in_context": False} for name in self.builtin or []
+        ]
+        if self.store:
+            data += [voice.describe() for _, voice in sorted(self.store.voices.items())]
+        return {
+            "object": "list",
+            "data": data,
+            "aliases": dict(self.aliases),
+            "cloning": self.cloning,
+            "uploads": self.cloning and self.store is not None,
+            "builtin_known": self.builtin is not None,
+            "skipped": [{"name": n, "reason": why} for n, why in self.problems],
+        }
+
+    async def upload(self, form: Any, service: Any) -> dict[str, Any]:
+        if not self.cloning:
+            raise APIError(
+                400,
+                f"pipeline {self.pipeline!r} cannot clone voices: it speaks only with its "
+                f"own voices ({', '.join(self.builtin or []) or 'none'})",
+                code="voice_cloning_unsupported",
+            )
+        if self.store is None:
+            raise APIError(
+                400,
+                "voice uploads are off on this server: set server.voices_dir "
+                "(--server.voices_dir DIR) to store them",
+            )
+        name = _field(form, "name")
+        if str(form.get("consent", "")).strip().lower() not in TRUE:
+            raise APIError(
+                400,
+                "uploading a voice needs consent: true, confirming the speaker agreed to "
+                "having their voice cloned",
+                param="consent",
+            )
+        try:
+            self.store.check_name(name)
+        except VoiceStoreError as exc:
+            status = 409 if "exists" in str(exc) else 400
+            raise APIError(status, str(exc), param="name") from None
+        if name.lower() in {v.lower() for v in self.builtin or []} or name in self.aliases:
+            raise APIError(400, f"{name!r} is already a voice of this server", param="name")
+        upload = form.get("file")
+        if upload is None or not hasattr(upload, "read"):
+            raise APIError(
+                400, "the voice's audio is missing: send it as the 'file' part", param="file"
+            )
+        raw = await upload.read(UPLOAD_LIMITS.max_bytes + 1)
+        try:
+            clip = decode_audio(raw, "file", UPLOAD_LIMITS)
+        except MediaError as exc:
+            raise APIError(400, str(exc), param="file") from None
+        transcript = str(form.get("transcript") or "").strip() or None
+        prompt = await self._enroll(service, raw, transcript)
+        voice = await anyio.to_thread.run_sync(
+            lambda: self.store.add(  # type: ignore[union-attr]
+                name,
+                prompt,
+                transcript=transcript,
+                duration=clip.seconds,
+                reference=raw,
+                reference_format=clip.format,
+            )
+        )
+        log.info("voices: stored %r (%.1f s)", name, clip.seconds)
+        return voice.describe()
+
+    async def _enroll(self, service: Any, raw: bytes, transcript: str | None) -> dict[str, Any]:
+        data = {
+            "voice_enroll": True,
+            "ref_audio": base64.b64encode(raw).decode("ascii"),
+            "ref_text": transcript,
+        }
+        handle = await service.submit(data, {"api": "voice"})
+        try:
+            with anyio.fail_after(ENROLL_TIMEOUT):
+                outputs = await handle.result()
+        except TimeoutError:
+            await service.finish(handle, "timed out")
+            raise APIError(504, f"computing the voice took over {ENROLL_TIMEOUT:g} s") from None
+        except RequestFailed as exc:
+            if exc.client_error:
+                raise APIError(400, exc.message, param="file") from None
+            log.error("voice enrollment %s failed: %s", handle.request_id, exc.message)
+            raise APIError(500, f"internal server error (request id {handle.request_id})") from None
+        prompt = (outputs.get(self.audio_stage) or {}).get("voice_prompt")
+        if not isinstance(prompt, dict) or not prompt:
+            raise APIError(
+                500,
+                f"pipeline {self.pipeline!r} declares voice cloning but its stage "
+                f"{self.audio_stage!r} returned no voice_prompt",
+            )
+        return prompt
+
+    def delete(self, name: str) -> dict[str, Any]:
+        if name.lower() in {v.lower() for v in self.builtin or []}:
+            raise APIError(400, f"{name!r} is a voice of the model; it cannot be deleted")
+        if self.store is None or not self.store.delete(name):
+            raise APIError(404, f"no uploaded voice named {name!r}", code="voice_not_found")
+        return {"name": name, "deleted": True}
+
+
+def _field(form: Any, key: str) -> str:
+    value = form.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise APIError(400, f"the form field {key!r} is missing", param=key)
+    return value.strip()
