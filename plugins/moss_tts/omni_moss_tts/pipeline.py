@@ -38,8 +38,10 @@ class VocoderArgs(FactoryArgs):
     load_format: LoadFormat = "auto"
     seed: int = Field(default=0, ge=0)
     codec_path: str | None = None
-    # frames in the first audio chunk (4 frames = 0.32 s); later chunks double up to max
-    chunk_frames: int = Field(default=4, ge=1)
+    # frames in the first audio chunk (2 frames = 0.16 s): the delay pattern already
+    # holds the first frame back 32 steps, so a short first chunk matters; later
+    # chunks double up to max_chunk_frames
+    chunk_frames: int = Field(default=2, ge=1)
     max_chunk_frames: int | None = Field(default=48, ge=1)
     # chunks of concurrent requests decoded together (default 16, on the CPU too)
     max_batch_size: int | None = Field(default=None, ge=1)

@@ -314,7 +314,7 @@ def create_vocoder(
     load_format: str = "auto",
     seed: int = 0,
     codec_path: str | None = None,
-    chunk_frames: int = 4,
+    chunk_frames: int = 2,
     max_chunk_frames: int | None = 48,
     max_batch_size: int | None = None,
 ) -> Vocoder:

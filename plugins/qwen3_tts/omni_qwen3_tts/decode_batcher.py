@@ -22,7 +22,7 @@ import anyio
 import torch
 
 
-@dataclass
+@dataclass(eq=False)  # chunks are found by identity: comparing their codes tensors would raise
 class _Chunk:
     codes: torch.Tensor  # [T, 16]
     key: Hashable

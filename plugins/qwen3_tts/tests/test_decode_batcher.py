@@ -104,3 +104,15 @@ async def test_each_row_of_a_batch_gets_its_own_payload_in_order():
     assert sorted(p for batch in seen for p in batch) == ["a", "b", "c", "d"]
     for value, name in enumerate("abcd"):
         assert torch.equal(results[name], torch.full((3,), value))
+
+
+async def test_chunks_of_other_lengths_waiting_behind_a_batch_are_left_alone():
+    """Taking a batch out of the queue must not compare chunks' codes (shapes differ)."""
+    recorder = Recorder()
+    batcher = DecodeBatcher(recorder, max_batch=4)
+    lengths = [3, 8, 3, 5, 8, 3, 1]
+    items = [(torch.full((n, 16), i, dtype=torch.long), 0) for i, n in enumerate(lengths)]
+    results = await _decode_all(batcher, items)
+    for (codes, _), audio in zip(items, results, strict=True):
+        assert torch.equal(audio, codes.sum(dim=1).float())
+    assert len(recorder.calls) < len(lengths)  # equal lengths waiting together were batched
