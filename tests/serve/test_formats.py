@@ -394,6 +394,7 @@ def qwen3_tts():
         yield live
 
 
+@pytest.mark.slow  # starts the qwen3-tts demo server (make test-all runs it)
 def test_qwen3_tts_speaks_mp3_at_a_speed_it_never_sees_and_streams_opus(qwen3_tts):
     """The stages refuse ``speed`` != 1: that mp3 at 1.5 works shows the server did it."""
     speech = qwen3_tts.client().audio.speech

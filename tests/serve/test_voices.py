@@ -115,6 +115,7 @@ def test_a_taken_name_is_a_conflict_and_a_voice_can_be_deleted(moss) -> None:
     assert httpx.delete(f"{moss.url}/v1/audio/voices/default").status_code == 400
 
 
+@pytest.mark.slow  # a second server start (make test-all runs it)
 def test_voices_survive_a_restart_and_a_corrupt_entry_is_skipped(moss, voices_dir) -> None:
     assert upload(moss, "dan", clip(1.5, 150)).status_code == 201
     before = speak(moss, "dan")
@@ -159,6 +160,7 @@ def test_the_batch_endpoint_answers_each_item_in_order(moss) -> None:
     assert empty.status_code == 400 and empty.json()["error"]["param"] == "items"
 
 
+@pytest.mark.slow  # starts the qwen3-tts demo server (make test-all runs it)
 def test_a_model_that_cannot_clone_refuses_uploads_and_aliases_serve_openai_names() -> None:
     with short_private_dir() as base:
         flags = ("--server.voice_aliases", '{alloy = "serena"}')

@@ -420,6 +420,7 @@ def demo_server() -> Iterator[LiveServer]:
             yield live
 
 
+@pytest.mark.slow  # starts the qwen3-tts demo server (make test-all runs it)
 def test_qwen3_tts_tiny_speaks_while_the_text_arrives(demo_server):
     text = "Hello there. This is the tiny model. Goodbye now."
     config = {"type": "session.config", "voice": "serena", "seed": 4}

@@ -131,6 +131,7 @@ async def test_the_talker_speaks_before_the_thinker_has_finished(short_tmp):
     assert first_audio < last_text
 
 
+@pytest.mark.slow  # kills and restarts the talker process, ~25 s (make test-all)
 async def test_text_only_requests_never_need_the_talker_even_when_it_dies(short_tmp):
     backoff = ["--runtime.restart_backoff", "0.2"]
     async with _planned(short_tmp / "kill", *backoff, frames=LONG).runtime() as runtime:

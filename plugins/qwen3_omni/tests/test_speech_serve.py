@@ -17,6 +17,9 @@ from omni_core.plugins import OmniPlugins  # noqa: E402
 from omni_core.testing import plan_on_cpu, short_private_dir  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[3] / "examples" / "qwen3_omni_demo.toml"
+# Seven processes started for the module: with the slow set (make test-all);
+# test_speech_pipeline covers the same speech path through the runtime in make test.
+pytestmark = pytest.mark.slow
 HELLO = [{"role": "user", "content": "Hello there"}]
 
 

@@ -112,6 +112,7 @@ async def test_a_stop_string_ends_the_answer_before_it_and_stops_the_thinker(sho
         await _idle(runtime)
 
 
+@pytest.mark.slow  # a multi-process run of ~9 s (make test-all runs it)
 async def test_an_aborted_request_stops_in_every_stage(short_tmp):
     flags = ["--preprocessing.factory.max_tokens", "4000", *SPLIT]
     async with _planned(short_tmp / "abort", *flags).runtime() as runtime:
