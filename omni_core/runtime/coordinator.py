@@ -56,6 +56,8 @@ class RequestFailed(OmniError):
         self.process_lost = process_lost
 
 
+SUBMIT_SEND_TIMEOUT = 10.0  # seconds to hand a new request to the entry stage
+
 @dataclass
 class Event:
     """One thing a request produced: a chunk or a final output of a terminal stage."""
@@ -188,9 +190,13 @@ class Coordinator:
             m.DELIVER, request_id, self.graph.entry, "client", data, dict(params or {}), binding
         )
         try:
-            await self.send(envelope)
+            # Shielded: a caller cancelled here (a client gone mid-submit) must still get
+            # the handle back to abort it, or the request would stay registered and hold
+            # its admission slot forever. Bounded, so a stuck socket cannot hold it.
+            with anyio.CancelScope(shield=True), anyio.fail_after(SUBMIT_SEND_TIMEOUT):
+                await self.send(envelope)
         except Exception as exc:
-            self._finish(handle, f"could not reach stage {self.graph.entry!r}: {exc}")
+            self._finish(handle, f"could not reach stage {self.graph.entry!r}: {exc!r}")
             raise RequestFailed(handle.error or "") from None
         return handle
 
