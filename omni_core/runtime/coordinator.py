@@ -58,6 +58,7 @@ class RequestFailed(OmniError):
 
 SUBMIT_SEND_TIMEOUT = 10.0  # seconds to hand a new request to the entry stage
 
+
 @dataclass
 class Event:
     """One thing a request produced: a chunk or a final output of a terminal stage."""
