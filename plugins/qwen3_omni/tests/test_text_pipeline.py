@@ -87,6 +87,7 @@ async def test_one_process_and_three_give_the_same_answers(short_tmp):
     assert prompts["image+audio"] > prompts["image"]
 
 
+@pytest.mark.slow  # ~7 s; test_talker and test_thinker_model check batched == alone in make test
 async def test_concurrent_requests_batch_and_each_equals_its_solo_run(short_tmp):
     async with _planned(short_tmp / "batch").runtime() as runtime:
         solo = {name: await _answer(runtime, data) for name, data in REQUESTS.items()}

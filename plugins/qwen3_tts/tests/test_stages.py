@@ -201,6 +201,7 @@ REQUESTS = [
 ]
 
 
+@pytest.mark.slow  # ~7 s; the MOSS and engine tests cover batched == alone in make test
 async def test_eight_concurrent_requests_equal_the_same_eight_one_by_one(demo):
     """Seeded sampling is per request: batching changes no code, so the audio differs
     only by the float rounding of the batched codec decode."""
