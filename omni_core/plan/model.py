@@ -236,6 +236,29 @@ class EndpointsPlan:
 
 
 @dataclass
+class EdgePlan:
+    """One edge of the stage graph and what carries it.
+
+    ``transport`` is None when both stages share a process (payloads pass as
+    Python objects); ``stream`` marks a ``stream_to`` edge, whose chunks flow
+    while the source still runs. Replicas of a stage share its edges.
+    """
+
+    source: str
+    target: str
+    stream: bool
+    transport: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "target": self.target,
+            "stream": self.stream,
+            "transport": self.transport,
+        }
+
+
+@dataclass
 class DeploymentPlan:
     """Everything decided before a child process starts. Pure data."""
 
@@ -254,6 +277,7 @@ class DeploymentPlan:
     start_waves: list[list[str]]
     estimates: dict[str, MemoryEstimate] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    edges: list[EdgePlan] = field(default_factory=list)
 
     def process(self, name: str) -> ProcessPlan:
         for process in self.processes:
@@ -282,6 +306,7 @@ class DeploymentPlan:
             "mps": self.mps.to_dict(),
             "endpoints": self.endpoints.to_dict(),
             "start_waves": [list(w) for w in self.start_waves],
+            "edges": [e.to_dict() for e in self.edges],
             "estimates": {k: self.estimates[k].to_dict() for k in sorted(self.estimates)},
             "notes": list(self.notes),
         }

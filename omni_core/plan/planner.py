@@ -34,7 +34,7 @@ from .inventory import inventory_from_cluster
 from .model import DeploymentPlan, GpuInventory, PlacementRequest, Refusal
 from .mps import plan_mps
 from .processes import build_processes, share_cpu_threads
-from .transports import check_transports
+from .transports import check_transports, plan_edges
 from .usage import gpu_ledger
 from .weights import plan_weight_share, start_waves
 
@@ -149,6 +149,7 @@ def _plan(
         start_waves=start_waves(processes),
         estimates=dict(estimates),
         notes=notes,
+        edges=plan_edges(config),
     )
 
 

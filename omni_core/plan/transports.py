@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError, OmniError
 from ..schema import PipelineConfig
-from .model import ProcessPlan, Refusal
+from .model import EdgePlan, ProcessPlan, Refusal
 
 AUTO_BETWEEN_PROCESSES = "shm"
 COORDINATOR = "coordinator"
@@ -32,6 +32,24 @@ def default_transport(config: PipelineConfig) -> str:
 
 def edge_transport(config: PipelineConfig, source: str, target: str) -> str:
     return config.runtime.edge_transports.get(f"{source}->{target}", default_transport(config))
+
+
+def plan_edges(config: PipelineConfig) -> list[EdgePlan]:
+    """Every edge of the stage graph with the transport that will carry it."""
+    logical = {s.name: config.process_of(s) for s in config.stages}
+    edges = []
+    for stage in config.stages:
+        for target in stage.targets:
+            crosses = logical[stage.name] != logical.get(target) or stage.tp_size > 1
+            edges.append(
+                EdgePlan(
+                    source=stage.name,
+                    target=target,
+                    stream=target in stage.stream_to,
+                    transport=edge_transport(config, stage.name, target) if crosses else None,
+                )
+            )
+    return edges
 
 
 def check_edges(config: PipelineConfig) -> None:
