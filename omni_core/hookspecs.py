@@ -10,7 +10,8 @@ Which process calls which hook:
 
 * parent (``omni plugins list``, ``omni config``, ``omni plan``, ``omni serve``):
   :func:`omni_register_pipelines`, :func:`omni_register_placement_policies`,
-  :func:`omni_register_transports`, :func:`omni_estimate_memory`;
+  :func:`omni_register_transports`, :func:`omni_register_launchers`,
+  :func:`omni_estimate_memory`;
 * the child process that runs a stage: :func:`omni_build_stage` (and
   :func:`omni_register_transports`, to open the transports of its edges);
 * both, when a deployment starts: :func:`omni_register_wire_types`.
@@ -28,6 +29,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from .factory import StageContext
+    from .launcher import Launcher
     from .placement import MemoryEstimate, PlacementPolicy
     from .schema import PipelineConfig, StageConfig
     from .transport import Transport
@@ -117,6 +119,19 @@ def omni_register_transports() -> list[Transport]:
 
     Called in the parent (planning, listing) and in child processes (to open
     the edges they own).
+    """
+
+
+@hookspec
+def omni_register_launchers() -> list[Launcher]:
+    """Declare named launchers (see :mod:`omni_core.launcher`).
+
+    Return a list of :class:`~omni_core.launcher.Launcher` instances (a
+    :class:`~omni_core.launcher.LazyLauncher` keeps the cluster client out of
+    ``omni plugins list``). ``runtime.launcher`` chooses one; the built-in
+    ``local`` and ``ray`` are registered through this hook too.
+
+    Called in the parent only.
     """
 
 

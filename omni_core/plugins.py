@@ -3,7 +3,7 @@
 It registers the built-in plugins, loads the ``omni`` entry points (restricted
 by ``OMNI_PLUGINS``), survives plugins that fail to import or implement a hook
 omni does not have, and answers the three questions the rest of the core asks:
-which pipelines, placement policies and transports exist, and who registered
+which pipelines, placement policies, transports and launchers exist, and who registered
 them.
 
 A plugin is one *object* (usually a module): registering in-process a module
@@ -33,6 +33,7 @@ BUILTIN_PLUGINS = (
     "omni_core.builtins.factory",
     "omni_core.builtins.placement",
     "omni_core.builtins.transports",
+    "omni_core.builtins.launchers",
 )
 ENV_VAR = "OMNI_PLUGINS"
 
@@ -68,6 +69,7 @@ class _Registries:
     aliases: dict[str, str] = field(default_factory=dict)
     policies: dict[str, Registered] = field(default_factory=dict)
     transports: dict[str, Registered] = field(default_factory=dict)
+    launchers: dict[str, Registered] = field(default_factory=dict)
     conflicts: dict[str, list[str]] = field(default_factory=dict)  # by kind
     collected: set[str] = field(default_factory=set)  # kinds whose hooks were called
     # Errors found while calling registration hooks, by plugin. Kept here, not on
@@ -101,6 +103,7 @@ _KINDS = {
     "transports": _Kind(
         "omni_register_transports", "transports", "transport", "transports", "name"
     ),
+    "launchers": _Kind("omni_register_launchers", "launchers", "launcher", "launchers", "name"),
 }
 
 
@@ -379,6 +382,9 @@ class OmniPlugins:
     def transport(self, name: str) -> Any:
         return self._lookup(name, "transports")
 
+    def launcher(self, name: str) -> Any:
+        return self._lookup(name, "launchers")
+
     def _lookup(self, name: str, kind: str) -> Any:
         self._raise_conflicts(kind)
         spec = _KINDS[kind]
@@ -421,6 +427,7 @@ class OmniPlugins:
                     "pipelines": made.get("pipelines", []),
                     "placement_policies": made.get("placement_policies", []),
                     "transports": made.get("transports", []),
+                    "launchers": made.get("launchers", []),
                     "error": record.error or reg.errors.get(record.name),
                 }
             )

@@ -27,6 +27,8 @@ _DEFAULT = frozenset(
         "builtins:range",
         "collections:OrderedDict",
         "omni_core.runtime.messages:Envelope",
+        # The engine's own request settings, which every engine stage's input carries.
+        "omni_core.engine.interface:SamplingParams",
     }
 )
 _allowed: set[str] = set(_DEFAULT)

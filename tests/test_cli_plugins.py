@@ -22,6 +22,7 @@ BUILTINS = {
     "omni_core.builtins.factory",
     "omni_core.builtins.placement",
     "omni_core.builtins.transports",
+    "omni_core.builtins.launchers",
 }
 
 
@@ -87,6 +88,7 @@ def test_json_lists_every_installed_plugin_and_its_pipelines() -> None:
         "pipelines",
         "placement_policies",
         "transports",
+        "launchers",
         "error",
     }
 
@@ -103,7 +105,9 @@ def test_builtins_appear_only_with_all() -> None:
         "inproc",
         "shm",
         "socket",
+        "tcp",
     ]
+    assert table_column(table, "launchers")["omni_core.builtins.launchers"] == ["local", "ray"]
     for name in BUILTINS:
         assert name in table
 

@@ -78,7 +78,7 @@ def test_listing_loads_no_transport_or_planner_implementation() -> None:
         "plugins = OmniPlugins()\n"
         "rows = plugins.listing(include_builtin=True)\n"
         "names = {t for row in rows if row['builtin'] for t in row['transports']}\n"
-        "assert names == {'inproc', 'shm', 'socket'}, names\n"
+        "assert names == {'inproc', 'shm', 'socket', 'tcp'}, names\n"
         "heavy = [m for m in ('omni_core.runtime.transports.shm', 'omni_core.plan.planner',\n"
         "         'omni_core.runtime.runtime', 'anyio') if m in sys.modules]\n"
         "assert not heavy, heavy\n"

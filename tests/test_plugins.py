@@ -108,7 +108,7 @@ def test_an_empty_omni_plugins_loads_no_external_plugin() -> None:
     plugins = OmniPlugins(env={"OMNI_PLUGINS": ""})
     assert plugins.listing() == []
     assert plugins.pipelines() == {}
-    assert len(plugins.listing(include_builtin=True)) == 3  # built-ins always load
+    assert len(plugins.listing(include_builtin=True)) == 4  # built-ins always load
 
 
 def test_an_unknown_name_in_omni_plugins_is_reported_not_fatal() -> None:

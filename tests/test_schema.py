@@ -243,9 +243,11 @@ def test_process_config_num_replicas_and_replica_devices() -> None:
 
 
 def test_processes_name_a_process_some_stage_runs_in() -> None:
-    message = pipeline_error(TwoStages, processes={"pipline": {"num_replicas": 2}})
+    config = TwoStages(processes={"pipline": {"num_replicas": 2}})
+    [(paths, message, fix)] = config.process_problems()
+    assert paths == (("processes", "pipline", "num_replicas"),)  # who wrote it is named
     assert "processes.pipline" in message
-    assert "did you mean: pipeline" in message
+    assert "did you mean: pipeline" in fix
 
 
 def test_setting_a_placement_limit_keeps_the_pipelines_policy() -> None:

@@ -14,4 +14,5 @@ def omni_register_transports() -> list[LazyTransport]:
         LazyTransport("inproc", f"{MODULE}.inproc:InprocTransport"),
         LazyTransport("shm", f"{MODULE}.shm:ShmTransport"),
         LazyTransport("socket", f"{MODULE}.sockets:SocketTransport"),
+        LazyTransport("tcp", f"{MODULE}.sockets:TcpTransport"),
     ]

@@ -18,7 +18,8 @@ def list_plugins(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     show_all: bool = typer.Option(False, "--all", help="Include the built-in plugins."),
 ) -> None:
-    """List plugins: version, hooks, pipelines, placement policies, transports, errors."""
+    """List plugins: version, hooks, pipelines, placement policies, transports, launchers,
+    errors."""
     plugins = get_plugins()
     rows = plugins.listing(include_builtin=show_all)
     if as_json:
@@ -39,7 +40,8 @@ def _print_table(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="omni plugins", show_lines=False)
-    for column in ("plugin", "version", "hooks", "pipelines", "policies", "transports", "error"):
+    columns = ("plugin", "version", "hooks", "pipelines", "policies", "transports", "launchers")
+    for column in (*columns, "error"):
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(
@@ -49,9 +51,10 @@ def _print_table(rows: list[dict]) -> None:
             "\n".join(row["pipelines"]),
             "\n".join(row["placement_policies"]),
             "\n".join(row["transports"]),
+            "\n".join(row.get("launchers", [])),
             row["error"] or "",
         )
-    console = Console(width=160) if not Console().is_terminal else Console()
+    console = Console(width=200) if not Console().is_terminal else Console()
     if not rows:
         console.print("no plugins installed (pip install omni-qwen3-tts, for example)")
         return

@@ -28,6 +28,7 @@ def check_outside(resolution: Resolution, plugins: OmniPlugins) -> None:
     """ConfigError listing every problem, each with its origins and fix; else nothing."""
     problems = [
         *resolution.config.model_source_problems(),
+        *resolution.config.process_problems(),
         *_media_dir_problems(resolution),
         *_transport_problems(resolution, plugins),
         *_engine_problems(resolution),
@@ -99,6 +100,7 @@ def _transport_problems(resolution: Resolution, plugins: OmniPlugins) -> list[Pr
     if runtime.transport != "auto":
         named.append((("runtime", "transport"), runtime.transport))
     named += [(("runtime", "edge_transports"), t) for t in runtime.edge_transports.values()]
+    named.append((("runtime", "cross_node_transport"), runtime.cross_node_transport))
     problems: list[Problem] = []
     config = resolution.config
     edges = sorted({f"{s.name}->{t}" for s in config.stages for t in s.targets})
@@ -116,4 +118,9 @@ def _transport_problems(resolution: Resolution, plugins: OmniPlugins) -> list[Pr
             plugins.transport(name)
         except PluginError as exc:
             problems.append(((path,), f"{'.'.join(path)}: {exc.message}", exc.hint or ""))
+    try:
+        plugins.launcher(runtime.launcher)
+    except PluginError as exc:
+        path = ("runtime", "launcher")
+        problems.append(((path,), f"runtime.launcher: {exc.message}", exc.hint or ""))
     return problems

@@ -57,6 +57,8 @@ def describe(annotation: Any) -> str:
         return f"a list of {describe(typing.get_args(annotation)[0])}"
     if origin is dict:
         return "a table of " + describe(typing.get_args(annotation)[1])
+    if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+        return "a table with " + ", ".join(annotation.model_fields)
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
     if annotation is NoneType:
         return "none"
@@ -128,6 +130,14 @@ def _coerce(value: Any, annotation: Any, from_text: bool) -> Any:
         raise ValueError
     if annotation is Any:
         return toml_scalar(value) if from_text else value
+    if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+        # A table of a settings model ([[cluster.nodes]]): its fields are
+        # checked, with their own parsers, when the model is validated.
+        if isinstance(value, str) and from_text:
+            value = toml_scalar(value)
+        if not isinstance(value, dict):
+            raise ValueError
+        return value
     raise TypeError(f"unsupported annotation {annotation!r}")
 
 

@@ -3,7 +3,8 @@
 Flags are ``--PATH VALUE`` or ``--PATH=VALUE``, where PATH starts at a stage
 name or a top-level field. A few spellings are shorthands:
 ``--mem-fraction-static`` (broadcast to every engine stage), ``--gpus`` and
-``--gpu-memory`` (the cluster inventory).
+``--gpu-memory`` (the cluster inventory), ``--launcher`` (``runtime.launcher``) and
+``--ray-address`` (``ray.address``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from .origin import Layer, Origin, Patch, Rank, dotted
 from .paths import PathError, PathSchema
 
 BROADCAST = "mem_fraction_static"
-ALIASES = {"gpus": ("cluster", "gpus"), "gpu_memory": ("cluster", "gpu_memory")}
+ALIASES = {
+    "gpus": ("cluster", "gpus"),
+    "gpu_memory": ("cluster", "gpu_memory"),
+    "ray_address": ("ray", "address"),
+    "launcher": ("runtime", "launcher"),
+}
 
 
 def split_flags(tokens: list[str]) -> list[tuple[str, str]]:

@@ -20,6 +20,7 @@ from ..schema.deployment import (
     EndpointsConfig,
     PlacementConfig,
     ProcessConfig,
+    RayConfig,
     RuntimeConfig,
     ServerConfig,
 )
@@ -32,6 +33,7 @@ TOP_GROUPS = {
     "cluster": ClusterConfig,
     "endpoints": EndpointsConfig,
     "runtime": RuntimeConfig,
+    "ray": RayConfig,
     "server": ServerConfig,
 }
 STAGE_LEAVES = ("process", "gpu", "tp_size", "gpu_memory_fraction", "total_reserve_bytes")
@@ -174,12 +176,9 @@ class PathSchema:
     def _process_node(self, path: Path) -> Node:
         if len(path) == 1:
             return Node(path, container=True)
-        name = path[1]
-        if name not in self.processes:
-            raise PathError(
-                f"{dotted(path)}: no stage of {self.label} runs in a process called {name!r}",
-                hint=suggestion(name, self.processes, kind="processes of this pipeline"),
-            )
+        # A process name is checked once the stages are built (PipelineConfig's
+        # validator): a deploy file may name a process it creates itself with
+        # ``[stages.X] process = "..."``, which the defaults do not know.
         return self._model_node(path, ProcessConfig, kind="process", depth=2)
 
     def _stage_node(self, path: Path) -> Node:

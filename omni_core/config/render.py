@@ -74,6 +74,11 @@ def config_document(resolution: Resolution, *, toml: bool = True) -> dict[str, A
     return doc
 
 
+def _without_nulls(table: dict[str, Any]) -> dict[str, Any]:
+    """A table in a list: its unset (null) keys are left out, as TOML cannot write null."""
+    return {k: v for k, v in table.items() if v is not None}
+
+
 class _Dumper:
     def __init__(self, null: Any):
         self.null = null
@@ -87,6 +92,8 @@ class _Dumper:
         base = default.model_dump() if default is not None else {}
         out = {}
         for key, value in model.model_dump().items():
+            if isinstance(value, list) and value and isinstance(value[0], dict):
+                value = [_without_nulls(item) for item in value]  # [[cluster.nodes]]
             leaf = self.leaf(value, base.get(key))
             if leaf is not MISSING:
                 out[key] = leaf

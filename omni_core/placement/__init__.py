@@ -5,13 +5,14 @@ specs) import this package and nothing of :mod:`omni_core.plan`, which
 depends on this, never the other way.
 """
 
-from .inventory import GpuDevice, GpuInventory
+from .inventory import ClusterNode, GpuDevice, GpuInventory
 from .policy import PlacementPolicy
 from .request import MemoryEstimate, PlacementRequest, StageInstance
 from .result import Assignment, PlacementResult, Refusal
 
 __all__ = [
     "Assignment",
+    "ClusterNode",
     "GpuDevice",
     "GpuInventory",
     "MemoryEstimate",

@@ -29,6 +29,33 @@ class GpuDevice:
 
 
 @dataclass(frozen=True)
+class ClusterNode:
+    """One machine of a multi-node inventory: its name, GPU count, and where it is.
+
+    ``first_gpu`` is the cluster id of its first GPU: cluster GPU ids count the
+    nodes' GPUs in node order, so a placement policy sees one flat list.
+    ``node_id`` and ``address`` are known for a live cluster only.
+    """
+
+    name: str
+    gpus: int = 0
+    first_gpu: int = 0
+    cpus: float | None = None
+    node_id: str | None = None
+    address: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "gpus": self.gpus,
+            "first_gpu": self.first_gpu,
+            "cpus": self.cpus,
+            "node_id": self.node_id,
+            "address": self.address,
+        }
+
+
+@dataclass(frozen=True)
 class GpuInventory:
     """The GPUs a deployment is planned against.
 
@@ -45,6 +72,7 @@ class GpuInventory:
     mps_available: bool | None = None
     source: str = "unknown"
     notes: tuple[str, ...] = ()
+    nodes: tuple[ClusterNode, ...] = ()
 
     @classmethod
     def unknown(cls, note: str | None = None) -> GpuInventory:
@@ -71,6 +99,13 @@ class GpuInventory:
         """Whether ``gpu`` exists; every id is accepted when the count is unknown."""
         return not self.count_known or 0 <= gpu < len(self.devices)
 
+    def node_of(self, gpu: int) -> tuple[ClusterNode, int] | None:
+        """The node holding cluster GPU ``gpu``, and its id on that node."""
+        for node in self.nodes:
+            if node.first_gpu <= gpu < node.first_gpu + node.gpus:
+                return node, gpu - node.first_gpu
+        return None
+
     def memory_of(self, gpu: int) -> int | None:
         if 0 <= gpu < len(self.devices):
             return self.devices[gpu].memory_bytes
@@ -82,7 +117,8 @@ class GpuInventory:
             return "unknown (no GPU detected or declared)"
         n = len(self.devices)
         if n == 0:
-            return f"no GPUs (from {self.source})"
+            on = f" on {len(self.nodes)} nodes" if len(self.nodes) > 1 else ""
+            return f"no GPUs{on} (from {self.source})"
         ids = "id 0" if n == 1 else f"ids 0-{n - 1}"
         sizes = {d.memory_bytes for d in self.devices}
         if sizes == {None}:
@@ -94,7 +130,14 @@ class GpuInventory:
                 f"GPU {d.index} {format_bytes(d.memory_bytes) if d.memory_bytes else '?'}"
                 for d in self.devices
             )
-        return f"{n} GPU{'s' if n != 1 else ''} ({ids}, {memory}; from {self.source})"
+        where = ""
+        if self.nodes:
+            where = (
+                f" on {len(self.nodes)} node{'s' if len(self.nodes) != 1 else ''} ("
+                + ", ".join(f"{node.name}: {node.gpus}" for node in self.nodes)
+                + ")"
+            )
+        return f"{n} GPU{'s' if n != 1 else ''}{where} ({ids}, {memory}; from {self.source})"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,5 +145,6 @@ class GpuInventory:
             "count": self.count,
             "mps_available": self.mps_available,
             "devices": [d.to_dict() for d in self.devices],
+            "nodes": [n.to_dict() for n in self.nodes],
             "notes": list(self.notes),
         }

@@ -4,7 +4,8 @@ The public surface: :func:`plan_deployment`, the inventory functions, and the
 plain data a placement policy works with. The modules behind it are one
 concept each: ``expand`` (replicas), ``policies`` (built-in placement),
 ``checks`` (what every plan must pass), ``processes``, ``weights``, ``mps``,
-``endpoints``, ``estimates`` (memory arithmetic for model plugins) and
+``endpoints``, ``nodes`` (multi-node placement),
+``estimates`` (memory arithmetic for model plugins) and
 ``render`` (the table ``omni plan`` prints).
 """
 
@@ -15,7 +16,13 @@ from typing import Any
 # list`) must not pay for the planner, the inventory and the renderer.
 _EXPORTS = {
     **dict.fromkeys(
-        ("apply_cluster", "detect_inventory", "inventory_from_cluster", "resolve_inventory"),
+        (
+            "apply_cluster",
+            "detect_inventory",
+            "inventory_for",
+            "inventory_from_cluster",
+            "resolve_inventory",
+        ),
         "inventory",
     ),
     **dict.fromkeys(

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..schema.deployment import ClusterConfig
-from .model import GpuDevice, GpuInventory
+from .model import ClusterNode, GpuDevice, GpuInventory
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 
@@ -116,6 +116,8 @@ def apply_cluster(inventory: GpuInventory, cluster: ClusterConfig) -> GpuInvento
     control binary may be assumed. Declared values win over detected ones: that
     is how an H100 deployment is planned on a laptop.
     """
+    if cluster.nodes:
+        return declared_nodes(cluster, inventory)
     if cluster.gpus is None and cluster.gpu_memory is None and cluster.mps_available is None:
         return inventory
     devices = list(inventory.devices)
@@ -130,6 +132,23 @@ def apply_cluster(inventory: GpuInventory, cluster: ClusterConfig) -> GpuInvento
     return GpuInventory(tuple(devices), count_known, mps, source, inventory.notes)
 
 
+def declared_nodes(cluster: ClusterConfig, detected: GpuInventory) -> GpuInventory:
+    """``[[cluster.nodes]]``: the machines of a cluster you plan for, in node order.
+
+    Declared nodes replace what this machine detected (it is at most one of
+    them); ``gpu_memory`` under ``[cluster]`` is the default for nodes that
+    give none.
+    """
+    nodes, devices = [], []
+    for node in cluster.nodes:
+        memory = node.gpu_memory if node.gpu_memory is not None else cluster.gpu_memory
+        first = len(devices)
+        devices += [GpuDevice(first + i, memory) for i in range(node.gpus)]
+        nodes.append(ClusterNode(node.name, node.gpus, first, node.cpus))
+    mps = cluster.mps_available if cluster.mps_available is not None else None
+    return GpuInventory(tuple(devices), True, mps, "config", detected.notes, tuple(nodes))
+
+
 def inventory_from_cluster(cluster: ClusterConfig) -> GpuInventory:
     """The inventory a config declares, without detection (what pure planning uses)."""
     return apply_cluster(GpuInventory.unknown(), cluster)
@@ -138,3 +157,23 @@ def inventory_from_cluster(cluster: ClusterConfig) -> GpuInventory:
 def resolve_inventory(cluster: ClusterConfig, nvml: Any | None = None) -> GpuInventory:
     """Detect this machine's GPUs, then apply the declared overrides."""
     return apply_cluster(detect_inventory(nvml), cluster)
+
+
+def inventory_for(config: Any, plugins: Any = None, *, detect: bool = True) -> GpuInventory:
+    """The inventory ``omni plan`` and ``omni serve`` plan against.
+
+    A launcher that sees a cluster (``ray`` with an address) answers with its
+    nodes and GPUs; otherwise this machine is detected (unless ``detect`` is
+    off) under the deploy file's ``[cluster]``, whose ``nodes`` plan for a
+    cluster offline.
+    """
+    if detect and config.runtime.launcher != "local":
+        if plugins is None:
+            from ..plugins import get_plugins
+
+            plugins = get_plugins()
+        seen = plugins.launcher(config.runtime.launcher).inventory(config)
+        if seen is not None:
+            return seen
+    cluster = config.cluster
+    return resolve_inventory(cluster) if detect else inventory_from_cluster(cluster)

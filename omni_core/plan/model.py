@@ -17,6 +17,7 @@ from typing import Any
 
 from ..placement import (  # noqa: F401 - re-exported: the plan's own vocabulary
     Assignment,
+    ClusterNode,
     GpuDevice,
     GpuInventory,
     MemoryEstimate,
@@ -87,6 +88,8 @@ class ProcessPlan:
     endpoint: str = ""
     start_wave: int = 0
     weight_share: str = "none"
+    node: str | None = None  # multi-node plans: the node's name, and the GPU's id there
+    node_gpu: int | None = None
 
     @property
     def leader(self) -> bool:
@@ -110,6 +113,8 @@ class ProcessPlan:
             "endpoint": self.endpoint,
             "start_wave": self.start_wave,
             "weight_share": self.weight_share,
+            "node": self.node,
+            "node_gpu": self.node_gpu,
         }
 
 
@@ -248,6 +253,7 @@ class EdgePlan:
     target: str
     stream: bool
     transport: str | None
+    links: list[LinkPlan] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -255,6 +261,49 @@ class EdgePlan:
             "target": self.target,
             "stream": self.stream,
             "transport": self.transport,
+            "links": [link.to_dict() for link in self.links],
+        }
+
+
+@dataclass
+class LinkPlan:
+    """One process sending an edge's payloads to another, and the transport between them."""
+
+    source: str
+    target: str
+    transport: str
+    cross_node: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "target": self.target,
+            "transport": self.transport,
+            "cross_node": self.cross_node,
+        }
+
+
+@dataclass
+class NodesPlan:
+    """Which node each process runs on, for a multi-node inventory.
+
+    ``coordinator`` is the node ``omni serve`` runs on (the first node), where
+    requests enter and results leave.
+    """
+
+    strategy: str
+    coordinator: str
+    nodes: list[ClusterNode]
+    processes: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "coordinator": self.coordinator,
+            "nodes": [
+                {**n.to_dict(), "processes": list(self.processes.get(n.name, []))}
+                for n in self.nodes
+            ],
         }
 
 
@@ -278,6 +327,7 @@ class DeploymentPlan:
     estimates: dict[str, MemoryEstimate] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     edges: list[EdgePlan] = field(default_factory=list)
+    nodes: NodesPlan | None = None
 
     def process(self, name: str) -> ProcessPlan:
         for process in self.processes:
@@ -307,6 +357,7 @@ class DeploymentPlan:
             "endpoints": self.endpoints.to_dict(),
             "start_waves": [list(w) for w in self.start_waves],
             "edges": [e.to_dict() for e in self.edges],
+            "nodes": self.nodes.to_dict() if self.nodes else None,
             "estimates": {k: self.estimates[k].to_dict() for k in sorted(self.estimates)},
             "notes": list(self.notes),
         }

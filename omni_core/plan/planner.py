@@ -33,8 +33,9 @@ from .expand import expand
 from .inventory import inventory_from_cluster
 from .model import DeploymentPlan, GpuInventory, PlacementRequest, Refusal
 from .mps import plan_mps
+from .nodes import assign_nodes
 from .processes import build_processes, share_cpu_threads
-from .transports import check_transports, plan_edges
+from .transports import check_cross_node, check_transports, plan_edges
 from .usage import gpu_ledger
 from .weights import plan_weight_share, start_waves
 
@@ -119,6 +120,9 @@ def _plan(
     problems += gpu_problems
     processes, stages, process_problems = build_processes(expansion, assignments)
     problems += process_problems
+    nodes = assign_nodes(config, processes, inventory, problems)
+    edges = plan_edges(config, processes, stages)
+    problems += check_cross_node(config, edges, plugins)
     share_cpu_threads(processes, config.runtime.cpu_threads)
     weight_share = plan_weight_share(config.weight_share, processes, expansion.members, problems)
     mps = plan_mps(config.mps, ledger, inventory, problems)
@@ -149,7 +153,8 @@ def _plan(
         start_waves=start_waves(processes),
         estimates=dict(estimates),
         notes=notes,
-        edges=plan_edges(config),
+        edges=edges,
+        nodes=nodes,
     )
 
 

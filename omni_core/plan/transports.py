@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError, OmniError
 from ..schema import PipelineConfig
-from .model import EdgePlan, ProcessPlan, Refusal
+from .model import EdgePlan, LinkPlan, ProcessPlan, Refusal, StagePlacement
 
 AUTO_BETWEEN_PROCESSES = "shm"
 COORDINATOR = "coordinator"
@@ -34,22 +34,72 @@ def edge_transport(config: PipelineConfig, source: str, target: str) -> str:
     return config.runtime.edge_transports.get(f"{source}->{target}", default_transport(config))
 
 
-def plan_edges(config: PipelineConfig) -> list[EdgePlan]:
-    """Every edge of the stage graph with the transport that will carry it."""
+def plan_edges(
+    config: PipelineConfig,
+    processes: list[ProcessPlan] = (),  # type: ignore[assignment]
+    stages: list[StagePlacement] = (),  # type: ignore[assignment]
+) -> list[EdgePlan]:
+    """Every edge of the stage graph, its process-to-process links and their transports.
+
+    A request is bound to one replica of each logical process, so every
+    replica of a source may send to every replica of a target: each such pair
+    of processes (leaders: other tensor-parallel ranks receive nothing) is a
+    link. A link between nodes uses ``runtime.cross_node_transport``.
+    """
     logical = {s.name: config.process_of(s) for s in config.stages}
+    leaders = {p.name: p for p in processes if p.leader}
+    holders: dict[str, list[ProcessPlan]] = {}
+    for placement in stages:
+        if placement.process in leaders:
+            holders.setdefault(placement.stage, []).append(leaders[placement.process])
+    cross = config.runtime.cross_node_transport
     edges = []
     for stage in config.stages:
         for target in stage.targets:
             crosses = logical[stage.name] != logical.get(target) or stage.tp_size > 1
+            same_host = edge_transport(config, stage.name, target) if crosses else None
+            links = [
+                LinkPlan(
+                    a.name, b.name, cross if a.node != b.node else same_host or "", a.node != b.node
+                )
+                for a in holders.get(stage.name, [])
+                for b in holders.get(target, [])
+                if a.name != b.name and crosses
+            ]
+            used = sorted({link.transport for link in links}) or ([same_host] if same_host else [])
             edges.append(
                 EdgePlan(
                     source=stage.name,
                     target=target,
                     stream=target in stage.stream_to,
-                    transport=edge_transport(config, stage.name, target) if crosses else None,
+                    transport="/".join(used) if used else None,
+                    links=links,
                 )
             )
     return edges
+
+
+def check_cross_node(config: PipelineConfig, edges: list[EdgePlan], plugins: Any) -> list[Refusal]:
+    """Links between nodes need a transport that reaches the network."""
+    crossing = [f"{k.source}->{k.target}" for e in edges for k in e.links if k.cross_node]
+    if not crossing:
+        return []
+    name = config.runtime.cross_node_transport
+    try:
+        transport = plugins.transport(name)
+    except OmniError:
+        return []  # an unknown name is refused, with its origin, when the config resolves
+    if "network" in set(transport.scopes):
+        return []
+    return [
+        Refusal(
+            f"runtime.cross_node_transport {name!r} cannot leave its host (scopes: "
+            f"{', '.join(sorted(transport.scopes)) or 'none'}), but processes on different "
+            f"nodes exchange payloads: {', '.join(crossing[:4])}"
+            + (f" and {len(crossing) - 4} more" if len(crossing) > 4 else ""),
+            fix='set runtime.cross_node_transport = "tcp"',
+        )
+    ]
 
 
 def check_edges(config: PipelineConfig) -> None:

@@ -147,6 +147,7 @@ class Coordinator:
         self.stage_stats: dict[str, dict[str, dict[str, int]]] = {}  # process -> stage -> depth
         # process -> stage -> {"count": runs ended, "seconds": their total}, since it started
         self.stage_runs: dict[str, dict[str, dict[str, float]]] = {}
+        self.received: dict[str, dict[str, int]] = {}  # process -> transport -> messages
         self.heartbeats: dict[str, float] = {}  # process -> monotonic time of its last heartbeat
 
     # -- admission and binding ---------------------------------------------
@@ -206,6 +207,7 @@ class Coordinator:
         if env.kind == m.HEARTBEAT:
             self.stage_stats[env.source] = env.data["queue"]
             self.stage_runs[env.source] = env.data["runs"]
+            self.received[env.source] = env.data.get("received", {})
             self.heartbeats[env.source] = time.monotonic()
             return
         handle = self.requests.get(env.request_id)

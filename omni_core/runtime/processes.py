@@ -1,10 +1,7 @@
-"""Spawning, watching and stopping the child processes of a plan."""
+"""Starting, watching and stopping the process groups of a plan, under any launcher."""
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-import os
 import signal
 import time
 from collections import deque
@@ -14,10 +11,10 @@ from typing import Any
 import anyio
 
 from ..errors import OmniError
+from ..launcher import ProcessHandle
 from ..plan.model import ProcessPlan
-from .worker import ChildSpec, child_main
+from .worker import ChildSpec
 
-SPAWN = multiprocessing.get_context("spawn")
 TERM_TIMEOUT = 5.0
 
 
@@ -47,12 +44,11 @@ def log_tail(path: str, lines: int = 20) -> str:
 
 @dataclass
 class Child:
-    """One spawned process and what the supervisor knows of it."""
+    """One process group and what the supervisor knows of it."""
 
     plan: ProcessPlan
     log_path: str
-    proc: Any = None
-    conn: Any = None
+    proc: ProcessHandle | Any = None
     state: str = "starting"  # starting, healthy, unresponsive, restarting, failed, stopped
     restarts: int = 0
     timings: dict[str, float] = field(default_factory=dict)
@@ -65,24 +61,24 @@ class Child:
     def name(self) -> str:
         return self.plan.name
 
-    def spawn(self, spec: ChildSpec) -> None:
-        parent_end, child_end = SPAWN.Pipe(duplex=False)
-        self.proc = SPAWN.Process(
-            target=child_main, args=(spec, child_end), name=f"omni:{self.name}", daemon=False
-        )
+    def spawn(self, spec: ChildSpec, handle: ProcessHandle) -> None:
+        """Start the group through ``handle``, a fresh one from the launcher's session."""
+        self.proc = handle
         self.started_at = time.monotonic()
-        self.proc.start()
-        child_end.close()
-        self.conn = parent_end
+        handle.start(spec)
         self.state = "starting"
+
+    def log_tail(self) -> str:
+        remote = self.proc.log_tail() if self.proc is not None else None
+        return remote if remote is not None else log_tail(self.log_path)
 
     async def wait_ready(self, timeout: float) -> None:
         """Until the child says ready; StartupError on its failure, death or timeout."""
         deadline = self.started_at + timeout
         while True:
-            if self.conn.poll():
+            if self.proc.poll():
                 try:
-                    kind, detail = self.conn.recv()
+                    kind, detail = self.proc.recv()
                 except EOFError:
                     kind, detail = "died", ""
                 if kind == "ready":
@@ -96,12 +92,12 @@ class Child:
             if not self.proc.is_alive():
                 raise StartupError(
                     f"process {self.name} {describe_exit(self.proc.exitcode)} while starting; "
-                    f"last log lines:\n{log_tail(self.log_path)}"
+                    f"last log lines:\n{self.log_tail()}"
                 )
             if time.monotonic() > deadline:
                 raise StartupError(
                     f"process {self.name} did not become ready in {timeout:g} s; "
-                    f"last log lines:\n{log_tail(self.log_path)}",
+                    f"last log lines:\n{self.log_tail()}",
                     hint="raise runtime.startup_timeout if loading is just slow",
                 )
             await anyio.sleep(0.02)
@@ -118,14 +114,11 @@ class Child:
         if kill and proc.is_alive():
             proc.kill()
         if proc.is_alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
+            proc.terminate()
             deadline = time.monotonic() + TERM_TIMEOUT
             while proc.is_alive() and time.monotonic() < deadline:
                 await anyio.sleep(0.02)
             if proc.is_alive():
                 proc.kill()
         await anyio.to_thread.run_sync(proc.join, 2.0)
-        if self.conn is not None:
-            self.conn.close()
         self.state = "stopped"

@@ -23,7 +23,7 @@ import anyio
 from ..errors import NotImplementedYet
 from ..plan.checks import engine_settings
 from ..plan.model import DeploymentPlan
-from ..plan.transports import check_edges, default_transport
+from ..plan.transports import check_edges
 from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
 from ..wire import allow_wire_types
@@ -31,6 +31,7 @@ from . import messages as m
 from . import rundir
 from .coordinator import Coordinator, RequestHandle
 from .graph import StageGraph
+from .links import Links
 from .mps import MpsDaemon, daemons_for
 from .outbound import Outbound
 from .processes import Child, StartupError, describe_exit
@@ -100,9 +101,10 @@ class Runtime:
             for p in plan.processes
         }
         self.on_progress = on_progress or (lambda *_: None)
-        self.transport_name = default_transport(config)
-        self.transport = self.plugins.transport(self.transport_name)
-        self.inbox: Any = None
+        self.launcher = self.plugins.launcher(config.runtime.launcher)
+        self.session = self.launcher.session(plan, config)
+        self.links = Links(plan, config)
+        self.inboxes: list[Any] = []
         self.outbound = Outbound()
         self._tg: Any = None
         self._stack: Any = None
@@ -132,10 +134,16 @@ class Runtime:
             for daemon in self.mps.values():
                 await anyio.to_thread.run_sync(daemon.start)
                 self.on_progress("mps", f"gpu{daemon.gpu}", {"pipe": daemon.pipe_dir})
-            self.inbox = self.transport.listen(self.table.coordinator, secret=self.secret)
+            with anyio.fail_after(self.config.ray.connect_timeout + 30):
+                await self.session.open()
+            self.links = Links(self.plan, self.config, dict(self.session.addresses))
+            for name, address in self.links.listens(None):
+                transport = self.plugins.transport(name)
+                self.inboxes.append(transport.listen(address, secret=self.secret))
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
-            self._tg.start_soon(self._receive)
+            for inbox in self.inboxes:
+                self._tg.start_soon(self._receive, inbox)
             for wave in self.plan.start_waves:
                 await self._start_wave([self.children[name] for name in wave])
             self._tg.start_soon(self._monitor)
@@ -146,7 +154,7 @@ class Runtime:
     async def _start_wave(self, children: list[Child]) -> None:
         for child in children:
             self.on_progress("loading", child.name, {"stages": list(child.plan.stages)})
-            child.spawn(self._spec(child))
+            self._spawn(child)
         errors: list[str] = []
 
         async def wait(child: Child) -> None:
@@ -164,6 +172,9 @@ class Runtime:
         if errors:
             raise StartupError("\n\n".join(errors))
 
+    def _spawn(self, child: Child) -> None:
+        child.spawn(self._spec(child), self.session.process(child.name, child.log_path))
+
     def _spec(self, child: Child) -> ChildSpec:
         daemon = self.mps.get(child.plan.gpu) if child.plan.gpu is not None else None
         return ChildSpec(
@@ -175,6 +186,7 @@ class Runtime:
             plugin_modules=self.plugin_modules,
             extra_env=daemon.client_env() if daemon else {},
             secret=self.secret,
+            addresses=dict(self.links.addresses),
         )
 
     async def aclose(self, grace: float | None = None) -> None:
@@ -207,10 +219,11 @@ class Runtime:
                 await child.stop()
             for daemon in self.mps.values():  # after the last client stopped
                 await anyio.to_thread.run_sync(daemon.stop)
+            await self.session.aclose()  # after the last process: nothing survives
             await self.outbound.aclose()
-            if self.inbox is not None:
-                await self.inbox.aclose()
-            self.inbox = None
+            for inbox in self.inboxes:
+                await inbox.aclose()
+            self.inboxes = []
         if self._owns_dir:  # never a directory we refused, or another runtime's
             shutil.rmtree(self.plan.endpoints.runtime_dir, ignore_errors=True)
             self._owns_dir = False
@@ -246,17 +259,21 @@ class Runtime:
             if child.state == "healthy":
                 # A process that cannot be told is being restarted or is gone.
                 with contextlib.suppress(Exception):
-                    await self._send(self.table.endpoints[process], envelope)
+                    await self._send(process, envelope)
 
     async def _send_from_coordinator(self, envelope: m.Envelope) -> None:
-        await self._send(self.table.address_for(envelope.target, envelope.binding), envelope)
+        await self._send(self.table.process_for(envelope.target, envelope.binding), envelope)
 
-    async def _send(self, address: str, envelope: m.Envelope) -> None:
+    async def _send(self, process: str, envelope: m.Envelope) -> None:
+        name, address = self.links.route(None, process)
+        transport = self.plugins.transport(name)
         await self.outbound.send(
-            address, lambda: self.transport.connect(address, secret=self.secret), envelope
+            (name, address),
+            lambda: transport.connect(address, secret=self.secret),
+            envelope,
         )
 
-    async def _receive(self) -> None:
+    async def _receive(self, inbox: Any) -> None:
         # A request can end while stages of it still run: a terminal stage that
         # stopped reading its input stream early (a stop string was hit), or a
         # failure in one branch of a fan-out. Their work is wasted and holds
@@ -264,7 +281,7 @@ class Runtime:
         # abort for work already finished costs one small message, no more).
         leftovers = any(s.stream_to for s in self.config.stages)
         while True:
-            envelope = await self.inbox.recv()
+            envelope = await inbox.recv()
             handle = self.coordinator.requests.get(envelope.request_id)
             self.coordinator.on_envelope(envelope)
             if handle is not None and handle.done.is_set() and (leftovers or handle.error):
@@ -333,7 +350,7 @@ class Runtime:
             try:
                 for child in group:
                     child.restarts += 1
-                    child.spawn(self._spec(child))
+                    self._spawn(child)
                     child.state = "restarting"
                 for child in group:
                     await child.wait_ready(self.config.runtime.startup_timeout)
@@ -362,6 +379,8 @@ class Runtime:
             groups[child.name] = {
                 "state": child.state,
                 "stages": list(child.plan.stages),
+                "node": child.plan.node,
+                **(child.proc.where() if child.proc is not None else {}),
                 "restarts": child.restarts,
                 "last_exit": child.last_exit or None,
                 "heartbeat_age_seconds": round(time.monotonic() - self.last_heartbeat(child), 3)
@@ -374,6 +393,7 @@ class Runtime:
                 "runs": self.coordinator.stage_runs.get(child.name, {})
                 if child.state == "healthy"
                 else {},
+                "received": self.coordinator.received.get(child.name, {}),
             }
         states = {g["state"] for g in groups.values()}
         if not self.coordinator.accepting:

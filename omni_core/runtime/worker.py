@@ -30,13 +30,13 @@ from anyio.abc import TaskGroup
 from ..errors import OmniError, RequestError
 from ..factory import StageContext, import_object
 from ..plan.model import DeploymentPlan
-from ..plan.transports import address_for, default_transport, edge_transport, incoming_transports
 from ..plugins import OmniPlugins
 from ..schema import PipelineConfig
 from ..transport import ChannelClosed
 from ..wire import allow_wire_types
 from . import messages as m
 from .graph import StageGraph
+from .links import Links
 from .outbound import Outbound
 from .routing_table import RoutingTable
 from .rundir import open_private
@@ -64,6 +64,10 @@ class ChildSpec:
     # The deployment's secret: crosses to the child inside the spawn pipe, never
     # through a file or the environment, and is never printed.
     secret: bytes = field(default=b"", repr=False)
+    # Multi-node launchers: the TCP addresses they reserved (process name, and
+    # "coordinator"), and cluster GPU ids renumbered as this process sees them.
+    addresses: dict[str, str] = field(default_factory=dict)
+    gpu_map: dict[int, int] = field(default_factory=dict)
 
 
 def child_main(spec: ChildSpec, conn: Any) -> None:
@@ -123,8 +127,11 @@ class Worker:
                 self.plugins.register(importlib.import_module(name), name=name)
         allow_wire_types(self.plugins.wire_types())
         self.process = spec.plan.process(spec.process)
+        self.links = Links(spec.plan, spec.config, spec.addresses)
         self.stages: dict[str, Any] = {}
         self.inboxes: list[Any] = []
+        self.inbox_transports: dict[int, str] = {}  # id(inbox) -> transport name
+        self.received: dict[str, int] = {}  # transport -> messages it brought in
         self.outbound = Outbound()
         self.tg: TaskGroup | None = None
         self.scopes: dict[str, set[anyio.CancelScope]] = {}
@@ -147,7 +154,7 @@ class Worker:
                 replica=placement.replica,
                 tp_rank=self.process.tp_rank or 0,
                 tp_size=placement.tp_size,
-                gpu_ids=tuple(placement.gpus),
+                gpu_ids=tuple(self.spec.gpu_map.get(g, g) for g in placement.gpus),
                 gpu_memory_fraction=placement.gpu_memory_fraction,
                 total_reserve_bytes=placement.total_reserve_bytes,
             )
@@ -165,11 +172,11 @@ class Worker:
         return timings
 
     async def listen(self) -> None:
-        default = default_transport(self.config)
-        for name in sorted(incoming_transports(self.config, list(self.stages))):
+        for name, address in self.links.listens(self.process.name, list(self.stages)):
             transport = self.plugins.transport(name)
-            address = address_for(self.table.endpoints[self.process.name], name, default)
-            self.inboxes.append(transport.listen(address, secret=self.spec.secret))
+            inbox = transport.listen(address, secret=self.spec.secret)
+            self.inbox_transports[id(inbox)] = name
+            self.inboxes.append(inbox)
 
     # -- serving ------------------------------------------------------------
     async def serve(self) -> None:
@@ -207,19 +214,26 @@ class Worker:
         Sent from the loop, not from a thread: a loop that is blocked (a stage
         computing without yielding, a deadlock, SIGSTOP) goes silent, and the
         supervisor treats silence as a hang. Each heartbeat carries the
-        stages' queue depth and run times, which /health and /metrics show.
+        stages' queue depth and run times, which /health and /metrics show,
+        and how many messages each transport brought in (which one really ran).
         """
         timeout = self.config.runtime.heartbeat_timeout
         interval = min(timeout / HEARTBEATS_PER_TIMEOUT, MAX_HEARTBEAT_INTERVAL)
         while True:
             with contextlib.suppress(Exception):  # the coordinator may be stopping
-                stats = {"queue": self.stats(), "runs": self.run_stats()}
+                stats = {
+                    "queue": self.stats(),
+                    "runs": self.run_stats(),
+                    "received": dict(self.received),
+                }
                 await self._send(m.Envelope(m.HEARTBEAT, "", "", self.process.name, stats))
             await anyio.sleep(interval)
 
     async def _serve_inbox(self, inbox: Any) -> None:
+        name = self.inbox_transports.get(id(inbox), "?")
         while True:
             envelope = await inbox.recv()
+            self.received[name] = self.received.get(name, 0) + 1
             await self.dispatch(envelope)
 
     async def dispatch(self, env: m.Envelope) -> None:
@@ -397,13 +411,12 @@ class Worker:
         if env.target and env.target in self.stages:
             await self.dispatch(env)
             return
-        default = default_transport(self.config)
         if env.target:
-            transport = edge_transport(self.config, env.source, env.target)
-            base = self.table.address_for(env.target, env.binding)
-            address = address_for(base, transport, default)
+            target = self.table.process_for(env.target, env.binding)
+            edge = (env.source, env.target)
+            transport, address = self.links.route(self.process.name, target, edge)
         else:
-            transport, address = default, self.table.coordinator
+            transport, address = self.links.route(self.process.name, None)
         try:
             await self.outbound.send(
                 (transport, address),

@@ -3,8 +3,10 @@
 from .deployment import (
     ClusterConfig,
     EndpointsConfig,
+    NodeConfig,
     PlacementConfig,
     ProcessConfig,
+    RayConfig,
     RuntimeConfig,
     ServerConfig,
 )
@@ -31,9 +33,11 @@ __all__ = [
     "EngineStageConfig",
     "FactoryArgs",
     "LoadFormat",
+    "NodeConfig",
     "PipelineConfig",
     "PlacementConfig",
     "ProcessConfig",
+    "RayConfig",
     "RuntimeConfig",
     "ServerConfig",
     "SettingsGroup",

@@ -20,6 +20,10 @@ class ProcessConfig(BaseModel):
 
     num_replicas: int = 1
     replica_devices: list[int] | None = None
+    node: str | None = Field(
+        default=None,
+        description="cluster node the process runs on (multi-node plans; [cluster] nodes)",
+    )
 
     @field_validator("replica_devices", mode="before")
     @classmethod
@@ -60,6 +64,40 @@ class PlacementConfig(BaseModel):
         return self
 
 
+class NodeConfig(BaseModel):
+    """One machine of a multi-node cluster, declared for planning on hardware you are not on.
+
+    GPU ids count the cluster's GPUs in node order (the first node's first),
+    so on one node they are that node's own ids; each process is told its
+    node-local id.
+    """
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+    name: str
+    gpus: int = 0
+    gpu_memory: int | None = None
+    cpus: float | None = None
+
+    @field_validator("gpu_memory", mode="before")
+    @classmethod
+    def _parse_memory(cls, value: Any) -> Any:
+        return None if value is None else parse_bytes(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> NodeConfig:
+        if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(
+                f"node name {self.name!r} must be letters, digits, '-' and '_' (it names "
+                "actors and processes)"
+            )
+        if self.gpus < 0:
+            raise ValueError(f"node {self.name!r}: gpus must be >= 0, got {self.gpus}")
+        if self.cpus is not None and self.cpus <= 0:
+            raise ValueError(f"node {self.name!r}: cpus must be > 0, got {self.cpus}")
+        return self
+
+
 class ClusterConfig(BaseModel):
     """The GPU inventory to plan against, when it is not (or cannot be) detected."""
 
@@ -68,6 +106,11 @@ class ClusterConfig(BaseModel):
     gpus: int | None = None
     gpu_memory: int | None = None
     mps_available: bool | None = None
+    nodes: list[NodeConfig] = Field(
+        default=[],  # not default_factory=list: see stage.py
+        description="machines of a multi-node cluster, for planning offline; "
+        "the first is where omni serve runs",
+    )
 
     @field_validator("gpu_memory", mode="before")
     @classmethod
@@ -78,6 +121,14 @@ class ClusterConfig(BaseModel):
     def _check(self) -> ClusterConfig:
         if self.gpus is not None and self.gpus < 0:
             raise ValueError(f"gpus must be >= 0, got {self.gpus}")
+        names = [node.name for node in self.nodes]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"nodes: the name {twice[0]!r} is used twice; names must differ")
+        if self.nodes and self.gpus is not None:
+            raise ValueError(
+                "gpus and nodes both describe the inventory; with nodes, give each node its gpus"
+            )
         return self
 
 
@@ -122,6 +173,15 @@ class RuntimeConfig(BaseModel):
         "out among the deployment's processes, at least 1 each",
     )
     transport: str = Field(default="auto", description="transport between processes")
+    launcher: str = Field(
+        default="local",
+        description='how process groups are started: "local" (child processes of omni '
+        'serve) or "ray" (actors on a Ray cluster; pip install omni-core[ray])',
+    )
+    cross_node_transport: str = Field(
+        default="tcp",
+        description="transport of every edge between processes on different nodes",
+    )
     edge_transports: dict[str, str] = Field(
         default_factory=dict, description='per edge, e.g. "tts_engine->vocoder" = "socket"'
     )
@@ -149,6 +209,40 @@ class RuntimeConfig(BaseModel):
         for edge in self.edge_transports:
             if edge.count("->") != 1:
                 raise ValueError(f'edge_transports key {edge!r} must be "SOURCE->TARGET"')
+        return self
+
+
+class RayConfig(BaseModel):
+    """The Ray cluster ``runtime.launcher = "ray"`` runs on, and how the plan is placed there."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+    address: str | None = Field(
+        default=None,
+        description="cluster to join (ray://... or HOST:PORT); default $RAY_ADDRESS, "
+        "else a local cluster when start_local is set",
+    )
+    start_local: bool = Field(
+        default=False, description="start a one-node Ray cluster when no address is given"
+    )
+    strategy: Literal["pack", "spread"] = Field(
+        default="pack",
+        description="pack processes onto as few nodes as fit, or spread them across nodes",
+    )
+    namespace: str = Field(default="omni", description="Ray namespace of the actors")
+    cpus_per_process: float = Field(
+        default=1.0, description="CPUs each process group reserves in its bundle"
+    )
+    connect_timeout: float = Field(
+        default=60.0, description="seconds to join the cluster and place the placement group"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RayConfig:
+        if self.cpus_per_process <= 0:
+            raise ValueError(f"cpus_per_process must be > 0, got {self.cpus_per_process}")
+        if self.connect_timeout <= 0:
+            raise ValueError(f"connect_timeout must be > 0, got {self.connect_timeout}")
         return self
 
 
@@ -193,6 +287,10 @@ class ServerConfig(BaseModel):
     voice_aliases: dict[str, str] = Field(
         default={},  # not default_factory=dict: see stage.py
         description='names clients send mapped to the server\'s voices, e.g. alloy = "vivian"',
+    )
+    playground: bool = Field(
+        default=True,
+        description="serve the browser playground at /playground, linked from /; false: 404",
     )
 
     @field_validator("max_body_bytes", "remote_media_max_bytes", mode="before")

@@ -19,6 +19,7 @@ from .deployment import (
     EndpointsConfig,
     PlacementConfig,
     ProcessConfig,
+    RayConfig,
     RuntimeConfig,
     ServerConfig,
 )
@@ -72,6 +73,7 @@ class PipelineConfig(BaseModel):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     endpoints: EndpointsConfig = Field(default_factory=EndpointsConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
 
     @classmethod
@@ -169,13 +171,23 @@ class PipelineConfig(BaseModel):
                             "does not exist; "
                             + suggestion(ref, seen, kind="stages of this pipeline")
                         )
-        known_processes = {self.process_of(s) for s in self.stages}
-        for name in self.processes:
-            if name not in known_processes:
-                yield (
-                    f"processes.{name}: no stage runs in a process called {name!r}; "
-                    + suggestion(name, known_processes, kind="processes of this deployment")
-                )
+
+    def process_problems(self) -> list[SourceProblem]:
+        """``[processes.NAME]`` tables naming a process no stage runs in (with their paths,
+        so the error says who wrote them)."""
+        known = {self.process_of(s) for s in self.stages}
+        return [
+            (
+                tuple(
+                    ("processes", name, key)
+                    for key in sorted(self.processes[name].model_fields_set)
+                ),
+                f"processes.{name}: no stage runs in a process called {name!r}",
+                suggestion(name, known, kind="processes of this deployment"),
+            )
+            for name in self.processes
+            if name not in known
+        ]
 
     # -- lookups ------------------------------------------------------------
     @property

@@ -21,15 +21,13 @@ T = TypeVar("T")
 
 def build_runtime(resolution: Any, *, on_progress: Any = None, detect: bool = True) -> Any:
     """Plan the resolved deployment on this machine and wrap it in a (not yet started) Runtime."""
-    from ..plan import inventory_from_cluster, plan_deployment, resolve_inventory
+    from ..plan import inventory_for, plan_deployment
     from ..plugins import get_plugins
     from ..runtime import Runtime
 
     config = resolution.config
     plugins = get_plugins()
-    inventory = (
-        resolve_inventory(config.cluster) if detect else inventory_from_cluster(config.cluster)
-    )
+    inventory = inventory_for(config, plugins, detect=detect)
     plan = plan_deployment(config, inventory, plugins)
     return Runtime(
         plan,

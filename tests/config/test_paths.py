@@ -30,7 +30,7 @@ from .conftest import SEED
         ("--vocoder.factory.gpu_id", "owned by placement", "gpu_memory_fraction"),
         ("--vocoder.engine.max_running_requests", "not an engine stage", "tts_engine"),
         ("--vocoder.gpuu", "has no field 'gpuu'", "did you mean: gpu"),
-        ("--processes.pipelin.num_replicas", "no stage of qwen3-tts runs in a process", "pipeline"),
+        ("--processes.pipelin.num_replicas", "no stage runs in a process", "pipeline"),
         ("--placement.polcy", "has no field 'polcy'", "did you mean: policy"),
         ("--mps.x", "single value, not a group", "mps = VALUE"),
     ],

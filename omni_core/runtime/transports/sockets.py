@@ -10,7 +10,7 @@ buffer data is never pickled and copied once per side.
 
 from __future__ import annotations
 
-from ...transport import Channel, Transport
+from ...transport import AddressError, Channel, Transport
 from . import _address
 from ._stream import StreamReceiver, StreamSender
 
@@ -26,6 +26,7 @@ class SocketTransport(Transport):
         return str(_address.parse(address, transport=self.name))
 
     def listen(self, address: str, *, secret: bytes) -> Channel:
+        self.check_address(address)
         return StreamReceiver(
             _address.parse(address, transport=self.name),
             transport=self.name,
@@ -40,3 +41,23 @@ class SocketTransport(Transport):
             shm_min=None,
             secret=secret,
         )
+
+
+class TcpTransport(SocketTransport):
+    """The socket transport over ``tcp://HOST:PORT`` only: what edges between nodes use.
+
+    Its own name lets a plan say which edges leave the host, and lets
+    ``runtime.cross_node_transport`` be checked: a Unix address is refused here.
+    """
+
+    name = "tcp"
+    description = "TCP between nodes, authenticated; buffers sent raw after a skeleton"
+    scopes = frozenset({"network"})
+
+    def check_address(self, address: str) -> str:
+        parsed = _address.parse(address, transport=self.name)
+        if parsed.scheme != "tcp":
+            raise AddressError(
+                f"tcp: {address!r} is not a TCP address", hint="write tcp://HOST:PORT"
+            )
+        return str(parsed)

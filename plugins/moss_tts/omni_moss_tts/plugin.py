@@ -21,3 +21,13 @@ def omni_estimate_memory(pipeline):
     from .memory import estimate
 
     return estimate(pipeline)
+
+
+@hookimpl
+def omni_register_wire_types():
+    """The payload classes that cross between stages when they run in different processes."""
+    return [
+        "omni_moss_tts.prompt:MossPrompt",
+        "omni_moss_tts.model:TextSampling",
+        "omni_moss_tts.model:RequestPrompt",
+    ]

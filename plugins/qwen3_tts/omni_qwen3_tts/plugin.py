@@ -21,3 +21,9 @@ def omni_estimate_memory(pipeline):
     from .memory import estimate
 
     return estimate(pipeline)
+
+
+@hookimpl
+def omni_register_wire_types():
+    """The payload classes that cross between stages when they run in different processes."""
+    return ["omni_qwen3_tts.prompt:TTSPrompt"]

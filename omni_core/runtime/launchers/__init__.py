@@ -1,0 +1,1 @@
+"""The built-in launchers: ``local`` (child processes) and ``ray`` (actors on a cluster)."""

@@ -1,0 +1,418 @@
+"""``ray``: the plan's process groups as actors in one placement group on a Ray cluster.
+
+``omni serve`` joins a running cluster (``ray.address`` / ``--ray-address``,
+else ``$RAY_ADDRESS``) or, when ``ray.start_local`` is set, starts a one-node
+cluster of its own. The plan is placed as one placement group:
+
+* one bundle per GPU the plan uses (``{"GPU": 1, "CPU": ...}``), holding
+  every process of that GPU, and one bundle per CPU-only process;
+* each bundle is pinned to the node the planner chose for it (the
+  ``ray.io/node-id`` label), under the deploy file's strategy (``pack`` or
+  ``spread``), so what ``omni plan`` printed is what runs;
+* each process group runs as a :class:`~.ray_actor.ProcessGroupActor` named
+  ``omni-<deployment>-<process>`` (readable in Ray's dashboard) in its
+  bundle; the actor spawns the ordinary child process on its node.
+
+The runtime supervises actors as it supervises local children: an actor or
+child that dies fails its requests and is started again (a new actor in the
+same bundle when the actor itself is gone). Closing the session kills every
+actor and removes the placement group; a cluster this session started is
+stopped. The parent's Ray connection lives as long as the session.
+
+Node names: a node's ``omni-node`` label (``ray start --labels
+'{"omni-node": "gpu-a"}'``) where it has one, else ``node-<first 8 hex of its
+id>``; the node ``omni serve`` runs on comes first and holds the coordinator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import threading
+from typing import Any
+
+from ...errors import OmniError
+from ...launcher import Launcher, LaunchSession, ProcessHandle
+from ...placement import ClusterNode, GpuDevice, GpuInventory
+
+NODE_LABEL = "omni-node"
+NODE_ID_LABEL = "ray.io/node-id"
+EVENT_WAIT = 0.5  # seconds one remote wait for a child event lasts
+STOP_TIMEOUT = 5.0
+
+
+class RayUnavailable(OmniError):
+    """Ray is not installed, or the cluster cannot be reached or cannot hold the plan."""
+
+
+def import_ray() -> Any:
+    # Ray's native signal handler (read when ray is imported) turns the SIGTERM
+    # that stops `omni serve` into an abort with a stack dump; omni handles
+    # SIGTERM itself and stops cleanly.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable(
+            'runtime.launcher = "ray" needs Ray, which is not installed',
+            hint="pip install 'omni-core[ray]'",
+        ) from None
+    return ray
+
+
+def cluster_address(config: Any) -> str | None:
+    """Where to join: ``ray.address``, else ``$RAY_ADDRESS``; None for no cluster named."""
+    return config.ray.address or os.environ.get("RAY_ADDRESS") or None
+
+
+def connect(config: Any) -> bool:
+    """Join (or start) the cluster; True when this call connected (and so must disconnect)."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    address = cluster_address(config)
+    if address is None and not config.ray.start_local:
+        raise RayUnavailable(
+            'runtime.launcher = "ray" names no cluster',
+            hint="pass --ray-address HOST:PORT (or set RAY_ADDRESS), or set "
+            "ray.start_local = true to start a one-node cluster",
+        )
+    handlers = _signal_handlers()
+    try:
+        ray.init(
+            address=address,
+            namespace=config.ray.namespace,
+            log_to_driver=False,
+            include_dashboard=False if address is None else None,
+            configure_logging=False,
+        )
+    except Exception as exc:  # ConnectionError, RuntimeError, ValueError, by version
+        raise RayUnavailable(
+            f"cannot join the Ray cluster at {address or '(a new local cluster)'}: {exc}",
+            hint="start one with `ray start --head`, and pass its address with --ray-address",
+        ) from None
+    finally:
+        _restore(handlers)
+    return True
+
+
+def _signal_handlers() -> dict[int, Any]:
+    """SIGTERM and SIGINT as omni set them (ray.init replaces them with a sys.exit)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore(handlers: dict[int, Any]) -> None:
+    for number, handler in handlers.items():
+        if handler is not None:
+            signal.signal(number, handler)
+
+
+def node_name(node: dict[str, Any]) -> str:
+    labels = node.get("Labels") or {}
+    return labels.get(NODE_LABEL) or f"node-{node['NodeID'][:8]}"
+
+
+def live_inventory(ray: Any) -> GpuInventory:
+    """The cluster's alive nodes, the driver's first, as a multi-node inventory."""
+    here = ray.get_runtime_context().get_node_id()
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    alive.sort(key=lambda n: (n["NodeID"] != here, node_name(n)))
+    nodes, devices = [], []
+    for node in alive:
+        resources = node.get("Resources", {})
+        gpus = int(resources.get("GPU", 0))
+        first = len(devices)
+        devices += [GpuDevice(first + i) for i in range(gpus)]
+        nodes.append(
+            ClusterNode(
+                node_name(node),
+                gpus,
+                first,
+                resources.get("CPU"),
+                node["NodeID"],
+                node.get("NodeManagerAddress"),
+            )
+        )
+    return GpuInventory(tuple(devices), True, None, "ray", (), tuple(nodes))
+
+
+class RayLauncher(Launcher):
+    name = "ray"
+    description = "actors on a Ray cluster, one placement group (pip install omni-core[ray])"
+
+    def inventory(self, config: Any) -> GpuInventory | None:
+        """The connected cluster's nodes; None (plan offline) when no cluster is named."""
+        if cluster_address(config) is None:
+            return None
+        ray = import_ray()
+        owned = connect(config)
+        try:
+            return live_inventory(ray)
+        finally:
+            if owned:
+                ray.shutdown()
+
+    def session(self, plan: Any, config: Any) -> LaunchSession:
+        return RaySession(plan, config)
+
+
+class RaySession(LaunchSession):
+    def __init__(self, plan: Any, config: Any):
+        self.plan, self.config = plan, config
+        self.addresses: dict[str, str] = {}
+        self.ray: Any = None
+        self.owned = False
+        self.pg: Any = None
+        self.bundle_of: dict[str, int] = {}
+        self.share_of: dict[str, tuple[float, float]] = {}  # process -> (cpus, gpus)
+        self.actors: dict[str, Any] = {}
+        self.prefix = f"omni-{plan.endpoints.deployment_id}"
+
+    # -- open -----------------------------------------------------------------
+    async def open(self) -> None:
+        self.ray = import_ray()
+        self.owned = connect(self.config)
+        try:
+            self._place()
+            self._reserve()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    def _node_ids(self) -> dict[str, str]:
+        """The plan's node names to live node ids; every planned node must be alive."""
+        live = live_inventory(self.ray)
+        ids = {node.name: node.node_id for node in live.nodes}
+        if self.plan.nodes is None:  # planned for one host: all of it on the driver's node
+            return {None: live.nodes[0].node_id}  # type: ignore[dict-item]
+        missing = sorted({n.name for n in self.plan.nodes.nodes} - set(ids))
+        if missing:
+            raise RayUnavailable(
+                f"the plan places processes on node{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(missing)}, which the Ray cluster does not have (alive: "
+                f"{', '.join(ids)})",
+                hint=f"label the nodes with ray start --labels '{{\"{NODE_LABEL}\": NAME}}', "
+                "or plan against the cluster itself (omni plan with --ray-address)",
+            )
+        return ids
+
+    def _place(self) -> None:
+        from ray.util import placement_group
+
+        ids = self._node_ids()
+        cpus = self.config.ray.cpus_per_process
+        bundles: list[dict[str, float]] = []
+        selectors: list[dict[str, str]] = []
+        by_gpu: dict[tuple[str | None, int], int] = {}
+        members: dict[int, list[str]] = {}
+        for process in self.plan.processes:
+            node = process.node if self.plan.nodes is not None else None
+            key = (node, process.gpu) if process.gpu is not None else None
+            if key is not None and key in by_gpu:
+                index = by_gpu[key]
+                bundles[index]["CPU"] += cpus
+            else:
+                index = len(bundles)
+                bundle = {"CPU": cpus}
+                if process.gpu is not None:
+                    bundle["GPU"] = 1.0
+                    by_gpu[key] = index  # type: ignore[index]
+                bundles.append(bundle)
+                selectors.append({NODE_ID_LABEL: ids[node]})  # type: ignore[index]
+            self.bundle_of[process.name] = index
+            members.setdefault(index, []).append(process.name)
+        for index, names in members.items():
+            gpus = bundles[index].get("GPU", 0.0)
+            for name in names:
+                self.share_of[name] = (cpus, gpus / len(names))
+        strategy = self.config.ray.strategy.upper()
+        self.pg = placement_group(
+            bundles, strategy=strategy, name=self.prefix, bundle_label_selector=selectors
+        )
+        try:
+            self.ray.get(self.pg.ready(), timeout=self.config.ray.connect_timeout)
+        except Exception:
+            raise RayUnavailable(
+                f"the Ray cluster could not place the plan's {len(bundles)} bundles "
+                f"({_describe(bundles)}) within {self.config.ray.connect_timeout:g} s",
+                hint="check free resources with `ray status`; lower ray.cpus_per_process, "
+                "or raise ray.connect_timeout",
+            ) from None
+
+    def _reserve(self) -> None:
+        """Create every group's actor; each reserves its node's TCP port for the group."""
+        for process in self.plan.processes:
+            self.actors[process.name] = self._actor(process.name)
+        hosts = self.ray.get([a.node_ip.remote() for a in self.actors.values()])
+        ports = self.ray.get(
+            [a.reserve.remote(h) for a, h in zip(self.actors.values(), hosts, strict=True)]
+        )
+        self.addresses = dict(zip(self.actors, ports, strict=True))
+        self.addresses["coordinator"] = _reserve_here(self.ray.util.get_node_ip_address())
+
+    def _actor(self, process: str) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from .ray_actor import ProcessGroupActor
+
+        cpus, gpus = self.share_of[process]
+        remote = self.ray.remote(ProcessGroupActor)
+        return remote.options(
+            name=f"{self.prefix}-{process}",
+            namespace=self.config.ray.namespace,
+            num_cpus=cpus,
+            num_gpus=gpus,
+            max_restarts=0,
+            max_concurrency=4,  # a blocking wait for events must not hold up a stop
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.pg, placement_group_bundle_index=self.bundle_of[process]
+            ),
+        ).remote(f"{self.prefix}-{process}", self.plan.endpoints.runtime_dir)
+
+    # -- processes --------------------------------------------------------------
+    def process(self, name: str, log_path: str) -> ProcessHandle:
+        return RayProcess(self, name, log_path)
+
+    def actor(self, name: str) -> Any:
+        """The group's actor, a new one in the same bundle when the old one is gone."""
+        actor = self.actors.get(name)
+        if actor is not None:
+            try:
+                self.ray.get(actor.node_ip.remote(), timeout=10)
+                return actor
+            except Exception:
+                self._kill(actor)
+        actor = self.actors[name] = self._actor(name)
+        return actor
+
+    # -- close ----------------------------------------------------------------------
+    async def aclose(self) -> None:
+        if self.ray is None:
+            return
+        for actor in self.actors.values():
+            self._kill(actor)
+        self.actors.clear()
+        if self.pg is not None:
+            from ray.util import remove_placement_group
+
+            with contextlib.suppress(Exception):  # a cluster that is gone holds nothing
+                remove_placement_group(self.pg)
+            self.pg = None
+        if self.owned and self.ray.is_initialized():
+            self.ray.shutdown()
+        self.owned = False
+
+    def _kill(self, actor: Any) -> None:
+        with contextlib.suppress(Exception):  # already dead
+            self.ray.kill(actor, no_restart=True)
+
+
+def _reserve_here(host: str) -> str:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        return f"tcp://{host}:{sock.getsockname()[1]}"
+
+
+def _describe(bundles: list[dict[str, float]]) -> str:
+    gpu = sum(1 for b in bundles if b.get("GPU"))
+    cpu = sum(b["CPU"] for b in bundles)
+    return f"{gpu} GPU{'s' if gpu != 1 else ''}, {cpu:g} CPUs"
+
+
+class RayProcess(ProcessHandle):
+    """A process group's child, as seen through its actor.
+
+    A thread waits on the actor for the child's events (so nothing here blocks
+    the event loop): ready and failed messages queue up for ``recv``; the
+    child's exit, or the actor's death, sets ``exitcode``.
+    """
+
+    def __init__(self, session: RaySession, name: str, log_path: str):
+        self.session, self.name, self.log_path = session, name, log_path
+        self.actor: Any = None
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._exitcode: int | None = None
+        self._started = False
+        self._tail: str | None = None
+        self._where: dict[str, Any] = {}
+        self._watcher: threading.Thread | None = None
+
+    def start(self, spec: Any) -> None:
+        self.actor = self.session.actor(self.name)
+        ray = self.session.ray
+        ray.get(self.actor.start.remote(spec), timeout=60)
+        self._where = ray.get(self.actor.where.remote(), timeout=10)
+        self._started = True
+        self._watcher = threading.Thread(target=self._watch, name=f"omni-ray:{self.name}")
+        self._watcher.daemon = True
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        ray = self.session.ray
+        while True:
+            try:
+                event = ray.get(self.actor.next_event.remote(EVENT_WAIT))
+            except Exception as exc:  # the actor died (RayActorError) or Ray went away
+                self._tail = f"(actor {self.session.prefix}-{self.name} is gone: {exc})"
+                self._exitcode = -9
+                return
+            if event is None:
+                continue
+            if event[0] == "exited":
+                self._tail = event[2]
+                code = event[1]
+                self._exitcode = code if code is not None else -9
+                return
+            self.events.put((event[0], event[1]))
+
+    def poll(self) -> bool:
+        return not self.events.empty()
+
+    def recv(self) -> tuple[str, Any]:
+        try:
+            return self.events.get_nowait()
+        except queue.Empty:
+            raise EOFError from None
+
+    def is_alive(self) -> bool:
+        return self._started and self._exitcode is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._exitcode
+
+    @property
+    def pid(self) -> int | None:
+        return self._where.get("pid")
+
+    def terminate(self) -> None:
+        if self.actor is not None:
+            self.actor.signal.remote(int(signal.SIGTERM))
+
+    def kill(self) -> None:
+        if self.actor is not None:
+            self.actor.signal.remote(int(signal.SIGKILL))
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._watcher is not None:
+            self._watcher.join(timeout)
+
+    def where(self) -> dict[str, Any]:
+        return {k: v for k, v in self._where.items() if k != "pid"}
+
+    def log_tail(self, lines: int = 20) -> str | None:
+        if self._tail is not None:
+            return self._tail
+        if self.actor is None:
+            return None
+        try:
+            return self.session.ray.get(self.actor.log_tail.remote(lines), timeout=5)
+        except Exception:
+            return None
