@@ -15,7 +15,7 @@ REFERENCE_VENV ?= /tmp/qwen-tts-ref
 # package and index; neither asks anything of the user. Failures still print.
 PIP_QUIET := --quiet --quiet
 
-.PHONY: install test test-all lint format plan serve bench test-reference clean
+.PHONY: install test test-all lint format plan serve bench test-reference clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,7 @@ $(BIN)/python:
 # recompile them, ~15% of `omni config`'s start-up (benchmarks/bench_cli.py).
 $(STAMP): $(BIN)/python pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	$(BIN)/pip install $(PIP_QUIET) torch==2.13.0
-	$(BIN)/pip install $(PIP_QUIET) -e ".[test,gpu,audio]" $(addprefix -e ,$(PLUGINS)) openai
+	$(BIN)/pip install $(PIP_QUIET) -e ".[test,gpu,audio,ray]" $(addprefix -e ,$(PLUGINS)) openai
 	$(BIN)/python -m compileall -q omni_core $(foreach p,$(PLUGINS),$(p)/omni_*)
 	touch $(STAMP)
 	@echo "installed: $(BIN)/omni (try: $(BIN)/omni plugins list)"
@@ -39,6 +39,22 @@ test: $(STAMP)
 # Everything, the slow end-to-end cases too (run before calling an issue done).
 test-all: $(STAMP)
 	$(BIN)/pytest -q --slow
+
+# The playground's browser tests drive a real headless Chromium through Playwright, using
+# Debian's chromium package (Playwright's own browser downloads are not used). Installed
+# here when missing and apt can (root); otherwise the tests skip, saying why.
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@if [ -x "$(CHROMIUM)" ] || command -v chromium >/dev/null 2>&1; then \
+	  echo "chromium: $$(command -v chromium || echo $(CHROMIUM))"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+	    && echo "chromium: installed $$(command -v chromium)"; } \
+	  || echo "chromium could not be installed (apt-get failed): the browser tests will skip"; \
+	else \
+	  echo "chromium is missing and cannot be installed here (needs root and apt-get):"; \
+	  echo "  install Debian's chromium package, or set OMNI_CHROMIUM; the browser tests skip meanwhile"; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

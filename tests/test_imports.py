@@ -71,7 +71,7 @@ def test_listing_resolving_and_planning_import_no_ml_framework() -> None:
 
 
 def test_listing_loads_no_transport_or_planner_implementation() -> None:
-    """Built-ins register lazily: the listing names them without importing them."""
+    """Built-ins register lazily: the listing names them without importing them (nor Ray)."""
     code = (
         "import sys\n"
         "from omni_core.plugins import OmniPlugins\n"
@@ -79,8 +79,11 @@ def test_listing_loads_no_transport_or_planner_implementation() -> None:
         "rows = plugins.listing(include_builtin=True)\n"
         "names = {t for row in rows if row['builtin'] for t in row['transports']}\n"
         "assert names == {'inproc', 'shm', 'socket', 'tcp'}, names\n"
+        "launchers = {t for row in rows if row['builtin'] for t in row['launchers']}\n"
+        "assert launchers == {'local', 'ray'}, launchers\n"
         "heavy = [m for m in ('omni_core.runtime.transports.shm', 'omni_core.plan.planner',\n"
-        "         'omni_core.runtime.runtime', 'anyio') if m in sys.modules]\n"
+        "         'omni_core.runtime.runtime', 'omni_core.runtime.launchers.ray', 'ray',\n"
+        "         'anyio') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
         "assert 'shared memory' in plugins.transport('shm').description\n"
         "assert 'omni_core.runtime.transports.shm' in sys.modules\n"

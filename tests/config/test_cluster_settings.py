@@ -67,7 +67,8 @@ def test_bad_node_tables_are_refused_with_their_line(deploy, cli):
     )
     assert code == 2
     assert "with nodes, give each node its gpus" in err
-    twice = 'pipeline = "qwen3-omni"\n[[cluster.nodes]]\nname = "a"\n[[cluster.nodes]]\nname = "a"\n'
+    node = '[[cluster.nodes]]\nname = "a"\n'
+    twice = 'pipeline = "qwen3-omni"\n' + node + node
     code, _, err = cli("config", "resolve", deploy(twice))
     assert code == 2
     assert "the name 'a' is used twice" in err
@@ -84,7 +85,7 @@ def test_a_process_table_for_a_process_the_file_creates_is_accepted(deploy, reso
     """A deploy file may name a process it creates with ``[stages.X] process``."""
     text = (
         'pipeline = "qwen3-tts"\n[stages.vocoder]\nprocess = "voc"\n'
-        '[processes.voc]\nnum_replicas = 2\n'
+        "[processes.voc]\nnum_replicas = 2\n"
     )
     resolution = resolve(deploy(text))
     assert resolution.config.processes["voc"].num_replicas == 2

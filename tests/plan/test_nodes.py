@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -157,7 +158,7 @@ def test_links_route_across_nodes_by_tcp_and_within_a_node_by_unix_socket(plugin
 def test_without_reserved_addresses_a_cross_node_route_says_which_launcher_can(plugins):
     config, inventory = omni()
     links = Links(plan_deployment(config, inventory, plugins), config)
-    with pytest.raises(RuntimeError, match='runtime.launcher = "ray"'):
+    with pytest.raises(RuntimeError, match=re.escape('runtime.launcher = "ray"')):
         links.route("thinker", "talker_ar", ("thinker", "talker_ar"))
 
 

@@ -1,9 +1,18 @@
-"""Plain helpers of the server tests: raw HTTP (stdlib) and process trees (/proc)."""
+"""Plain helpers of the server tests: raw HTTP (stdlib), process trees (/proc), and
+``omni serve`` as a subprocess."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import select
+import signal
 import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -101,3 +110,70 @@ def parse_wav(data: bytes) -> tuple[dict[str, int], bytes]:
 
 def samples(pcm: bytes) -> np.ndarray:
     return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32767
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it if the test process dies (Linux)."""
+    with contextlib.suppress(OSError):  # not Linux: the teardown alone stops it
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class OmniServe:
+    """``omni serve DEPLOY --port 0 FLAGS``: up once it printed its address."""
+
+    def __init__(self, base: Path, deploy: Path, flags: tuple[str, ...] = (), timeout: float = 60):
+        self.base = base
+        self.log_path = base / "serve.err"
+        self.log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "omni_core", "serve", str(deploy), "--port", "0"),
+                *("--endpoints.base_path", str(base / "run")),
+                *flags,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            preexec_fn=_die_with_parent,
+        )
+        self.children: set[int] = set()
+        self.url = self._wait_for_address(timeout=timeout)
+        self.children = descendants(self.proc.pid)
+
+    def _wait_for_address(self, timeout: float) -> str:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if " on http" not in line:  # "omni: serving qwen3-tts on http://127.0.0.1:PORT (…)"
+            self.stop()
+            raise AssertionError(f"omni serve did not start: {line!r}\n{self.stderr()}")
+        return line.split(" on ")[1].split()[0]
+
+    def stderr(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return self.log_path.read_text()
+
+    def client(self) -> Any:
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL for whatever of the tree is left; the exit status."""
+        self.children |= descendants(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        deadline = time.monotonic() + 5
+        while any(alive(p) for p in self.children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in self.children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        self.log.close()
+        return self.proc.returncode

@@ -10,13 +10,6 @@ kernel's parent-death signal if pytest itself dies.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
-import select
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +19,7 @@ from typing import Any
 import numpy as np
 import openai
 import pytest
-from serve_helpers import alive, descendants, samples
+from serve_helpers import OmniServe, alive, samples
 from serve_helpers import parse_wav as wav_fields
 
 pytest.importorskip("omni_qwen3_tts")
@@ -37,73 +30,9 @@ SAMPLES_PER_FRAME = 1920
 MODEL = "tiny"  # the demo's model_path names the served model
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it if the test process dies (Linux)."""
-    with contextlib.suppress(OSError):  # not Linux: the teardown alone stops it
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class OmniServe:
-    """``omni serve <demo> --port 0``: up once it printed its address."""
-
-    def __init__(self, base: Path):
-        self.base = base
-        self.log_path = base / "serve.err"
-        self.log = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "omni_core", "serve", str(DEMO), "--port", "0"),
-                *("--endpoints.base_path", str(base / "run")),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            preexec_fn=_die_with_parent,
-        )
-        self.children: set[int] = set()
-        self.url = self._wait_for_address(timeout=60)
-        self.children = descendants(self.proc.pid)
-
-    def _wait_for_address(self, timeout: float) -> str:
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        if " on http" not in line:  # "omni: serving qwen3-tts on http://127.0.0.1:PORT (…)"
-            self.stop()
-            raise AssertionError(f"omni serve did not start: {line!r}\n{self.stderr()}")
-        return line.split(" on ")[1].split()[0]
-
-    def stderr(self) -> str:
-        if not self.log.closed:
-            self.log.flush()
-        return self.log_path.read_text()
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
-
-    def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL for whatever of the tree is left; the exit status."""
-        self.children |= descendants(self.proc.pid)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        deadline = time.monotonic() + 5
-        while any(alive(p) for p in self.children) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for pid in self.children:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        self.log.close()
-        return self.proc.returncode
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniServe]:
-    served = OmniServe(tmp_path_factory.mktemp("qwen3-tts-serve"))
+    served = OmniServe(tmp_path_factory.mktemp("qwen3-tts-serve"), DEMO)
     try:
         yield served
     finally:

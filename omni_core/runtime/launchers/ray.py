@@ -10,8 +10,9 @@ cluster of its own. The plan is placed as one placement group:
   ``ray.io/node-id`` label), under the deploy file's strategy (``pack`` or
   ``spread``), so what ``omni plan`` printed is what runs;
 * each process group runs as a :class:`~.ray_actor.ProcessGroupActor` named
-  ``omni-<deployment>-<process>`` (readable in Ray's dashboard) in its
-  bundle; the actor spawns the ordinary child process on its node.
+  ``omni-<deployment>-<run>-<process>`` (readable in Ray's dashboard) in its
+  bundle; the actor spawns the ordinary child process on its node. The
+  placement group is named ``omni-<deployment>-<run>``.
 
 The runtime supervises actors as it supervises local children: an actor or
 child that dies fails its requests and is started again (a new actor in the
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import secrets
 import signal
 import threading
 from typing import Any
@@ -170,7 +172,9 @@ class RaySession(LaunchSession):
         self.bundle_of: dict[str, int] = {}
         self.share_of: dict[str, tuple[float, float]] = {}  # process -> (cpus, gpus)
         self.actors: dict[str, Any] = {}
-        self.prefix = f"omni-{plan.endpoints.deployment_id}"
+        # The deployment's id, and a run's own token: two `omni serve` of one
+        # deploy file on one cluster must not fight over actor names.
+        self.prefix = f"omni-{plan.endpoints.deployment_id}-{secrets.token_hex(3)}"
 
     # -- open -----------------------------------------------------------------
     async def open(self) -> None:
