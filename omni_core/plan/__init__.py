@@ -5,8 +5,8 @@ plain data a placement policy works with. The modules behind it are one
 concept each: ``expand`` (replicas), ``policies`` (built-in placement),
 ``checks`` (what every plan must pass), ``processes``, ``weights``, ``mps``,
 ``endpoints``, ``nodes`` (multi-node placement),
-``estimates`` (memory arithmetic for model plugins) and
-``render`` (the table ``omni plan`` prints).
+``estimates`` (memory arithmetic for model plugins),
+``render`` (the table ``omni plan`` prints) and ``picture`` (its SVG/HTML drawing).
 """
 
 from importlib import import_module

@@ -28,9 +28,13 @@ from .batch import create_batch
 from .bodies import ClientGone, read_form
 from .chat import PATH as CHAT_PATH
 from .chat import create_chat
+from .deployment import PATH as DEPLOYMENT_PATH
+from .deployment import SVG_PATH as DEPLOYMENT_SVG_PATH
+from .deployment import DeploymentPages
 from .errors import APIError, error_response
 from .media import MediaPolicy
 from .metrics import Metrics, MetricsMiddleware
+from .playground import open_paths, playground_routes
 from .service import Service
 from .speech import PATH as SPEECH_PATH
 from .speech import create_speech
@@ -125,10 +129,20 @@ def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> 
         Route("/metrics", _guarded(prometheus), methods=["GET"]),
         WebSocketRoute(SPEECH_STREAM_PATH, speech_streams.serve),
     ]
+    deployment = DeploymentPages(runtime.plan, service)
+    routes += [
+        Route(DEPLOYMENT_PATH, _guarded(deployment.json), methods=["GET"]),
+        Route(DEPLOYMENT_SVG_PATH, _guarded(deployment.svg), methods=["GET"]),
+    ]
+    if server.playground:
+        routes += playground_routes(service)
     key = api_key if api_key is not None else server.api_key
     middleware = [Middleware(MetricsMiddleware, metrics=metrics)]
     if key:
-        middleware.append(Middleware(APIKeyMiddleware, api_key=key))
+        exact, prefixes = open_paths(server.playground)
+        middleware.append(
+            Middleware(APIKeyMiddleware, api_key=key, open_paths=exact, open_prefixes=prefixes)
+        )
     app = Starlette(
         routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_exception}
     )

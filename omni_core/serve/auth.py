@@ -1,7 +1,10 @@
-"""Bearer API-key check on every route but ``/health``.
+"""Bearer API-key check on every route but ``/health`` (and the playground's static pages).
 
 ``/health`` stays open because load balancers and orchestrators probe it
-without credentials; it reveals process states, not data. The key is compared
+without credentials; it reveals process states, not data. The playground's
+page and files (:mod:`.playground`) are open too: they are the same for
+everyone and hold no secret, and the browser must load them before it can
+ask its user for the key; every API call the page makes is checked as usual. The key is compared
 in constant time.
 
 WebSockets are checked at the handshake, before the application accepts
@@ -25,12 +28,26 @@ BEARER_SUBPROTOCOL = "bearer."
 
 
 class APIKeyMiddleware:
-    def __init__(self, app: Any, api_key: str):
+    """``open_paths`` and ``open_prefixes`` add pages that hold no secrets (the playground:
+    a browser must load it before it can ask for the key)."""
+
+    def __init__(
+        self,
+        app: Any,
+        api_key: str,
+        open_paths: frozenset[str] = frozenset(),
+        open_prefixes: tuple[str, ...] = (),
+    ):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.open_paths = OPEN_PATHS | open_paths
+        self.open_prefixes = open_prefixes
+
+    def is_open(self, path: str) -> bool:
+        return path in self.open_paths or path.startswith(self.open_prefixes)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
+        if scope["type"] not in ("http", "websocket") or self.is_open(scope["path"]):
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization")

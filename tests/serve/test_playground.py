@@ -1,0 +1,161 @@
+"""The playground's routes (no browser): the page, its files, ``/``, the deployment endpoints,
+who may read them without the API key, and ``server.playground = false``.
+
+The page's behaviour in a real browser is tested in ``test_playground_browser.py``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from serve_helpers import raw
+
+from conftest import live_server
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+from omni_core.config import load_deployment
+from omni_core.schema.deployment import ServerConfig
+from omni_core.serve.playground import CSP, WEB
+
+ROOT = Path(__file__).parents[2]
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture(scope="module")
+def no_playground(tmp_path_factory: pytest.TempPathFactory):
+    """t-speech with ``server.playground = false`` and an API key."""
+    server = live_server(
+        "t-speech",
+        ["--server.playground", "false"],
+        tmp_path_factory.mktemp("noplay"),
+        api_key="k",
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _assets(page: str) -> list[str]:
+    return re.findall(r'(?:src|href)="(playground/static/[^"]+)"', page)
+
+
+def test_the_page_and_every_file_it_loads_are_served_with_a_strict_policy(speech_server):
+    page = raw("GET", f"{speech_server.url}/playground")
+    assert page.status_code == 200
+    assert page.headers["Content-Type"].startswith("text/html")
+    assert page.headers["Content-Security-Policy"] == CSP
+    assert "script-src 'self';" in CSP and "connect-src 'self' blob:;" in CSP
+    assets = _assets(page.text)
+    assert assets == ["playground/static/style.css", "playground/static/app.js"]
+    types = {".js": "javascript", ".css": "text/css"}
+    seen = set()
+    todo = list(assets)
+    while todo:  # app.js imports the other modules: follow every relative import
+        path = todo.pop()
+        reply = raw("GET", f"{speech_server.url}/{path}")
+        assert reply.status_code == 200, path
+        assert types[Path(path).suffix] in reply.headers["Content-Type"], path
+        seen.add(Path(path).name)
+        for module in re.findall(r'from "\./([\w.]+)"', reply.text):
+            if module not in seen:
+                todo.append(f"playground/static/{module}")
+    assert seen == {p.name for p in (WEB / "static").iterdir()}  # nothing shipped unused
+    assert "http://" not in page.text and "https://" not in page.text  # no CDN: works offline
+
+
+def test_the_root_links_to_the_playground(speech_server):
+    reply = raw("GET", f"{speech_server.url}/")
+    assert reply.status_code == 200
+    assert 'href="playground"' in reply.text
+    assert "t-speech" in reply.text
+
+
+def test_deployment_json_describes_the_plan_without_host_paths(speech_server):
+    reply = raw("GET", f"{speech_server.url}/v1/deployment")
+    assert reply.status_code == 200
+    data = reply.json()
+    assert data["pipeline"] == "t-speech" and data["api"] == ["speech", "chat"]
+    assert data["sample_rate"] == 24000
+    assert data["outputs"] == {"text": False, "audio": True}
+    assert [(p["name"], p["stages"], p["gpu"]) for p in data["processes"]] == [
+        ("front", ["prep", "synth"], None),
+        ("back", ["audio"], None),
+    ]
+    assert {(e["source"], e["target"], e["stream"], e["transport"]) for e in data["edges"]} == {
+        ("prep", "synth", False, None),
+        ("synth", "audio", True, "shm"),
+    }
+    assert ".sock" not in reply.text and "OMP_NUM_THREADS" not in reply.text
+
+
+def test_deployment_svg_is_the_plans_picture(speech_server):
+    reply = raw("GET", f"{speech_server.url}/v1/deployment.svg")
+    assert reply.status_code == 200
+    assert reply.headers["Content-Type"].startswith("image/svg+xml")
+    root = ET.fromstring(reply.content)
+    stages = [g for g in root.iter(f"{SVG}g") if g.get("class") == "stage"]
+    assert sorted((g.get("data-process"), g.get("data-stage")) for g in stages) == [
+        ("back", "audio"),
+        ("front", "prep"),
+        ("front", "synth"),
+    ]
+
+
+def test_with_a_key_the_pages_stay_open_and_the_api_is_guarded(guarded_server):
+    url = guarded_server.url
+    for path in ("/", "/playground", "/playground/static/app.js", "/health"):
+        assert raw("GET", url + path).status_code == 200, path
+    for path in ("/v1/deployment", "/v1/deployment.svg", "/v1/audio/voices"):
+        reply = raw("GET", url + path)
+        assert reply.status_code == 401, path
+        assert reply.json()["error"]["code"] == "invalid_api_key"
+        wrong = raw("GET", url + path, headers={"Authorization": "Bearer nope"})
+        assert wrong.json()["error"]["message"] == "invalid API key"
+        good = raw("GET", url + path, headers={"Authorization": "Bearer sekret"})
+        assert good.status_code == 200, path
+    # the open prefix is the static folder's, not anything that starts like it
+    assert raw("GET", url + "/playground/staticx").status_code == 401
+    assert raw("GET", url + "/playground/static/missing.js").status_code == 404
+
+
+def test_playground_false_removes_the_page_the_files_and_the_root(no_playground):
+    url = no_playground.url
+    key = {"Authorization": "Bearer k"}
+    for path in ("/", "/playground", "/playground/static/app.js"):
+        assert raw("GET", url + path).status_code == 401, path  # no longer open ...
+        reply = raw("GET", url + path, headers=key)
+        assert reply.status_code == 404, path  # ... and not there
+        assert reply.json()["error"]["message"] == f"no such endpoint: {path}"
+    assert raw("GET", url + "/v1/deployment", headers=key).status_code == 200
+
+
+def test_the_setting_defaults_on_and_is_documented(plugins):
+    assert ServerConfig().playground is True
+    flags = ["--server.playground", "false"]
+    server = load_deployment(None, flags, pipeline="qwen3-tts", plugins=plugins).config.server
+    assert server.playground is False
+    assert ServerConfig.model_fields["playground"].description
+    readme = (ROOT / "README.md").read_text()
+    assert "server.playground" in readme and "/playground" in readme
+    assert "--format svg" in readme
+
+
+def test_the_page_files_are_package_data():
+    """A wheel ships what ``pyproject.toml`` names; every file of ``web/`` must match a pattern."""
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["omni_core"]
+    package = ROOT / "omni_core"
+    files = [p.relative_to(package).as_posix() for p in WEB.rglob("*") if p.is_file()]
+    assert "serve/web/index.html" in files
+    for name in files:
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
