@@ -154,7 +154,7 @@ class Runtime:
     async def _start_wave(self, children: list[Child]) -> None:
         for child in children:
             self.on_progress("loading", child.name, {"stages": list(child.plan.stages)})
-            self._spawn(child)
+            await self._spawn(child)
         errors: list[str] = []
 
         async def wait(child: Child) -> None:
@@ -172,8 +172,10 @@ class Runtime:
         if errors:
             raise StartupError("\n\n".join(errors))
 
-    def _spawn(self, child: Child) -> None:
-        child.spawn(self._spec(child), self.session.process(child.name, child.log_path))
+    async def _spawn(self, child: Child) -> None:
+        """Start ``child`` off the event loop: a launcher may wait on a cluster to do it."""
+        handle = self.session.process(child.name, child.log_path)
+        await anyio.to_thread.run_sync(child.spawn, self._spec(child), handle)
 
     def _spec(self, child: Child) -> ChildSpec:
         daemon = self.mps.get(child.plan.gpu) if child.plan.gpu is not None else None
@@ -350,7 +352,7 @@ class Runtime:
             try:
                 for child in group:
                     child.restarts += 1
-                    self._spawn(child)
+                    await self._spawn(child)
                     child.state = "restarting"
                 for child in group:
                     await child.wait_ready(self.config.runtime.startup_timeout)

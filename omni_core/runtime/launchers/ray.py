@@ -35,6 +35,8 @@ import signal
 import threading
 from typing import Any
 
+import anyio
+
 from ...errors import OmniError
 from ...launcher import Launcher, LaunchSession, ProcessHandle
 from ...placement import ClusterNode, GpuDevice, GpuInventory
@@ -84,7 +86,9 @@ def connect(config: Any) -> bool:
     handlers = _signal_handlers()
     try:
         ray.init(
-            address=address,
+            # "local" starts a cluster of our own even where another one runs on
+            # this machine (a bare None would join that one).
+            address=address or "local",
             namespace=config.ray.namespace,
             log_to_driver=False,
             include_dashboard=False if address is None else None,
@@ -179,10 +183,10 @@ class RaySession(LaunchSession):
     # -- open -----------------------------------------------------------------
     async def open(self) -> None:
         self.ray = import_ray()
-        self.owned = connect(self.config)
+        self.owned = connect(self.config)  # on the main thread: ray.init sets signal handlers
         try:
-            self._place()
-            self._reserve()
+            await anyio.to_thread.run_sync(self._place)
+            await anyio.to_thread.run_sync(self._reserve)
         except BaseException:
             await self.aclose()
             raise
