@@ -165,7 +165,8 @@ def inventory_for(config: Any, plugins: Any = None, *, detect: bool = True) -> G
     A launcher that sees a cluster (``ray`` with an address) answers with its
     nodes and GPUs; otherwise this machine is detected (unless ``detect`` is
     off) under the deploy file's ``[cluster]``, whose ``nodes`` plan for a
-    cluster offline.
+    cluster offline. ``cluster.gpu_memory`` (``--gpu-memory``) gives a live
+    cluster's GPUs their memory, which Ray does not report.
     """
     if detect and config.runtime.launcher != "local":
         if plugins is None:
@@ -174,6 +175,17 @@ def inventory_for(config: Any, plugins: Any = None, *, detect: bool = True) -> G
             plugins = get_plugins()
         seen = plugins.launcher(config.runtime.launcher).inventory(config)
         if seen is not None:
+            memory = config.cluster.gpu_memory  # clusters report GPU counts, not memory
+            if memory is not None:
+                devices = tuple(GpuDevice(d.index, memory, d.uuid, d.name) for d in seen.devices)
+                seen = GpuInventory(
+                    devices,
+                    True,
+                    seen.mps_available,
+                    f"{seen.source}+config",
+                    seen.notes,
+                    seen.nodes,
+                )
             return seen
     cluster = config.cluster
     return resolve_inventory(cluster) if detect else inventory_from_cluster(cluster)

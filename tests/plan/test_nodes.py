@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from omni_core import hookimpl
 from omni_core.cli import main
 from omni_core.errors import ConfigError
+from omni_core.launcher import Launcher
+from omni_core.placement import ClusterNode, GpuDevice, GpuInventory
 from omni_core.plan import plan_deployment
-from omni_core.plan.inventory import inventory_from_cluster
+from omni_core.plan.inventory import inventory_for, inventory_from_cluster
 from omni_core.runtime.links import Links
 from omni_qwen3_omni.pipeline import Qwen3OmniSpeechPipeline
 from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
@@ -181,3 +184,41 @@ def test_the_ray_example_splits_the_demo_across_two_nodes(capsys, plugins):
         ("preprocessing", "tts_engine"): "shm",
         ("tts_engine", "vocoder"): "tcp",
     }
+
+
+class _SeenCluster(Launcher):
+    """A launcher plugin that sees a cluster (what ``ray`` answers with --ray-address)."""
+
+    name = "seen"
+
+    def inventory(self, config):
+        return GpuInventory(
+            (GpuDevice(0), GpuDevice(1)),
+            True,
+            None,
+            "seen",
+            (),
+            (ClusterNode("head", 1, 0), ClusterNode("worker", 1, 1)),
+        )
+
+    def session(self, plan, config):
+        raise AssertionError("planning never starts anything")
+
+
+class _SeenClusterPlugin:
+    @hookimpl
+    def omni_register_launchers(self):
+        return [_SeenCluster()]
+
+
+def test_a_launcher_that_sees_a_cluster_is_planned_against_with_declared_memory(plugins):
+    plugins.register(_SeenClusterPlugin(), name="seen-cluster")
+    config = Qwen3OmniSpeechPipeline(runtime={"launcher": "seen"}, cluster={"gpu_memory": "80GiB"})
+    inventory = inventory_for(config, plugins)
+    assert [n.name for n in inventory.nodes] == ["head", "worker"]
+    assert inventory.source == "seen+config"
+    assert {d.memory_bytes for d in inventory.devices} == {80 * GiB}  # Ray reports no memory
+    placed = where(plan_deployment(config, inventory, plugins))
+    assert placed["talker_ar"] == ("worker", 0)
+    # Without detection the deploy file alone is planned against (here: one host).
+    assert inventory_for(config, plugins, detect=False).nodes == ()
