@@ -20,7 +20,7 @@ The contract:
   process group; ``await session.aclose()`` releases everything, so that
   nothing the run created survives it.
 * A :class:`ProcessHandle` looks like a :class:`multiprocessing.Process` with
-  its pipe: ``start(spec)`` runs :func:`omni_core.runtime.worker.child_main`
+  its pipe: ``await start(spec)`` runs :func:`omni_core.runtime.worker.child_main`
   with the spec wherever the launcher puts it; ``poll``/``recv`` read the
   child's ``("ready", timings)`` or ``("failed", text)``; ``is_alive``,
   ``exitcode``, ``terminate``, ``kill`` and ``join`` do what they do for a
@@ -39,8 +39,15 @@ class ProcessHandle(ABC):
     log_path: str = ""
 
     @abstractmethod
-    def start(self, spec: Any) -> None:
-        """Start the group's child with ``spec`` (a ChildSpec)."""
+    async def start(self, spec: Any) -> None:
+        """Start the group's child with ``spec`` (a ChildSpec).
+
+        Called on the event loop's thread, and a local child must be spawned
+        on it: Linux ties a child's parent-death signal to the thread that
+        forked it, so a child forked from a worker thread would be killed
+        when that thread retires. Blocking work (a cluster call) goes to a
+        thread; the fork does not.
+        """
 
     @abstractmethod
     def poll(self) -> bool:

@@ -61,11 +61,11 @@ class Child:
     def name(self) -> str:
         return self.plan.name
 
-    def spawn(self, spec: ChildSpec, handle: ProcessHandle) -> None:
+    async def spawn(self, spec: ChildSpec, handle: ProcessHandle) -> None:
         """Start the group through ``handle``, a fresh one from the launcher's session."""
         self.proc = handle
         self.started_at = time.monotonic()
-        handle.start(spec)
+        await handle.start(spec)
         self.state = "starting"
 
     def log_tail(self) -> str:

@@ -173,9 +173,7 @@ class Runtime:
             raise StartupError("\n\n".join(errors))
 
     async def _spawn(self, child: Child) -> None:
-        """Start ``child`` off the event loop: a launcher may wait on a cluster to do it."""
-        handle = self.session.process(child.name, child.log_path)
-        await anyio.to_thread.run_sync(child.spawn, self._spec(child), handle)
+        await child.spawn(self._spec(child), self.session.process(child.name, child.log_path))
 
     def _spec(self, child: Child) -> ChildSpec:
         daemon = self.mps.get(child.plan.gpu) if child.plan.gpu is not None else None

@@ -11,6 +11,22 @@ from ...launcher import Launcher, LaunchSession, ProcessHandle
 SPAWN = multiprocessing.get_context("spawn")
 
 
+def spawn_child(spec: Any, name: str) -> tuple[Any, Any]:
+    """Start ``child_main(spec)`` in a fresh interpreter; (process, the pipe's reading end).
+
+    Every launcher ends here, on whichever machine it runs the group.
+    """
+    from ..worker import child_main
+
+    parent_end, child_end = SPAWN.Pipe(duplex=False)
+    proc = SPAWN.Process(
+        target=child_main, args=(spec, child_end), name=f"omni:{name}", daemon=False
+    )
+    proc.start()
+    child_end.close()
+    return proc, parent_end
+
+
 class LocalProcess(ProcessHandle):
     """A spawned child and the pipe it reports ready or failed on."""
 
@@ -19,16 +35,8 @@ class LocalProcess(ProcessHandle):
         self.proc: Any = None
         self.conn: Any = None
 
-    def start(self, spec: Any) -> None:
-        from ..worker import child_main
-
-        parent_end, child_end = SPAWN.Pipe(duplex=False)
-        self.proc = SPAWN.Process(
-            target=child_main, args=(spec, child_end), name=f"omni:{self.name}", daemon=False
-        )
-        self.proc.start()
-        child_end.close()
-        self.conn = parent_end
+    async def start(self, spec: Any) -> None:
+        self.proc, self.conn = spawn_child(spec, self.name)  # on the loop's thread: see start
 
     def poll(self) -> bool:
         return self.conn.poll()

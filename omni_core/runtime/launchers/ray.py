@@ -352,7 +352,12 @@ class RayProcess(ProcessHandle):
         self._where: dict[str, Any] = {}
         self._watcher: threading.Thread | None = None
 
-    def start(self, spec: Any) -> None:
+    async def start(self, spec: Any) -> None:
+        # Cluster calls block (placing a new actor takes seconds): off the loop.
+        # The child is forked by the actor, on its node, not here.
+        await anyio.to_thread.run_sync(self._start, spec)
+
+    def _start(self, spec: Any) -> None:
         self.actor = self.session.actor(self.name)
         ray = self.session.ray
         ray.get(self.actor.start.remote(spec), timeout=60)

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing
 import os
+import queue
 import signal
 import socket
+import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from typing import Any
-
-SPAWN = multiprocessing.get_context("spawn")
 
 
 class ProcessGroupActor:
@@ -35,6 +35,11 @@ class ProcessGroupActor:
         self.conn: Any = None
         self.log_path = ""
         self.reported_exit = False
+        # Children are forked from one thread that lives as long as the actor:
+        # Linux sends a child its parent-death signal when the *thread* that
+        # forked it ends, and the threads that run actor methods are Ray's.
+        self.forks: queue.Queue[tuple[Any, Future]] = queue.Queue()
+        threading.Thread(target=self._fork_loop, name="omni-fork", daemon=True).start()
         # The node may not share the parent's file system: the runtime directory
         # (sockets of this node's processes, GPU start-up locks, logs) is made here.
         os.makedirs(os.path.join(runtime_dir, "logs"), mode=0o700, exist_ok=True)
@@ -59,8 +64,6 @@ class ProcessGroupActor:
         """Spawn the child with ``spec`` (its parent is this actor); its pid."""
         import ray
 
-        from ...runtime.worker import child_main
-
         gpus = [int(g) for g in ray.get_gpu_ids()]
         process = spec.plan.process(spec.process)
         # Ray hides every GPU but the bundle's: the process's cluster GPU id is
@@ -70,15 +73,21 @@ class ProcessGroupActor:
             spec, parent_pid=os.getpid(), gpu_map={**spec.gpu_map, **gpu_map}
         )
         self.log_path = spec.log_path
-        parent_end, child_end = SPAWN.Pipe(duplex=False)
-        self.proc = SPAWN.Process(
-            target=child_main, args=(spec, child_end), name=f"omni:{self.name}", daemon=False
-        )
-        self.proc.start()
-        child_end.close()
-        self.conn = parent_end
+        done: Future = Future()
+        self.forks.put((spec, done))
+        self.proc, self.conn = done.result()
         self.reported_exit = False
         return self.proc.pid
+
+    def _fork_loop(self) -> None:
+        from .local import spawn_child
+
+        while True:
+            spec, done = self.forks.get()
+            try:
+                done.set_result(spawn_child(spec, self.name))
+            except BaseException as exc:  # reported to the caller of start()
+                done.set_exception(exc)
 
     def next_event(self, timeout: float) -> tuple[Any, ...] | None:
         """The child's next message, or its exit (once), or None after ``timeout`` s."""
