@@ -6,7 +6,7 @@ for it.
 
 from __future__ import annotations
 
-from typing import IO
+from typing import IO, Any
 
 from ..schema.sizes import format_bytes
 from .model import DeploymentPlan
@@ -19,6 +19,13 @@ def _share(fraction: float | None, reserve: int | None) -> str:
     if reserve is not None:
         parts.append(format_bytes(reserve))
     return " + ".join(parts) or "-"
+
+
+def _where(process: Any) -> str:
+    """``GPU 1``; on a multi-node plan ``b: GPU 0`` (the node, and the GPU's id there)."""
+    if process.node is None:
+        return "CPU" if process.gpu is None else f"GPU {process.gpu}"
+    return f"{process.node}: " + ("CPU" if process.gpu is None else f"GPU {process.node_gpu}")
 
 
 def render_plan(
@@ -42,7 +49,7 @@ def render_plan(
     for process in plan.processes:
         processes.add_row(
             process.name,
-            "CPU" if process.gpu is None else f"GPU {process.gpu}",
+            _where(process),
             ", ".join(process.stages),
             f"{process.replica}/{process.num_replicas}" if process.num_replicas > 1 else "-",
             "-" if process.tp_rank is None else f"{process.tp_rank}/{process.tp_size}",

@@ -75,7 +75,10 @@ def test_omni_plan_json_gives_every_process_its_node(tmp_path, capsys, plugins):
     assert {p["name"]: p["node"] for p in data["processes"]}["talker_ar"] == "b"
     assert all(p["node"] in ("a", "b") for p in data["processes"])
     assert main(["plan", str(deploy), "--no-detect"]) == 0
-    assert "on 2 nodes (a: 1, b: 1)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "on 2 nodes (a: 1, b: 1)" in text
+    [talker] = [line for line in text.splitlines() if line.startswith("│ talker_ar")]
+    assert "b: GPU 0" in talker  # its node, and the GPU's id on that node
 
 
 def test_spread_strategy_puts_host_processes_on_the_emptier_node(plugins):
