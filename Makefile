@@ -33,12 +33,17 @@ $(STAMP): $(BIN)/python pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 
 install: $(STAMP)
 
+# One worker per core (pytest-xdist); a file's tests stay on one worker, so a module's
+# server or cluster starts once. PYTEST_WORKERS=0 runs in this process (for -x, pdb).
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(PYTEST_PARALLEL)
 
 # Everything, the slow end-to-end cases too (run before calling an issue done).
 test-all: $(STAMP)
-	$(BIN)/pytest -q --slow
+	$(BIN)/pytest -q --slow $(PYTEST_PARALLEL)
 
 # The playground's browser tests drive a real headless Chromium through Playwright, using
 # Debian's chromium package (Playwright's own browser downloads are not used). Installed
