@@ -20,7 +20,8 @@ CONTEXT = {"ignore_unknown_options": True, "allow_extra_args": True}
 ARGS_HELP = (
     "The deploy file (TOML), then settings as --<stage>.<group>.<field> VALUE or "
     "--<top-level field> VALUE (e.g. --vocoder.factory.max_batch_size 32, --mps on, "
-    "--mem-fraction-static 0.7, --gpus 2 --gpu-memory 80GiB)."
+    "--mem-fraction-static 0.7, --gpus 2 --gpu-memory 80GiB, --launcher ray "
+    "--ray-address HOST:6379)."
 )
 
 
