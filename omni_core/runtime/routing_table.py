@@ -1,11 +1,13 @@
-"""Where a message for a stage goes, given a request's replica binding."""
+"""Which process serves a stage, given a request's replica binding.
+
+Where that process listens, and over which transport, is :mod:`.links`'s.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..plan.model import DeploymentPlan
-from ..plan.transports import unix_address
 from ..schema import PipelineConfig
 
 
@@ -15,8 +17,6 @@ class RoutingTable:
 
     stage_process: dict[str, str]
     leaders: dict[tuple[str, int], str]
-    endpoints: dict[str, str]
-    coordinator: str
     replicas: dict[str, int]
 
     @classmethod
@@ -30,14 +30,9 @@ class RoutingTable:
         return cls(
             stage_process={s.name: config.process_of(s) for s in config.stages},
             leaders=leaders,
-            endpoints={p.name: unix_address(p.endpoint) for p in plan.processes},
-            coordinator=unix_address(plan.endpoints.coordinator),
             replicas=replicas,
         )
 
     def process_for(self, stage: str, binding: dict[str, int]) -> str:
         logical = self.stage_process[stage]
         return self.leaders[(logical, binding.get(logical, 0))]
-
-    def address_for(self, stage: str, binding: dict[str, int]) -> str:
-        return self.endpoints[self.process_for(stage, binding)]
