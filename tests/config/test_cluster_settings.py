@@ -125,5 +125,27 @@ def test_the_ray_launcher_without_a_cluster_says_how_to_name_one(deploy, resolve
     except OmniError as exc:
         assert "names no cluster" in exc.message
         assert "--ray-address" in (exc.hint or "")
+        assert exc.exit_code == 2  # a configuration error
     else:
         raise AssertionError("connect() joined a cluster nobody named")
+
+
+def test_an_unreachable_cluster_is_refused_in_seconds_naming_the_address(deploy, resolve):
+    import socket
+    import time
+
+    from omni_core.runtime.launchers import ray as ray_launcher
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+    config = resolve(deploy(TWO_NODES), "--ray-address", address).config
+    started = time.monotonic()
+    try:
+        ray_launcher.connect(config)
+    except ray_launcher.RayUnavailable as exc:
+        assert f"cannot reach the Ray cluster at {address}" in exc.message
+        assert exc.exit_code == 1  # the deploy file may be right; the cluster is not there
+    else:
+        raise AssertionError("connect() joined a cluster at a closed port")
+    assert time.monotonic() - started < 10  # ray.init alone retries for minutes

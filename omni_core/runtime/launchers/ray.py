@@ -32,12 +32,13 @@ import os
 import queue
 import secrets
 import signal
+import socket
 import threading
 from typing import Any
 
 import anyio
 
-from ...errors import OmniError
+from ...errors import ConfigError, OmniError
 from ...launcher import Launcher, LaunchSession, ProcessHandle
 from ...placement import ClusterNode, GpuDevice, GpuInventory
 
@@ -48,7 +49,8 @@ STOP_TIMEOUT = 5.0
 
 
 class RayUnavailable(OmniError):
-    """Ray is not installed, or the cluster cannot be reached or cannot hold the plan."""
+    """The cluster cannot be reached, or cannot hold the plan (exit 1: the deploy file may be
+    right). What the deploy file gets wrong is a ConfigError (exit 2)."""
 
 
 def import_ray() -> Any:
@@ -59,7 +61,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise RayUnavailable(
+        raise ConfigError(
             'runtime.launcher = "ray" needs Ray, which is not installed',
             hint="pip install 'omni-core[ray]'",
         ) from None
@@ -78,11 +80,13 @@ def connect(config: Any) -> bool:
         return False
     address = cluster_address(config)
     if address is None and not config.ray.start_local:
-        raise RayUnavailable(
+        raise ConfigError(
             'runtime.launcher = "ray" names no cluster',
             hint="pass --ray-address HOST:PORT (or set RAY_ADDRESS), or set "
             "ray.start_local = true to start a one-node cluster",
         )
+    if address is not None:
+        probe(address, min(config.ray.connect_timeout, 10.0))
     handlers = _signal_handlers()
     try:
         ray.init(
@@ -102,6 +106,22 @@ def connect(config: Any) -> bool:
     finally:
         _restore(handlers)
     return True
+
+
+def probe(address: str, timeout: float) -> None:
+    """Fail in seconds, saying so, where ``ray.init`` would retry an unreachable address for
+    minutes. Only ``HOST:PORT`` is probed (``ray://`` and ``auto`` are Ray's to resolve)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise RayUnavailable(
+            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}",
+            hint="is `ray start --head` running there? check the address and port "
+            "(--ray-address, or $RAY_ADDRESS)",
+        ) from None
 
 
 def _signal_handlers() -> dict[int, Any]:
@@ -199,7 +219,7 @@ class RaySession(LaunchSession):
             return {None: live.nodes[0].node_id}  # type: ignore[dict-item]
         missing = sorted({n.name for n in self.plan.nodes.nodes} - set(ids))
         if missing:
-            raise RayUnavailable(
+            raise ConfigError(
                 f"the plan places processes on node{'s' if len(missing) > 1 else ''} "
                 f"{', '.join(missing)}, which the Ray cluster does not have (alive: "
                 f"{', '.join(ids)})",
@@ -320,8 +340,6 @@ class RaySession(LaunchSession):
 
 
 def _reserve_here(host: str) -> str:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, 0))
