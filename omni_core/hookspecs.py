@@ -91,7 +91,7 @@ def omni_estimate_memory(pipeline: PipelineConfig) -> dict[str, MemoryEstimate] 
     """Estimate the GPU memory each stage of ``pipeline`` needs.
 
     Return a dict from stage name to
-    :class:`~omni_core.plan.model.MemoryEstimate` (weights by the dtype the
+    :class:`~omni_core.placement.MemoryEstimate` (weights by the dtype the
     stage loads in, the engine's KV budget, activations), summed over the
     stage's tensor-parallel ranks, for the stages you can estimate; or None
     when ``pipeline`` is not yours. The first non-None answer wins

@@ -3,8 +3,9 @@
 Stages of one process hand each other Python objects directly (no
 transport). An edge between processes uses ``runtime.transport`` (``auto``
 means ``shm``) unless ``runtime.edge_transports`` names another for it; the
-coordinator's links to the processes use ``runtime.transport`` too (see
-:mod:`omni_core.plan.transports`). A transport plugin registers instances of
+coordinator's links to the processes use ``runtime.transport`` too, and a
+link between processes on different nodes uses ``runtime.cross_node_transport``
+(see :mod:`omni_core.plan.transports`). A transport plugin registers instances of
 :class:`Transport` through the ``omni_register_transports`` hook.
 
 The contract, kept httpx-small:
@@ -22,7 +23,7 @@ The contract, kept httpx-small:
   process will listen at, so a bad one is refused before any child starts.
 * ``scopes`` says where the transport can carry messages ("process", "host",
   "network"): ``omni plan`` refuses one without "host" or "network" for an
-  edge between processes.
+  edge between processes, and one without "network" for a link between nodes.
 * ``secret`` is the deployment's random key (bytes). A transport that crosses a
   process boundary must make every connection prove it knows the secret
   before it decodes anything the peer sent, and must never decode a message
@@ -96,7 +97,6 @@ class Transport(ABC):
     """
 
     name: str = ""
-    description: str = ""
     scopes: frozenset[Scope] = frozenset()
 
     @abstractmethod
@@ -132,10 +132,6 @@ class LazyTransport(Transport):
 
             self._impl = import_object(self.target, what=f"transport {self.name!r}")()
         return self._impl
-
-    @property  # type: ignore[override]
-    def description(self) -> str:
-        return self.load().description
 
     @property  # type: ignore[override]
     def scopes(self) -> frozenset[Scope]:

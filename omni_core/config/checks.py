@@ -54,7 +54,7 @@ def _engine_problems(resolution: Resolution) -> list[Problem]:
     The backend's settings model is the one place that knows the keys and
     their ranges (the schema only types the common ones for coercion).
     """
-    from ..plan.checks import engine_settings
+    from ..engine.backends import engine_settings
 
     problems: list[Problem] = []
     for stage in resolution.config.stages:
@@ -64,7 +64,9 @@ def _engine_problems(resolution: Resolution) -> list[Problem]:
             engine_settings(stage)
         except OmniError as exc:
             path = ("stages", stage.name, "engine")
-            paths = [path, *(tuple((*path, key)) for key in _written(stage.engine))]
+            # Blame the keys the backend named (else every key the group was given).
+            keys = getattr(exc, "keys", None) or _written(stage.engine)
+            paths = [path, *(tuple((*path, key)) for key in keys)]
             problems.append((tuple(paths), exc.message, exc.hint or ""))
     return problems
 

@@ -10,7 +10,7 @@ from typing import Any
 import tomli
 
 from ..errors import ConfigError, suggestion
-from .coerce import coerce
+from .coerce import coerce, describe
 from .origin import Layer, Origin, Patch, Path, Rank, dotted
 from .paths import PathError, PathSchema
 from .toml_lines import key_lines, line_of, too_deep
@@ -137,7 +137,11 @@ class FileSource:
         try:
             coerced = coerce(value, node.annotation, from_text=False)
         except ValueError as exc:
-            raise ConfigError(f"{dotted(path)}: {exc}", origin=str(origin)) from None
+            raise ConfigError(
+                f"{dotted(path)}: {exc}",
+                origin=str(origin),
+                hint=f"give {dotted(path)} {describe(node.annotation)}",
+            ) from None
         self.counter[0] += 1
         self.patches.append(Patch(node.path, coerced, origin, self.counter[0]))
 

@@ -10,7 +10,7 @@ name or a top-level field. A few spellings are shorthands:
 from __future__ import annotations
 
 from ..errors import ConfigError, UsageError
-from .coerce import coerce
+from .coerce import coerce, describe
 from .origin import Layer, Origin, Patch, Rank, dotted
 from .paths import PathError, PathSchema
 
@@ -84,7 +84,11 @@ def _patch(path, text: str, schema: PathSchema, counter: list[int], origin: Orig
     try:
         value = coerce(text, node.annotation, from_text=True)
     except ValueError as exc:
-        raise ConfigError(f"{dotted(path)}: {exc}", origin=str(origin)) from None
+        raise ConfigError(
+            f"{dotted(path)}: {exc}",
+            origin=str(origin),
+            hint=f"give {dotted(path)} {describe(node.annotation)}",
+        ) from None
     counter[0] += 1
     return Patch(node.path, value, origin, counter[0])
 

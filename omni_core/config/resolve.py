@@ -175,10 +175,10 @@ def _explained(
     exc: ValidationError, prefix: Path, winners: dict[Path, Patch], stage_names: list[str] = ()
 ) -> ConfigError:
     """The schema's lines for ``exc``, each with the origin of the value that caused it."""
-    lines = [
-        _with_origin(problem.text, list(problem.paths), winners)
-        for problem in validation_problems(exc, stage_names, prefix)
-    ]
+    lines = []
+    for problem in validation_problems(exc, stage_names, prefix):
+        line = _with_origin(problem.text, list(problem.paths), winners)
+        lines.append(f"{line}; fix: {problem.fix}" if problem.fix else line)
     return ConfigError("invalid deployment:\n  " + "\n  ".join(lines))
 
 

@@ -28,6 +28,18 @@ from .interface import EngineSettings
 DEFAULT_BACKEND = "torch"
 
 
+class EngineSettingsError(ConfigError):
+    """A stage's ``engine.*`` group refused by its backend; ``keys`` are the keys at fault.
+
+    The keys let the config checks blame the flag or file line that wrote each
+    of them, rather than every key of the group.
+    """
+
+    def __init__(self, message: str, *, keys: tuple[str, ...] = (), hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.keys = keys
+
+
 @dataclass(frozen=True)
 class EngineBackend:
     """One backend: the settings it accepts and where its engine class lives.
@@ -89,22 +101,47 @@ def validate_engine_settings(stage_name: str, engine: Mapping[str, Any]) -> Engi
     if unknown:
         key = unknown[0]
         others = f" (and {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
-        raise ConfigError(
+        raise EngineSettingsError(
             f"stage {stage_name!r}: engine.{key}{others} is not a setting of the {name!r} "
             f"engine backend; " + suggestion(key, accepted, kind="accepted engine.* keys"),
-            hint=f"fix or remove --{stage_name}.engine.{key}",
+            keys=tuple(unknown),
+            hint=f"remove --{stage_name}.engine.{key} (or its line in the deploy file), "
+            "or correct its name",
         )
     try:
         settings = backend.settings.model_validate(data)
     except ValidationError as exc:
         from ..schema.validation import plain_bound
 
+        errors = exc.errors()
         reasons = "; ".join(
             f"engine.{'.'.join(str(p) for p in err['loc'])}: {plain_bound(err) or err['msg']}"
-            for err in exc.errors()
+            for err in errors
         )
-        raise ConfigError(f"stage {stage_name!r}: {reasons}") from None
+        keys = tuple(dict.fromkeys(str(err["loc"][0]) for err in errors if err["loc"]))
+        fix = ", ".join(f"--{stage_name}.engine.{key}" for key in keys)
+        raise EngineSettingsError(
+            f"stage {stage_name!r}: {reasons}",
+            keys=keys,
+            hint=f"set {fix} to a value in range, or leave it unset for the default"
+            if keys
+            else None,
+        ) from None
     return cast(EngineSettings, settings)  # a later backend may subclass EngineSettings
+
+
+def engine_settings(stage: Any) -> EngineSettings:
+    """An engine stage's ``engine.*`` group as its backend validates it (defaults filled in).
+
+    The schema lets the group hold any key (the backend, not the schema, knows
+    what it accepts); the backend's own declared settings refuse the rest and
+    supply the defaults of what the stage leaves unset, so the config checks,
+    the planner's estimates, the runtime's admission limit and the engine all
+    read the same numbers. Raises the backend's OmniError.
+    """
+    engine = getattr(stage, "engine", None)
+    written = {} if engine is None else engine.model_dump(exclude_unset=True)
+    return validate_engine_settings(stage.name, {k: v for k, v in written.items() if v is not None})
 
 
 def create_engine(model: Any, settings: EngineSettings, **kwargs: Any) -> Any:

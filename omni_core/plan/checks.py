@@ -9,10 +9,8 @@ that would size their memory first-come-first-served on one GPU.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from ..engine.backends import validate_engine_settings
-from ..engine.interface import EngineSettings
+from ..engine.backends import engine_settings
 from ..errors import OmniError
 from ..schema import PipelineConfig
 from ..schema.sizes import format_bytes
@@ -20,20 +18,6 @@ from .model import Assignment, GpuPlan, PlacementRequest, Refusal, StageInstance
 from .usage import process_on
 
 _EPSILON = 1e-9
-
-
-def engine_settings(stage: Any) -> EngineSettings:
-    """An engine stage's ``engine.*`` group as its backend validates it (defaults filled in).
-
-    The schema lets the group hold any key (the backend, not the schema, knows
-    what it accepts); the backend's own declared settings refuse the rest, and
-    supply the defaults of what the stage leaves unset, so the planner's
-    estimates use the numbers the engine will. No torch:
-    :mod:`omni_core.engine.backends` is light. Raises the backend's OmniError.
-    """
-    engine = getattr(stage, "engine", None)
-    written = {} if engine is None else engine.model_dump(exclude_unset=True)
-    return validate_engine_settings(stage.name, {k: v for k, v in written.items() if v is not None})
 
 
 def check_engine_settings(config: PipelineConfig) -> list[Refusal]:

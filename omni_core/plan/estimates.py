@@ -14,11 +14,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..engine.backends import engine_settings
 from ..engine.budget import DTYPE_BYTES
 from ..engine.budget import dtype_bytes as _engine_dtype_bytes
 from ..engine.budget import kv_bytes_per_token as _engine_kv_bytes_per_token
 from ..errors import ConfigError, PluginError
-from .checks import engine_settings
 from .model import MemoryEstimate
 
 GiB = 1024**3

@@ -328,6 +328,7 @@ class DeploymentPlan:
     notes: list[str] = field(default_factory=list)
     edges: list[EdgePlan] = field(default_factory=list)
     nodes: NodesPlan | None = None
+    admission_limit: int = 0  # requests in flight the runtime admits (plan/admission.py)
 
     def process(self, name: str) -> ProcessPlan:
         for process in self.processes:
@@ -360,4 +361,5 @@ class DeploymentPlan:
             "nodes": self.nodes.to_dict() if self.nodes else None,
             "estimates": {k: self.estimates[k].to_dict() for k in sorted(self.estimates)},
             "notes": list(self.notes),
+            "admission_limit": self.admission_limit,
         }

@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ..placement import PlacementPolicy
 from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
+from .admission import admission_limit
 from .checks import check_assignments, check_engine_settings, check_gpus, check_processes
 from .endpoints import plan_endpoints
 from .estimates import collect_estimates
@@ -155,6 +156,9 @@ def _plan(
         notes=notes,
         edges=edges,
         nodes=nodes,
+        admission_limit=admission_limit(
+            config, {p: len(r) for p, r in expansion.process_instances.items()}
+        ),
     )
 
 

@@ -101,6 +101,11 @@ def render_plan(
             f"other {format_bytes(estimate.overhead_bytes)}; {estimate.source})",
             markup=False,
         )
+    console.print(
+        f"admission: at most {plan.admission_limit} requests in flight (runtime.max_inflight, "
+        "else the engine stages' max_running_requests x replicas)",
+        markup=False,
+    )
     endpoints = plan.endpoints
     console.print(
         f"runtime dir: {endpoints.runtime_dir} (mode {endpoints.mode:04o}, created at launch); "

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from ..errors import NotImplementedYet
-from ..plan.checks import engine_settings
+from ..plan.admission import admission_limit
 from ..plan.model import DeploymentPlan
 from ..plan.transports import check_edges
 from ..plugins import OmniPlugins, get_plugins
@@ -39,30 +39,7 @@ from .routing_table import RoutingTable
 from .transports._auth import new_secret
 from .worker import ChildSpec
 
-DEFAULT_INFLIGHT_PER_REPLICA = 64
 Progress = Callable[[str, str, dict[str, Any]], None]
-
-
-def admission_limit(config: PipelineConfig, replicas: dict[str, int]) -> int:
-    """From the engine stages' limits times their replicas; a default per replica otherwise.
-
-    An engine stage's limit is read from the settings its backend validated,
-    defaults included: the number the engine itself will run, not only what
-    the deploy file happened to write.
-    """
-    if config.runtime.max_inflight is not None:
-        return config.runtime.max_inflight
-    limits = []
-    for stage in config.stages:
-        if not stage.is_engine:
-            continue
-        count = replicas.get(config.process_of(stage), 1)
-        per_replica = engine_settings(stage).max_running_requests
-        if per_replica:
-            limits.append(per_replica * count)
-    if limits:
-        return min(limits)
-    return DEFAULT_INFLIGHT_PER_REPLICA * max(replicas.values(), default=1)
 
 
 class Runtime:

@@ -22,6 +22,7 @@ class Problem:
 
     text: str
     paths: tuple[Path, ...]
+    fix: str = ""
 
 
 def _location(loc: Sequence[object], stage_names: Sequence[str]) -> Path:
@@ -48,13 +49,22 @@ def validation_problems(
             for fields, message in cause.problems:
                 if base and not message.startswith("stage "):
                     message = f"{'.'.join(base)}: {message}"
-                problems.append(Problem(message, tuple((*base, f) for f in fields)))
+                problems.append(Problem(message, tuple((*base, f) for f in fields), _fix(message)))
             continue
         message = plain_bound(error) or str(error["msg"]).removeprefix("Value error, ")
         if base and not message.startswith("stage "):
             message = f"{'.'.join(base)}: {message}"
-        problems.append(Problem(message, (base,)))
+        problems.append(Problem(message, (base,), bound_fix(error) or _fix(message)))
     return problems
+
+
+def _fix(message: str) -> str:
+    """The generic remedy for a message that states its own rule."""
+    if "is not a setting" in message or "has no field" in message:
+        return "remove it, or correct its name"
+    if "must be" in message:  # others ("exclusive: declare … one way") say their remedy
+        return "set a value that meets this rule, or remove it to get the default"
+    return ""
 
 
 # pydantic's error type -> (operator, the ctx key holding the limit)
@@ -73,6 +83,15 @@ def plain_bound(error: dict) -> str | None:
         operator, key = _BOUNDS[kind]
         limit = (error.get("ctx") or {}).get(key)
         return f"must be {operator} {limit}, got {error.get('input')!r}"
+    return None
+
+
+def bound_fix(error: dict) -> str | None:
+    """The remedy for a ``Field(ge=1)``-style bound: the values allowed."""
+    kind = error.get("type", "")
+    if kind in _BOUNDS:
+        operator, key = _BOUNDS[kind]
+        return f"write a value {operator} {(error.get('ctx') or {}).get(key)}"
     return None
 
 

@@ -20,10 +20,12 @@ once the first audio chunk exists, so that a request the pipeline refuses
   ``{"type": "speech.audio.delta", "audio": <base64>}``, each a piece of
   that same byte stream (concatenated, they make a valid file), then
   ``{"type": "speech.audio.done", "usage": {"input_tokens",
-  "output_tokens", "total_tokens"}}``: the prompt and completion tokens of
-  the pipeline's usage stage (see :class:`.service.Piece`), or 0s when it
-  reports none. A failure after the stream started is sent as an
-  ``{"type": "error", "error": {...}}`` event; a raw audio stream just ends.
+  "output_tokens", "total_tokens"}, "finish_reason": "stop"|"length"}``: the
+  prompt and completion tokens of the pipeline's usage stage (see
+  :class:`.service.Piece`; for the TTS pipelines prompt positions and codec
+  frames), or 0s when it reports none, and why the speech ended. A failure
+  after the stream started is sent as an ``{"type": "error", "error": {...}}``
+  event; a raw audio stream just ends (its finish reason is not sent).
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ async def create_speech(
         await close()
         raise _no_audio(service)
 
-    ended: dict[str, Any] = {"usage": None}
+    ended: dict[str, Any] = {"usage": None, "reason": "stop"}
 
     async def encoded() -> AsyncGenerator[bytes, None]:
         """The encoder's output as the audio comes (b"" where a feed let nothing out yet)."""
@@ -102,6 +104,8 @@ async def create_speech(
                 yield encoder.feed(piece.data)
             elif piece.kind == "usage":
                 ended["usage"] = piece.data
+            elif piece.kind == "finish":
+                ended["reason"] = piece.data
         yield encoder.flush()
 
     async def audio() -> AsyncGenerator[bytes, None]:
@@ -168,7 +172,10 @@ async def _events(
     usage = ended["usage"] or {"prompt_tokens": 0, "completion_tokens": 0}
     counts = {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
     total = counts["input_tokens"] + counts["output_tokens"]
-    yield _event({"type": "speech.audio.done", "usage": {**counts, "total_tokens": total}})
+    usage = {**counts, "total_tokens": total}
+    # finish_reason is ours (OpenAI's done event has usage only; clients ignore what they
+    # do not know): "length" when the frame cap cut the speech short.
+    yield _event({"type": "speech.audio.done", "usage": usage, "finish_reason": ended["reason"]})
 
 
 def _event(payload: dict[str, Any]) -> bytes:

@@ -26,7 +26,11 @@ def omni(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
 CASES = {
     "an undeclared factory key": (
         ["--vocoder.factory.bogus", "1"],
-        ["'bogus' is not a setting of this stage's factory", "(set by --vocoder.factory.bogus)"],
+        [
+            "'bogus' is not a setting of this stage's factory",
+            "(set by --vocoder.factory.bogus)",
+            "fix: remove it, or correct its name",
+        ],
     ),
     "a misspelt factory key": (
         ["--vocoder.factory.max_batch_sise", "4"],
@@ -38,7 +42,11 @@ CASES = {
     ),
     "a negative frame cap": (
         ["--preprocessing.factory.max_frames", "-3"],
-        ["factory.max_frames: must be >= 1, got -3", "(set by --preprocessing.factory.max_frames)"],
+        [
+            "factory.max_frames: must be >= 1, got -3",
+            "(set by --preprocessing.factory.max_frames)",
+            "fix: write a value >= 1",
+        ],
     ),
     "a model path that does not exist": (
         ["--model-path", "/nonexistent"],
@@ -58,7 +66,7 @@ CASES = {
     ),
     "an empty body limit": (
         ["--server.max_body_bytes", "0"],
-        ["max_body_bytes", "(set by --server.max_body_bytes)"],
+        ["max_body_bytes must be >= 1 byte, got 0", "(set by --server.max_body_bytes)"],
     ),
     "an engine memory share above one": (
         ["--tts_engine.engine.mem_fraction_static", "1.5"],
@@ -74,7 +82,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("command", [["config", "resolve"], ["plan"]], ids=["resolve", "plan"])
+@pytest.mark.parametrize(
+    "command",
+    [["config", "resolve"], ["plan"], ["serve", "--port", "0"]],
+    ids=["resolve", "plan", "serve"],
+)
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_with_exit_2_the_origin_and_no_traceback(command, case):
     flags, says = CASES[case]
@@ -83,6 +95,17 @@ def test_refused_with_exit_2_the_origin_and_no_traceback(command, case):
     assert "Traceback" not in done.stderr
     for words in says:
         assert words in done.stderr, done.stderr
+    assert "fix: " in done.stderr or "hint: " in done.stderr, done.stderr
+
+
+def test_an_engine_refusal_blames_only_the_key_at_fault():
+    """The deploy file writes mem_fraction_static (line 6); the flag is what is wrong."""
+    deploy = Path(__file__).parents[2] / "examples" / "qwen3_tts.toml"
+    done = omni("plan", str(deploy), "--tts_engine.engine.max_running_requests", "0")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "(set by --tts_engine.engine.max_running_requests)" in done.stderr, done.stderr
+    assert f"{deploy}:6" not in done.stderr
+    assert "fix: set --tts_engine.engine.max_running_requests" in done.stderr
 
 
 def test_a_file_value_is_blamed_on_its_line(tmp_path):

@@ -184,7 +184,7 @@ def test_budgets_too_small_for_one_position_per_slot_are_refused() -> None:
 def test_admission_defaults_to_what_the_engine_runs(plugins):
     """With nothing set, admission lets in what the engines run at once, per replica."""
     from omni_core.engine.interface import EngineSettings
-    from omni_core.runtime.runtime import admission_limit
+    from omni_core.plan.admission import admission_limit
     from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
 
     default = EngineSettings().max_running_requests
@@ -195,3 +195,34 @@ def test_admission_defaults_to_what_the_engine_runs(plugins):
     flags = ["--tts_engine.engine.max_running_requests", "5"]
     written = load_deployment(None, flags, pipeline="qwen3-tts", plugins=plugins).config
     assert admission_limit(written, {"pipeline": 2}) == 10
+
+
+def test_the_plan_shows_the_admission_limit_the_runtime_enforces():
+    """`omni plan` prints the number before serving: replicas times the engine's limit."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    deploy = Path(__file__).parents[2] / "examples" / "qwen3_tts.toml"
+    flags = ["--gpus", "1", "--gpu-memory", "80GiB", "--no-detect"]
+    command = [sys.executable, "-m", "omni_core", "plan", str(deploy), *flags]
+    written = [
+        "--tts_engine.engine.max_running_requests",
+        "5",
+        "--processes.pipeline.num_replicas",
+        "2",
+        "--processes.pipeline.replica_devices",
+        "0,0",
+        "--tts_engine.gpu_memory_fraction",
+        "0.3",
+        "--vocoder.gpu_memory_fraction",
+        "0.1",
+    ]
+    plain = subprocess.run([*command, "--json"], capture_output=True, text=True, check=True)
+    capped = subprocess.run([*command, *written, "--json"], capture_output=True, text=True)
+    assert json.loads(plain.stdout)["admission_limit"] == 8, plain.stderr
+    assert capped.returncode == 0, capped.stderr
+    assert json.loads(capped.stdout)["admission_limit"] == 10
+    text = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    assert "admission: at most 8 requests in flight" in text

@@ -165,7 +165,7 @@ def test_sse_deltas_concatenate_to_a_valid_stream_and_done_has_the_usage(speech_
     assert len(deltas) > 1 and {event["type"] for event in deltas} == {"speech.audio.delta"}
     # t-speech's audio stage counts a chunk as a token and its prompt as none
     usage = {"input_tokens": 0, "output_tokens": WORDS, "total_tokens": WORDS}
-    assert done == {"type": "speech.audio.done", "usage": usage}
+    assert done == {"type": "speech.audio.done", "usage": usage, "finish_reason": "stop"}
     audio = b"".join(base64.b64decode(event["audio"]) for event in deltas)
     signal, rate = decode(audio, fmt)
     assert abs(len(signal) - SAMPLES * rate / SAMPLE_RATE) <= tolerance(fmt, rate)

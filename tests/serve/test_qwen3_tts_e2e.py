@@ -93,6 +93,27 @@ def test_a_capped_request_says_length_in_its_finish_header(server):
     assert samples.shape[0] == 3 * 1920
 
 
+def test_a_capped_sse_stream_ends_with_the_usage_and_length(server):
+    """The done event counts the codec frames made and says the cap ended the speech."""
+    body = {
+        "model": MODEL,
+        "input": "Hello there",
+        "voice": "serena",
+        "stream_format": "sse",
+        "max_frames": 3,
+    }
+    stream = server.client().post(
+        "/audio/speech", body=body, cast_to=object, stream=True, stream_cls=openai.Stream[object]
+    )
+    done = list(stream)[-1]
+    assert done["type"] == "speech.audio.done"
+    assert done["finish_reason"] == "length"
+    usage = done["usage"]
+    assert usage["output_tokens"] == 3
+    assert usage["input_tokens"] > 0
+    assert usage["total_tokens"] == usage["input_tokens"] + 3
+
+
 def test_the_readme_request_with_the_defaults(server):
     """What the README's curl line sends: text and voice only (the demo caps frames at 200)."""
     audio = server.client().audio.speech.create(model=MODEL, input="Hello", voice="serena")

@@ -34,8 +34,9 @@ class TracedChannel(Channel):
 
 
 class TracedTransport(Transport):
+    """shm, plus a JSON line per message in $OMNI_HELLO_TRACE."""
+
     name = "traced"
-    description = "shm, plus a JSON line per message in $OMNI_HELLO_TRACE"
     scopes = frozenset({"host"})
 
     @property

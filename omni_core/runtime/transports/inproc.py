@@ -82,7 +82,6 @@ class InprocTransport(Transport):
     """Direct object passing between stages of one process."""
 
     name = "inproc"
-    description = "same process: the Python object itself, through a memory stream"
     scopes = frozenset({"process"})
 
     def __init__(self, max_buffer: float = math.inf) -> None:

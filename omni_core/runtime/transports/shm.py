@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from ...transport import Channel, Transport
 from . import _address
-from ._segment import POOL_BYTES
-from ._stream import StreamReceiver, StreamSender
+
+# The stream and segment machinery (asyncio, anyio, mmap) is imported by
+# listen/connect only: `omni plan` checks addresses without it.
 
 SHM_MIN = 64 << 10
 
@@ -24,26 +25,30 @@ class ShmTransport(Transport):
     """Shared-memory buffers with a control frame over ``unix:/path``."""
 
     name = "shm"
-    description = "same host: tensors and buffers in shared memory, control over a Unix socket"
     scopes = frozenset({"host"})
 
-    def __init__(self, shm_min: int = SHM_MIN, pool_bytes: int = POOL_BYTES) -> None:
+    def __init__(self, shm_min: int = SHM_MIN, pool_bytes: int | None = None) -> None:
         self.shm_min = shm_min
-        self.pool_bytes = pool_bytes
+        self.pool_bytes = pool_bytes  # None: the segment pool's default (POOL_BYTES)
 
     def check_address(self, address: str) -> str:
         return str(_address.parse(address, transport=self.name, tcp=False))
 
     def listen(self, address: str, *, secret: bytes) -> Channel:
+        from ._stream import StreamReceiver
+
         parsed = _address.parse(address, transport=self.name, tcp=False)
         return StreamReceiver(parsed, transport=self.name, fds=True, secret=secret)
 
     def connect(self, address: str, *, secret: bytes) -> Channel:
+        from ._segment import POOL_BYTES
+        from ._stream import StreamSender
+
         parsed = _address.parse(address, transport=self.name, tcp=False)
         return StreamSender(
             parsed,
             transport=self.name,
             shm_min=self.shm_min,
             secret=secret,
-            pool_bytes=self.pool_bytes,
+            pool_bytes=POOL_BYTES if self.pool_bytes is None else self.pool_bytes,
         )

@@ -12,20 +12,23 @@ from __future__ import annotations
 
 from ...transport import AddressError, Channel, Transport
 from . import _address
-from ._stream import StreamReceiver, StreamSender
+
+# The stream machinery (asyncio, anyio) is imported by listen/connect only:
+# `omni plan` checks addresses without it.
 
 
 class SocketTransport(Transport):
     """Length-prefixed frames over ``unix:/path`` or ``tcp://HOST:PORT``."""
 
     name = "socket"
-    description = "Unix domain or TCP sockets, authenticated; buffers sent raw after a skeleton"
     scopes = frozenset({"host", "network"})
 
     def check_address(self, address: str) -> str:
         return str(_address.parse(address, transport=self.name))
 
     def listen(self, address: str, *, secret: bytes) -> Channel:
+        from ._stream import StreamReceiver
+
         self.check_address(address)
         return StreamReceiver(
             _address.parse(address, transport=self.name),
@@ -35,6 +38,8 @@ class SocketTransport(Transport):
         )
 
     def connect(self, address: str, *, secret: bytes) -> Channel:
+        from ._stream import StreamSender
+
         return StreamSender(
             _address.parse(address, transport=self.name),
             transport=self.name,
@@ -51,7 +56,6 @@ class TcpTransport(SocketTransport):
     """
 
     name = "tcp"
-    description = "TCP between nodes, authenticated; buffers sent raw after a skeleton"
     scopes = frozenset({"network"})
 
     def check_address(self, address: str) -> str:

@@ -251,8 +251,10 @@ class TTSEngine:
                     frames += 1
                 finish = step.finish_reason or finish
         reason = finish or stream.finish_reason
-        await request.emit({"finish_reason": reason})
-        return {"frames": frames, "finish_reason": reason}
+        # The vocoder's final output carries both to the API (see omni_qwen3_tts's).
+        usage = {"prompt_tokens": self.model.prompt_length(submitted), "completion_tokens": frames}
+        await request.emit({"finish_reason": reason, "usage": usage})
+        return {"frames": frames, "finish_reason": reason, "usage": usage}
 
     def _prompt(self, data: dict[str, Any]) -> Any:
         message = dict(data["message"])

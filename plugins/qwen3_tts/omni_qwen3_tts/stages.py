@@ -235,9 +235,11 @@ class TTSEngine:
                     continue
                 await request.emit(codes)
                 frames += 1
-        # The vocoder's final output carries it to the API ("length": the frame cap).
-        await request.emit({"finish_reason": stream.finish_reason})
-        return {"frames": frames, "finish_reason": stream.finish_reason}
+        # The vocoder's final output carries both to the API: why the speech ended
+        # ("length": the frame cap) and the usage (prompt positions, codec frames).
+        usage = {"prompt_tokens": self.model.prompt_length(prompt), "completion_tokens": frames}
+        await request.emit({"finish_reason": stream.finish_reason, "usage": usage})
+        return {"frames": frames, "finish_reason": stream.finish_reason, "usage": usage}
 
     def _voice_prompt(self, enroll: dict[str, Any]) -> dict[str, Any]:
         """What a stored voice keeps: the clip's codes and x-vector, computed once."""
@@ -352,12 +354,12 @@ class Vocoder:
         behind: list[torch.Tensor] = []  # played frames the next chunk decodes again
         pending: list[torch.Tensor] = []  # frames not played yet
         frames = samples = 0
-        finish_reason = None
+        finish_reason = usage = None
         voice_prompt = None
         chunk = self.chunk_frames
         async for codes in request.stream:
             if isinstance(codes, dict) and "finish_reason" in codes:
-                finish_reason = codes["finish_reason"]
+                finish_reason, usage = codes["finish_reason"], codes.get("usage")
                 continue
             if isinstance(codes, dict) and "voice_prompt" in codes:
                 voice_prompt = codes["voice_prompt"]  # an enrollment: no audio, a prompt
@@ -381,6 +383,7 @@ class Vocoder:
             "samples": samples,
             "sample_rate": self.sample_rate,
             "finish_reason": finish_reason,
+            **({"usage": usage} if usage is not None else {}),
             **({"voice_prompt": voice_prompt} if voice_prompt is not None else {}),
         }
 
