@@ -20,6 +20,7 @@ _EXPORTS = {
     "hookimpl": "hookspecs",
     "hookspec": "hookspecs",
     "PlacementPolicy": "placement",
+    "LazyPipeline": "lazy_pipeline",
     "OmniPlugins": "plugins",
     "get_plugins": "plugins",
     "reset_plugins": "plugins",
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     )
     from .factory import StageContext
     from .hookspecs import hookimpl, hookspec
+    from .lazy_pipeline import LazyPipeline
     from .placement import PlacementPolicy
     from .plugins import OmniPlugins, get_plugins, reset_plugins
     from .schema import (
@@ -80,6 +82,7 @@ __all__ = [
     "EngineArgs",
     "EngineStageConfig",
     "FactoryArgs",
+    "LazyPipeline",
     "NotImplementedYet",
     "OmniError",
     "OmniPlugins",

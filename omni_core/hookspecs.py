@@ -30,6 +30,7 @@ import pluggy
 if TYPE_CHECKING:
     from .factory import StageContext
     from .launcher import Launcher
+    from .lazy_pipeline import LazyPipeline
     from .placement import MemoryEstimate, PlacementPolicy
     from .schema import PipelineConfig, StageConfig
     from .transport import Transport
@@ -42,10 +43,12 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec
-def omni_register_pipelines() -> list[type[PipelineConfig]]:
+def omni_register_pipelines() -> list[type[PipelineConfig] | LazyPipeline]:
     """Declare the pipeline classes this plugin provides.
 
-    Return a list of :class:`~omni_core.schema.PipelineConfig` subclasses.
+    Return a list of :class:`~omni_core.schema.PipelineConfig` subclasses,
+    or of :class:`~omni_core.LazyPipeline` (the name, aliases and import
+    string of a class, imported only when that pipeline is used).
     Each class carries its ``pipeline_name``, its ``aliases`` (such as the
     Hugging Face architecture names of the checkpoints it serves) and a
     one-line ``description``. All plugins' results are collected; two plugins

@@ -27,6 +27,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError, suggestion
+from .lazy_pipeline import LazyPipeline
 from .plugin_checks import describe, hook_names, unknown_hooks, unknown_hooks_message
 
 BUILTIN_PLUGINS = (
@@ -366,15 +367,30 @@ class OmniPlugins:
         reg = self._registry("pipelines")
         canonical = reg.aliases.get(name, name)
         if canonical in reg.pipelines:
-            return reg.pipelines[canonical].value
+            return self._pipeline_class(reg, canonical)
         folded = {k.lower(): k for k in [*reg.pipelines, *reg.aliases]}
         if name.lower() in folded:
             key = folded[name.lower()]
-            return reg.pipelines[reg.aliases.get(key, key)].value
+            return self._pipeline_class(reg, reg.aliases.get(key, key))
         raise PluginError(
             f"no plugin provides a pipeline called {name!r}",
             hint=self._missing_hint(name, reg.pipelines, "registered pipelines"),
         )
+
+    @staticmethod
+    def _pipeline_class(reg: _Registries, name: str) -> type:
+        """The class registered as ``name``, imported now if it was registered lazily."""
+        registered = reg.pipelines[name]
+        if isinstance(registered.value, LazyPipeline):
+            loaded = registered.value.load(registered.plugin)
+            reg.pipelines[name] = Registered(name, loaded, registered.plugin)
+            return loaded
+        return registered.value
+
+    def pipeline_classes(self) -> dict[str, type]:
+        """Every registered pipeline's class, by name (imports the lazily registered ones)."""
+        reg = self._registry("pipelines")
+        return {name: self._pipeline_class(reg, name) for name in self.pipelines()}
 
     def policy(self, name: str) -> Any:
         return self._lookup(name, "placement_policies")

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 HEAVY = ("torch", "numpy")
 
 SCRIPT = textwrap.dedent(
@@ -108,3 +110,20 @@ def test_the_placement_contract_and_the_hook_specs_import_nothing_of_the_planner
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_resolving_one_pipeline_imports_no_other_plugins_pipeline_module() -> None:
+    """The model plugins register by name (LazyPipeline): only the pipeline used is imported."""
+    pytest.importorskip("omni_qwen3_omni")
+    pytest.importorskip("omni_moss_tts")
+    code = (
+        "import sys\n"
+        "from omni_core.config import load_deployment\n"
+        "load_deployment(None, [], pipeline='qwen3-tts')\n"
+        "print(sorted(m for m in sys.modules if m.endswith('.pipeline')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.strip()
+    assert "omni_qwen3_tts.pipeline" in loaded
+    assert "omni_qwen3_omni.pipeline" not in loaded and "omni_moss_tts.pipeline" not in loaded

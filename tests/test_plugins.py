@@ -17,6 +17,7 @@ from omni_core import (
     EngineArgs,
     EngineStageConfig,
     FactoryArgs,
+    LazyPipeline,
     OmniPlugins,
     PipelineConfig,
     PluginError,
@@ -730,10 +731,74 @@ def test_a_wrapper_plugin_times_construction_without_replacing_it(
 
 
 def test_every_installed_pipeline_builds_its_default_config(plugins: OmniPlugins) -> None:
-    for name, registered in plugins.pipelines().items():
-        config: PipelineConfig = registered.value()
-        assert config.model_path == registered.value.default_model_path
+    """Also proves each lazily registered pipeline's names match its class's (checked on load)."""
+    classes = plugins.pipeline_classes()
+    assert set(classes) == set(plugins.pipelines())
+    for name, cls in classes.items():
+        config: PipelineConfig = cls()
+        assert config.model_path == cls.default_model_path
         assert config.stage_names, name
+
+
+def lazy_plugin(*items: LazyPipeline, name: str = "omni_test_lazy") -> Any:
+    module = types.ModuleType(name)
+
+    @hookimpl
+    def omni_register_pipelines() -> list[LazyPipeline]:
+        return list(items)
+
+    module.omni_register_pipelines = omni_register_pipelines  # type: ignore[attr-defined]
+    return module
+
+
+def test_a_lazy_pipeline_is_listed_without_importing_its_module(plugins: OmniPlugins) -> None:
+    target = f"{__name__}:EchoPipeline"
+    aliases = ("EchoForConditionalGeneration",)
+    plugins.register(lazy_plugin(LazyPipeline("test-echo", target, aliases)), name="lazy")
+    registered = plugins.pipelines()["test-echo"]
+    assert isinstance(registered.value, LazyPipeline)  # collected, not imported
+    assert plugins.pipeline("EchoForConditionalGeneration") is EchoPipeline  # by alias
+    assert plugins.pipelines()["test-echo"].value is EchoPipeline  # loaded once, kept
+
+
+@pytest.mark.parametrize(
+    ("item", "says"),
+    [
+        (
+            LazyPipeline("test-echo", f"{__name__}:EchoPipeline", ()),
+            "but the class declares aliases ('EchoForConditionalGeneration',)",
+        ),
+        (
+            LazyPipeline(
+                "test-other", f"{__name__}:EchoPipeline", ("EchoForConditionalGeneration",)
+            ),
+            "but the class declares pipeline_name 'test-echo'",
+        ),
+        (
+            LazyPipeline("test-gone", "omni_no_such_module:Gone"),
+            "cannot import 'omni_no_such_module'",
+        ),
+        (LazyPipeline("test-not", f"{__name__}:module_with"), "not a PipelineConfig subclass"),
+    ],
+    ids=["aliases", "name", "import", "not-a-pipeline"],
+)
+def test_a_lazy_pipeline_that_disagrees_with_its_class_names_the_plugin(
+    plugins: OmniPlugins, item: LazyPipeline, says: str
+) -> None:
+    plugins.register(lazy_plugin(item), name="omni-lazy-test")
+    with pytest.raises(PluginError) as caught:
+        plugins.pipeline(item.pipeline_name)
+    assert says in caught.value.message
+    assert "plugin 'omni-lazy-test'" in caught.value.message
+
+
+def test_a_lazy_pipeline_clashing_with_a_class_is_refused_naming_both(
+    plugins: OmniPlugins,
+) -> None:
+    plugins.register(pipeline_plugin(EchoPipeline), name="eager")
+    plugins.register(lazy_plugin(LazyPipeline("test-echo", "x.y:Z")), name="lazy")
+    with pytest.raises(PluginError, match="registered by two plugins: 'eager' and 'lazy'"):
+        plugins.pipeline("test-echo")
 
 
 def test_wire_types_are_collected_from_every_plugin(plugins: OmniPlugins) -> None:

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from omni_core import hookimpl
+import sys
+
+from omni_core import LazyPipeline, hookimpl
+
+PIPELINE_MODULE = "omni_moss_tts.pipeline"
 
 
 @hookimpl
 def omni_register_pipelines():
-    from .pipeline import MossTTSPipeline
-
-    return [MossTTSPipeline]
+    # By name: only the pipeline a command uses is imported (see omni_qwen3_tts's).
+    aliases = ("moss_tts", "moss_tts_delay", "MossTTSDelayModel", "MossTTSPipelineConfig")
+    return [LazyPipeline("moss-tts", f"{PIPELINE_MODULE}:MossTTSPipeline", aliases)]
 
 
 @hookimpl
 def omni_estimate_memory(pipeline):
-    from .pipeline import MossTTSPipeline
-
-    if not isinstance(pipeline, MossTTSPipeline):
+    module = sys.modules.get(PIPELINE_MODULE)  # not imported: not one of ours
+    if module is None or not isinstance(pipeline, module.MossTTSPipeline):
         return None
     from .memory import estimate
 

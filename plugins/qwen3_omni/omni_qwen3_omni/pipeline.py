@@ -19,11 +19,12 @@ from pydantic import Field
 from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfig
 from omni_core.schema import DType, LoadFormat
 
+from .plugin import CHECKPOINT_NAMES as ALIASES  # one list: the plugin registers them by name
+
 STAGES = "omni_qwen3_omni.stages"
 PREPROCESSING = "omni_qwen3_omni.preprocessing"
 ROUTING = "omni_qwen3_omni.routing"
 MODEL = "Qwen/Qwen3-Omni-30B-A3B-Instruct"
-ALIASES = ("qwen3_omni_moe", "Qwen3OmniMoeForConditionalGeneration")
 
 
 class PreprocessingArgs(FactoryArgs):

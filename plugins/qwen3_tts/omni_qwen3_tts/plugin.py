@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-from omni_core import hookimpl
+import sys
+
+from omni_core import LazyPipeline, hookimpl
+
+PIPELINE_MODULE = "omni_qwen3_tts.pipeline"
 
 
 @hookimpl
 def omni_register_pipelines():
-    from .pipeline import Qwen3TTSPipeline
-
-    return [Qwen3TTSPipeline]
+    # By name: every omni command collects all pipelines, and only the one it
+    # uses is imported (the names must match the class's; omni checks on load).
+    aliases = ("qwen3_tts", "Qwen3TTSForConditionalGeneration", "Qwen3TTSPipelineConfig")
+    return [LazyPipeline("qwen3-tts", f"{PIPELINE_MODULE}:Qwen3TTSPipeline", aliases)]
 
 
 @hookimpl
 def omni_estimate_memory(pipeline):
-    from .pipeline import Qwen3TTSPipeline
-
-    if not isinstance(pipeline, Qwen3TTSPipeline):
+    module = sys.modules.get(PIPELINE_MODULE)  # not imported: not one of ours
+    if module is None or not isinstance(pipeline, module.Qwen3TTSPipeline):
         return None
     from .memory import estimate
 
