@@ -40,19 +40,17 @@ def pipelines_by_plugin(payload: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def table_column(output: str, column: str) -> dict[str, list[str]]:
-    """One column of the rich table, by plugin: the lines of each plugin's cell.
+    """One column of the boxed table, by plugin: the lines of each plugin's cell.
 
     Reading cells (not searching the whole output) matters: pipeline names are
     substrings of plugin names, so a search passes with an empty column.
     """
-    lines = output.splitlines()
-    header = next(line for line in lines if line.startswith("┃"))
-    index = [cell.strip() for cell in header.strip("┃").split("┃")].index(column)
+    lines = [line for line in output.splitlines() if line.startswith("│")]
+    header, body = lines[0], lines[1:]
+    index = [cell.strip() for cell in header.strip("│").split("│")].index(column)
     cells: dict[str, list[str]] = {}
     plugin = ""
-    for line in lines:
-        if not line.startswith("│"):
-            continue
+    for line in body:
         row = [cell.strip() for cell in line.strip("│").split("│")]
         plugin = row[0] or plugin
         cells.setdefault(plugin, [])

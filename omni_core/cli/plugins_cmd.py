@@ -36,15 +36,17 @@ def list_plugins(
 
 
 def _print_table(rows: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    import shutil
+    import sys
 
-    table = Table(title="omni plugins", show_lines=False)
+    from ..text_table import box_table
+
+    if not rows:
+        typer.echo("no plugins installed (pip install omni-qwen3-tts, for example)")
+        return
     columns = ("plugin", "version", "hooks", "pipelines", "policies", "transports", "launchers")
-    for column in (*columns, "error"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(
+    cells = [
+        [
             row["name"],
             row["version"] or "",
             "\n".join(h.removeprefix("omni_") for h in row["hooks"]),
@@ -53,9 +55,10 @@ def _print_table(rows: list[dict]) -> None:
             "\n".join(row["transports"]),
             "\n".join(row.get("launchers", [])),
             row["error"] or "",
-        )
-    console = Console(width=200) if not Console().is_terminal else Console()
-    if not rows:
-        console.print("no plugins installed (pip install omni-qwen3-tts, for example)")
-        return
-    console.print(table)
+        ]
+        for row in rows
+    ]
+    # A terminal's own width; piped, wide enough that an error message stays on few lines.
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 200
+    typer.echo("omni plugins")
+    typer.echo(box_table((*columns, "error"), cells, width))

@@ -1,14 +1,12 @@
-"""The plan as people read it: tables of processes and GPUs, then the rest.
-
-rich is imported here, lazily, so planning itself (and ``--json``) never pays
-for it.
-"""
+"""The plan as people read it: tables of processes and GPUs, then the rest."""
 
 from __future__ import annotations
 
+import sys
 from typing import IO, Any
 
 from ..schema.sizes import format_bytes
+from ..text_table import box_table
 from .model import DeploymentPlan
 
 
@@ -31,23 +29,19 @@ def _where(process: Any) -> str:
 def render_plan(
     plan: DeploymentPlan, file: IO[str] | None = None, width: int | None = None
 ) -> None:
-    """Print ``plan`` to ``file`` (stdout by default)."""
-    from rich.console import Console
-    from rich.table import Table
+    """Print ``plan`` to ``file`` (stdout by default), tables at most ``width`` wide."""
+    out = file if file is not None else sys.stdout
+    width = width or 120
 
-    console = Console(file=file, width=width or 120, soft_wrap=False, highlight=False)
-    console.print(
-        f"[bold]{plan.pipeline}[/bold]  model {plan.model_path or '-'}  "
-        f"placement policy [bold]{plan.policy}[/bold]",
-        markup=True,
-    )
-    console.print(f"GPUs: {plan.inventory.describe()}", markup=False)
+    def say(text: str) -> None:
+        print(text, file=out)
 
-    processes = Table(title="processes", title_justify="left")
-    for column in ("process", "where", "stages", "replica", "tp rank", "share", "start"):
-        processes.add_column(column, overflow="fold")
-    for process in plan.processes:
-        processes.add_row(
+    say(f"{plan.pipeline}  model {plan.model_path or '-'}  placement policy {plan.policy}")
+    say(f"GPUs: {plan.inventory.describe()}")
+
+    say("processes")
+    rows = [
+        [
             process.name,
             _where(process),
             ", ".join(process.stages),
@@ -56,61 +50,65 @@ def render_plan(
             _share(process.gpu_memory_fraction, process.total_reserve_bytes),
             f"wave {process.start_wave}"
             + (f" ({process.weight_share})" if process.weight_share != "none" else ""),
-        )
-    console.print(processes)
+        ]
+        for process in plan.processes
+    ]
+    columns = ("process", "where", "stages", "replica", "tp rank", "share", "start")
+    say(box_table(columns, rows, width))
 
     if plan.gpus:
-        gpus = Table(title="GPUs", title_justify="left")
-        for column in ("gpu", "memory", "stages", "shares", "undeclared", "MPS"):
-            gpus.add_column(column, overflow="fold")
+        rows = []
         for gpu, usage in plan.gpus.items():
             committed = usage.committed
             mps = plan.mps.gpus.get(gpu)
-            gpus.add_row(
-                str(gpu),
-                format_bytes(usage.memory_bytes) if usage.memory_bytes else "?",
-                ", ".join(usage.stages),
-                f"{usage.gpu_memory_fraction_sum:.2f}"
-                + (
-                    f" + {format_bytes(usage.total_reserve_bytes_sum)}"
-                    if usage.total_reserve_bytes_sum
-                    else ""
-                )
-                + (f" (= {committed:.2f})" if usage.total_reserve_bytes_sum and committed else ""),
-                ", ".join(usage.undeclared_stages) or "-",
-                ("on" if mps.enabled else "off") + f": {mps.reason}" if mps else "-",
+            rows.append(
+                [
+                    str(gpu),
+                    format_bytes(usage.memory_bytes) if usage.memory_bytes else "?",
+                    ", ".join(usage.stages),
+                    f"{usage.gpu_memory_fraction_sum:.2f}"
+                    + (
+                        f" + {format_bytes(usage.total_reserve_bytes_sum)}"
+                        if usage.total_reserve_bytes_sum
+                        else ""
+                    )
+                    + (
+                        f" (= {committed:.2f})"
+                        if usage.total_reserve_bytes_sum and committed
+                        else ""
+                    ),
+                    ", ".join(usage.undeclared_stages) or "-",
+                    ("on" if mps.enabled else "off") + f": {mps.reason}" if mps else "-",
+                ]
             )
-        console.print(gpus)
+        say("GPUs")
+        say(box_table(("gpu", "memory", "stages", "shares", "undeclared", "MPS"), rows, width))
     else:
-        console.print("GPUs: none used (every stage runs on the host)")
+        say("GPUs: none used (every stage runs on the host)")
 
     if plan.weight_share.mode == "on":
         for group in plan.weight_share.groups:
-            console.print(
+            say(
                 f"weight sharing: {group.process} on GPU {group.gpu} ({group.stage}): "
-                f"{group.leader} leads, {', '.join(group.followers)} follow",
-                markup=False,
+                f"{group.leader} leads, {', '.join(group.followers)} follow"
             )
     if len(plan.start_waves) > 1:
         waves = "; ".join(f"wave {i}: {', '.join(w)}" for i, w in enumerate(plan.start_waves))
-        console.print(f"start-up: {waves}", markup=False)
+        say(f"start-up: {waves}")
     for stage, estimate in sorted(plan.estimates.items()):
-        console.print(
+        say(
             f"estimate {stage}: {format_bytes(estimate.total_bytes)} (weights "
             f"{format_bytes(estimate.weights_bytes)}, KV {format_bytes(estimate.kv_bytes)}, "
-            f"other {format_bytes(estimate.overhead_bytes)}; {estimate.source})",
-            markup=False,
+            f"other {format_bytes(estimate.overhead_bytes)}; {estimate.source})"
         )
-    console.print(
+    say(
         f"admission: at most {plan.admission_limit} requests in flight (runtime.max_inflight, "
-        "else the engine stages' max_running_requests x replicas)",
-        markup=False,
+        "else the engine stages' max_running_requests x replicas)"
     )
     endpoints = plan.endpoints
-    console.print(
+    say(
         f"runtime dir: {endpoints.runtime_dir} (mode {endpoints.mode:04o}, created at launch); "
-        f"{len(endpoints.processes) + len(endpoints.stages) + 1} sockets",
-        markup=False,
+        f"{len(endpoints.processes) + len(endpoints.stages) + 1} sockets"
     )
     for note in plan.notes:
-        console.print(f"note: {note}", markup=False)
+        say(f"note: {note}")
