@@ -153,7 +153,13 @@ def test_the_batch_endpoint_answers_each_item_in_order(moss) -> None:
     assert "unknown voice 'nobody'" in data[1]["error"]["message"]
     one, rate = soundfile.read(io.BytesIO(base64.b64decode(data[0]["audio"])))
     assert rate == 24000 and one.size > 0
-    assert base64.b64decode(data[0]["audio"]) == speak(moss, "default", "One.", seed=1)
+    # The vocoder decodes the batch's items together, and a batched matmul may
+    # round differently from a lone one: the same seed gives the same codes,
+    # so the speech must match a lone request's to within a couple of LSBs.
+    alone, _ = soundfile.read(io.BytesIO(speak(moss, "default", "One.", seed=1)), dtype="int16")
+    batched, _ = soundfile.read(io.BytesIO(base64.b64decode(data[0]["audio"])), dtype="int16")
+    assert batched.shape == alone.shape
+    assert np.abs(batched.astype(np.int32) - alone.astype(np.int32)).max() <= 2
     three, _ = soundfile.read(io.BytesIO(base64.b64decode(data[2]["audio"])))
     assert three.size > 0 and data[2]["response_format"] == "flac"
     empty = httpx.post(f"{moss.url}/v1/audio/speech/batch", json={"items": []}, timeout=30)
