@@ -71,12 +71,17 @@ async def _serve(resolution: Any, sock: Any, key: str | None, signals: Any) -> N
     from ..serve.app import create_app
     from ..serve.launch import build_runtime, say
     from ..serve.server import make_server, serve_runtime
+    from ..serve.service import public_model_name
 
     config = resolution.config
     pipeline = resolution.pipeline_cls.pipeline_name
     grace = config.runtime.grace_period
     runtime = build_runtime(resolution)
     say(f"starting {pipeline}: {len(runtime.children)} process(es)")
+    if config.model_path:  # clients see only the name; the operator gets the path
+        model = config.server.served_model_name or public_model_name(config.model_path)
+        say(f"model {config.model_path} (clients see {model!r})")
+    say(f"runtime directory {runtime.plan.endpoints.runtime_dir}")
     async with runtime:
         server = make_server(
             create_app(runtime, resolution, api_key=key),

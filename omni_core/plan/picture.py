@@ -584,7 +584,7 @@ def _draw_legend(plan: DeploymentPlan, width: float, top: float) -> tuple[list[s
     return out, y + LEGEND_ROW_H - top
 
 
-def _title(plan: DeploymentPlan) -> tuple[str, str]:
+def _title(plan: DeploymentPlan, model: str | None = None) -> tuple[str, str]:
     gpus = sorted({p.gpu for p in plan.processes if p.gpu is not None})
     where = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}" if gpus else "the CPU"
     count = len(plan.processes)
@@ -593,17 +593,21 @@ def _title(plan: DeploymentPlan) -> tuple[str, str]:
     if len(hosts) > 1:
         title += f", across {len(hosts)} nodes"
     sub = (
-        f"model {plan.model_path or '-'} · placement {plan.policy} · "
+        f"model {(plan.model_path if model is None else model) or '-'} · placement {plan.policy} · "
         f"inventory {plan.inventory.describe()}"
     )
     return title, sub
 
 
-def plan_svg(plan: DeploymentPlan) -> str:
-    """The plan's stage graph as a standalone SVG document (a string, UTF-8 text)."""
+def plan_svg(plan: DeploymentPlan, *, model: str | None = None) -> str:
+    """The plan's stage graph as a standalone SVG document (a string, UTF-8 text).
+
+    ``model`` replaces ``plan.model_path`` in the caption: ``omni serve`` hands
+    the picture to clients, who get the model's name and not a host path.
+    """
     layout = _Layout(plan)
     ids = _Ids()
-    title, sub = _title(plan)
+    title, sub = _title(plan, model)
     legend_top = MARGIN + TITLE_H + layout.graph_h + 34
     content_w = max(layout.graph_w, text_width(title, 18, True), text_width(sub, 12))
     width = content_w + 2 * MARGIN

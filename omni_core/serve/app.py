@@ -21,8 +21,9 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
-from .auth import APIKeyMiddleware
+from .auth import APIKeyMiddleware, deny_websocket
 from .batch import PATH as BATCH_PATH
 from .batch import create_batch
 from .bodies import ClientGone, read_form
@@ -136,6 +137,7 @@ def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> 
     ]
     if server.playground:
         routes += playground_routes(service)
+    routes.append(WebSocketRoute("/{path:path}", _unknown_websocket))  # after every other route
     key = api_key if api_key is not None else server.api_key
     middleware = [Middleware(MetricsMiddleware, metrics=metrics)]
     if key:
@@ -178,6 +180,16 @@ def _guarded(endpoint: Callable[[Request], Awaitable[Response]]):
             return error_response(APIError(500, f"internal server error (request id {incident})"))
 
     return guarded
+
+
+async def _unknown_websocket(websocket: WebSocket) -> None:
+    """A handshake to a path we do not serve: a 404 like HTTP's, and a line in the log.
+
+    Starlette's own fallback closes such handshakes with a bare 403 and says
+    nothing; the client learns nothing, and neither does the operator.
+    """
+    error = APIError(404, f"no such endpoint: {websocket.scope['path']}")
+    await deny_websocket(websocket.scope, websocket.send, error)
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:

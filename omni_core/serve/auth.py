@@ -13,16 +13,20 @@ them: ``Authorization: Bearer <key>`` as for HTTP, or, since a browser's
 subprotocol ``bearer.<key>`` (the server never selects that one, so the key
 is not echoed). A refused handshake is answered HTTP 401 with the same JSON
 error as HTTP routes (uvicorn's denial-response extension), or, on a server
-without that extension, closed with 1008 (policy violation).
+without that extension, closed with 1008 (policy violation). Every refusal
+is one info line in the log (who, where, why): refusals are what scanners
+and wrong keys cause, not server faults.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 from typing import Any
 
 from .errors import APIError, error_response
 
+log = logging.getLogger("omni.serve")
 OPEN_PATHS = frozenset({"/health"})
 BEARER_SUBPROTOCOL = "bearer."
 
@@ -79,6 +83,14 @@ def _subprotocol_key(scope: Any) -> bytes | None:
 
 async def deny_websocket(scope: Any, send: Any, error: APIError) -> None:
     """Refuse a WebSocket handshake: HTTP ``error.status`` with its JSON body, else close 1008."""
+    client = scope.get("client")
+    log.info(
+        "refused a WebSocket handshake from %s to %s: %d %s",
+        f"{client[0]}:{client[1]}" if client else "a client",
+        scope.get("path", "?"),
+        error.status,
+        error.message,
+    )
     if "websocket.http.response" not in scope.get("extensions", {}):
         reason = error.message.encode()[:123].decode(errors="ignore")  # a close reason's limit
         await send({"type": "websocket.close", "code": 1008, "reason": reason})

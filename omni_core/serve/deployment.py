@@ -9,8 +9,10 @@ read them too. Both sit behind the API key like every route but ``/health``.
 
 The JSON is the plan's shape, trimmed to what a client can use: process
 names, their stages, GPU and replica; stage instances; GPUs; edges with
-their transports. Runtime paths (sockets, the run directory) and the
-children's environment stay out: they help no client and describe the host.
+their transports. Host paths (the model directory, sockets, the run
+directory) and the children's environment stay out of both: they help no
+client and describe the host. The model is named as ``/v1/models`` names it
+(see :func:`.service.public_model_name`); the start-up output has the path.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class DeploymentPages:
         if self._svg is None:
             from ..plan.picture import plan_svg
 
-            self._svg = plan_svg(self.plan)
+            self._svg = plan_svg(self.plan, model=self.service.model_id)
         return Response(
             self._svg,
             media_type="image/svg+xml",

@@ -30,6 +30,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from ..schema.deployment import ServerConfig
+from .log_limits import limit_repeats
 
 log = logging.getLogger("omni.serve")
 # The handler answers a slow body with a 408 at body_timeout (read_body); the
@@ -132,7 +133,8 @@ def deadline_protocol(header_timeout: float, body_timeout: float) -> type[Deadli
 
 
 class OmniWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's WebSocket protocol, except that a close it cannot send drops the connection.
+    """uvicorn's WebSocket protocol, except that a close it cannot send drops the connection,
+    and a refused handshake is not logged as an error.
 
     uvicorn waits for room in the transport's buffer before every send, the
     close frame included; for a client that stopped reading there never is
@@ -141,6 +143,13 @@ class OmniWebSocketProtocol(WebSocketsSansIOProtocol):
     after ``server.ws_send_timeout``); its close with any code but 1000 then
     aborts the connection at once. A normal close (1000) still waits its turn
     behind the audio a slow client is still reading.
+
+    A handshake refused with a full HTTP response (a 401, a 404: see
+    :func:`.auth.deny_websocket`) is over once that response is sent, but
+    uvicorn only learns so when the socket's close comes back to it; an
+    application that returns first made it log "ASGI callable returned
+    without completing handshake" for every refused client, which any
+    scanner could turn into a flood of errors.
     """
 
     async def send(self, message: Any) -> None:
@@ -155,6 +164,8 @@ class OmniWebSocketProtocol(WebSocketsSansIOProtocol):
             self.transport.abort()
             return
         await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body"):
+            self.handshake_complete = True  # refused in full (as connection_lost will say)
 
 
 class OmniServer(uvicorn.Server):
@@ -235,7 +246,9 @@ async def serve_runtime(
         if on_started is not None:
             on_started(server.addresses())
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(announce)
-        await server.serve(sockets)
-        tg.cancel_scope.cancel()
+    with limit_repeats() as limiter:  # an attack's flood of identical errors, as counts
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(announce)
+            tg.start_soon(limiter.flush_every_interval)
+            await server.serve(sockets)
+            tg.cancel_scope.cancel()

@@ -12,6 +12,7 @@ log under that id, next to the stage's traceback, never to the client.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,6 +26,21 @@ from .audio import to_pcm16
 from .errors import APIError
 
 log = logging.getLogger("omni.serve")
+
+
+def public_model_name(model_path: str) -> str:
+    """``model_path`` as clients may see it: a hub id or preset as written, a directory's name.
+
+    A local checkpoint's full path describes the host (user names, mounts,
+    layout) and is no use to a client, which only needs a name to send back
+    as ``model``; the operator's start-up output keeps the path.
+    """
+    if not model_path:
+        return ""
+    local = os.path.expanduser(model_path)
+    if model_path.startswith(("/", ".", "~")) or model_path.count("/") > 1 or os.path.isdir(local):
+        return os.path.basename(os.path.abspath(local))
+    return model_path
 
 
 @dataclass(frozen=True)
@@ -104,7 +120,12 @@ class Service:
 
     @classmethod
     def of(cls, runtime: Any, pipeline_cls: Any, config: Any) -> Service:
-        names = [config.server.served_model_name, config.model_path, pipeline_cls.pipeline_name]
+        names = [
+            config.server.served_model_name,
+            public_model_name(config.model_path),
+            config.model_path,  # still accepted from a client that knows it, never shown
+            pipeline_cls.pipeline_name,
+        ]
         model_names = tuple(dict.fromkeys(n for n in names if n))
         return cls(runtime, Serving.of(pipeline_cls), model_names, config.runtime.request_timeout)
 
