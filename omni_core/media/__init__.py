@@ -7,9 +7,9 @@ soundfile and Pillow load on first use, inside the stage processes that
 decode media.
 """
 
-from .audio_input import AudioLimits, DecodedAudio, decode_audio, decode_base64_audio
+from .audio_input import AudioLimits, DecodedAudio, decode_audio, decode_base64_audio, probe_audio
 from .errors import MediaError
-from .image_input import ImageLimits, decode_base64_image, decode_image
+from .image_input import ImageLimits, decode_base64_image, decode_image, probe_image
 from .sources import MediaFetch, read_base64, read_media, read_media_sync
 
 __all__ = [
@@ -22,6 +22,8 @@ __all__ = [
     "decode_base64_audio",
     "decode_base64_image",
     "decode_image",
+    "probe_audio",
+    "probe_image",
     "read_base64",
     "read_media",
     "read_media_sync",

@@ -89,8 +89,26 @@ def decode_base64_audio(encoded: Any, field: str, limits: AudioLimits) -> Decode
     return decode_audio(raw, field, limits)
 
 
-def decode_audio(raw: bytes, field: str, limits: AudioLimits) -> DecodedAudio:
-    """The encoded file ``raw`` decoded within ``limits`` (see the module docstring)."""
+def probe_audio(raw: bytes, field: str, limits: AudioLimits) -> float:
+    """The seconds ``raw`` will decode to at most, from its header alone (nothing is decoded).
+
+    Checks what :func:`decode_audio` checks before decoding, so a request can
+    add up its clips and refuse itself before any of them is decoded. A
+    header that states no length counts as the limit: the decode that
+    follows cannot read more than that.
+    """
+    _check_container(raw, field, limits)
+    import soundfile
+
+    try:
+        info = soundfile.info(io.BytesIO(raw))
+    except Exception as exc:  # libsndfile's errors come as several types
+        raise MediaError(field, f"{field!r} is not readable audio: {exc}") from None
+    cap = _check_header(field, limits, info.samplerate, info.channels, info.frames)
+    return min(info.frames, cap) / info.samplerate
+
+
+def _check_container(raw: bytes, field: str, limits: AudioLimits) -> str:
     if len(raw) > limits.max_bytes:
         raise MediaError(
             field, f"{field!r} is {len(raw)} bytes; the limit is {limits.max_bytes} bytes"
@@ -98,6 +116,12 @@ def decode_audio(raw: bytes, field: str, limits: AudioLimits) -> DecodedAudio:
     kind = sniff(raw)
     if kind is None:
         raise MediaError(field, f"{field!r} is not readable audio: it is not a {_names()} file")
+    return kind
+
+
+def decode_audio(raw: bytes, field: str, limits: AudioLimits) -> DecodedAudio:
+    """The encoded file ``raw`` decoded within ``limits`` (see the module docstring)."""
+    kind = _check_container(raw, field, limits)
     import soundfile
 
     try:

@@ -95,40 +95,33 @@ def decode_base64_image(encoded: Any, field: str, limits: ImageLimits) -> Any:
     return decode_image(raw, field, limits)
 
 
+def probe_image(raw: bytes, field: str, limits: ImageLimits) -> tuple[int, int]:
+    """``(width, height)`` of the image file ``raw`` from its header; no pixel is decoded.
+
+    Every check :func:`decode_image` makes before decoding is made here, so a
+    request can add up its images' pixels and prompt tokens and refuse itself
+    before the first one is decoded.
+    """
+    with _open_header(raw, field, limits) as image:
+        width, height = image.size
+        _check_size(field, limits, width, height)
+        if _turned_sideways(image):
+            width, height = height, width
+        return width, height
+
+
 def decode_image(raw: bytes, field: str, limits: ImageLimits) -> Any:
     """The image file ``raw`` as a writable uint8 numpy array ``[height, width, 3]``, RGB.
 
     Raises :class:`MediaError` naming ``field`` for anything refused (see the
     module docstring for what is checked, and in which order).
     """
-    if len(raw) > limits.max_bytes:
-        raise MediaError(
-            field, f"{field!r} is {len(raw)} bytes; the limit is {limits.max_bytes} bytes"
-        )
-    kind = sniff_image(raw)
-    if kind is None:
-        raise MediaError(
-            field, f"{field!r} is not a readable image: it is not a {_names(limits)} file"
-        )
-    if kind not in limits.formats:
-        raise MediaError(
-            field, f"{field!r} is a {kind.upper()} image; accepted here: {_names(limits)}"
-        )
-    image_module, image_ops = _pillow()
     import numpy as np
 
-    label = f"{field!r} is not a readable {kind.upper()} image"
-    try:
-        image = image_module.open(io.BytesIO(raw), formats=[PILLOW_FORMATS[kind]])
-    except image_module.DecompressionBombError:  # over twice Pillow's MAX_IMAGE_PIXELS
-        cap = min(limits.max_pixels, 2 * (image_module.MAX_IMAGE_PIXELS or limits.max_pixels))
-        raise MediaError(
-            field, f"{field!r} declares more pixels than the limit of {cap} pixels"
-        ) from None
-    except MemoryError:
-        raise
-    except Exception:  # Pillow reports a bad header as several types
-        raise MediaError(field, f"{label}: its header is damaged or cut short") from None
+    image_module, image_ops = _pillow()
+    kind = sniff_image(raw)
+    label = f"{field!r} is not a readable {(kind or '').upper()} image"
+    image = _open_header(raw, field, limits)
     with image:
         _check_size(field, limits, *image.size)
         try:
@@ -148,6 +141,57 @@ def decode_image(raw: bytes, field: str, limits: ImageLimits) -> Any:
                 field, f"{label}: its pixels ({image.mode}) cannot become RGB: {exc}"
             ) from None
         return np.array(rgb, dtype=np.uint8)
+
+
+def _open_header(raw: bytes, field: str, limits: ImageLimits) -> Any:
+    """``raw`` opened by the one Pillow plugin of its format, its header read, nothing decoded."""
+    if len(raw) > limits.max_bytes:
+        raise MediaError(
+            field, f"{field!r} is {len(raw)} bytes; the limit is {limits.max_bytes} bytes"
+        )
+    kind = sniff_image(raw)
+    if kind is None:
+        raise MediaError(
+            field, f"{field!r} is not a readable image: it is not a {_names(limits)} file"
+        )
+    if kind not in limits.formats:
+        raise MediaError(
+            field, f"{field!r} is a {kind.upper()} image; accepted here: {_names(limits)}"
+        )
+    image_module, _ = _pillow()
+    try:
+        return image_module.open(io.BytesIO(raw), formats=[PILLOW_FORMATS[kind]])
+    except image_module.DecompressionBombError:  # over twice Pillow's MAX_IMAGE_PIXELS
+        cap = min(limits.max_pixels, 2 * (image_module.MAX_IMAGE_PIXELS or limits.max_pixels))
+        raise MediaError(
+            field, f"{field!r} declares more pixels than the limit of {cap} pixels"
+        ) from None
+    except MemoryError:
+        raise
+    except Exception:  # Pillow reports a bad header as several types
+        raise MediaError(
+            field,
+            f"{field!r} is not a readable {kind.upper()} image: its header is damaged or cut short",
+        ) from None
+
+
+def _turned_sideways(image: Any) -> bool:
+    """Whether the EXIF orientation swaps width and height, as ``exif_transpose`` will.
+
+    Read only from an EXIF block the header already holds: ``getexif()`` on a
+    PNG without one decodes the whole image to look for it after the pixels.
+    A damaged EXIF block turns nothing, as when decoding.
+    """
+    block = image.info.get("exif")
+    if not block:
+        return False
+    image_module, _ = _pillow()
+    try:
+        orientation = image_module.Exif()
+        orientation.load(block)
+        return orientation.get(0x0112, 1) in (5, 6, 7, 8)
+    except Exception:
+        return False
 
 
 def sniff_image(raw: bytes) -> str | None:

@@ -279,6 +279,15 @@ class ServerConfig(BaseModel):
         default=10.0,
         description="seconds a WebSocket client may leave audio unread before it is disconnected",
     )
+    max_input_chars: int = Field(
+        default=4096,
+        description="characters in each text field of a speech request (input, instructions, "
+        "ref_text); OpenAI's speech API allows 4096",
+    )
+    max_chat_text_chars: int = Field(
+        default=131072,
+        description="characters of text in all the messages of one chat request together",
+    )
     served_model_name: str | None = None
     voices_dir: str | None = Field(
         default=None,
@@ -302,6 +311,9 @@ class ServerConfig(BaseModel):
     def _check(self) -> ServerConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0-65535, got {self.port}")
+        for name in ("max_input_chars", "max_chat_text_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 character, got {getattr(self, name)}")
         for name in ("max_body_bytes", "remote_media_max_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 byte, got {getattr(self, name)}")

@@ -77,6 +77,7 @@ async def create_chat(
     if "audio" in modalities:
         check_encoder(audio_format, param="audio.format")
     data = body.payload(modalities)
+    service.budget.check(data, "chat")  # counting characters first: it costs nothing
     await check_media(data["messages"], media)
     handle = await service.submit(data, {"api": "chat"})
     pieces = service.pieces(handle, path=PATH, started=started)

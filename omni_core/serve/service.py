@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -23,6 +23,7 @@ import anyio
 from ..errors import ConfigError
 from ..runtime.coordinator import Overloaded, RequestFailed, RequestHandle, Unavailable
 from .audio import to_pcm16
+from .budgets import InputBudget
 from .errors import APIError
 
 log = logging.getLogger("omni.serve")
@@ -117,6 +118,8 @@ class Service:
     request_timeout: float
     audio_meter: Any = None  # .metrics.AudioMeter: times each request's audio chunks
     voices: Any = None  # .voices.Voices: resolves a speech request's voice (aliases, uploads)
+    # text limits, checked before anything is submitted
+    budget: InputBudget = field(default_factory=InputBudget)
 
     @classmethod
     def of(cls, runtime: Any, pipeline_cls: Any, config: Any) -> Service:
@@ -127,7 +130,13 @@ class Service:
             pipeline_cls.pipeline_name,
         ]
         model_names = tuple(dict.fromkeys(n for n in names if n))
-        return cls(runtime, Serving.of(pipeline_cls), model_names, config.runtime.request_timeout)
+        return cls(
+            runtime,
+            Serving.of(pipeline_cls),
+            model_names,
+            config.runtime.request_timeout,
+            budget=InputBudget.of(config.server),
+        )
 
     @property
     def model_id(self) -> str:
@@ -152,6 +161,7 @@ class Service:
             )
 
     async def submit(self, data: dict[str, Any], params: dict[str, Any]) -> RequestHandle:
+        self.budget.check(data, params.get("api"))
         if params.get("api") == "speech" and self.voices is not None:
             data = self.voices.apply(data)  # every speech API: aliases, uploaded voices
         try:

@@ -16,6 +16,8 @@ NEW_FIELDS = (
     "header_timeout",
     "body_timeout",
     "ws_send_timeout",
+    "max_input_chars",
+    "max_chat_text_chars",
 )
 
 
@@ -25,6 +27,7 @@ def test_the_defaults_keep_remote_media_off_and_every_client_on_a_clock(resolve)
     assert server.remote_media_max_bytes == 32 * 1024 * 1024
     assert server.remote_media_timeout == 30.0
     assert (server.header_timeout, server.body_timeout) == (10.0, 60.0)
+    assert (server.max_input_chars, server.max_chat_text_chars) == (4096, 131072)
 
 
 def test_every_new_setting_is_documented_in_the_schema_and_the_readme():
@@ -59,6 +62,8 @@ def test_the_settings_are_written_in_the_file_and_on_the_command_line(deploy, re
         ("remote_media_max_bytes", "0", "remote_media_max_bytes must be >= 1 byte"),
         ("allow_remote_media", "maybe", "expected true or false, got 'maybe'"),
         ("header_timeout", "soon", "expected a number, got 'soon'"),
+        ("max_input_chars", "0", "max_input_chars must be >= 1 character, got 0"),
+        ("max_chat_text_chars", "1.5", "expected an integer"),
     ],
 )
 def test_bad_values_are_refused_naming_the_flag(resolve, flag, value, message):

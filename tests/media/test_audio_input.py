@@ -21,7 +21,13 @@ import pytest
 
 soundfile = pytest.importorskip("soundfile")
 
-from omni_core.media import AudioLimits, MediaError, decode_audio, decode_base64_audio  # noqa: E402
+from omni_core.media import (  # noqa: E402
+    AudioLimits,
+    MediaError,
+    decode_audio,
+    decode_base64_audio,
+    probe_audio,
+)
 
 HOUR = 3600
 RATE = 16_000  # an hour of it decodes to 230 MB of float32: growth would be obvious
@@ -201,3 +207,16 @@ def test_importing_the_media_package_loads_no_numpy_or_soundfile():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_probe_gives_the_length_from_the_header_and_refuses_as_decoding_would(monkeypatch):
+    import soundfile
+
+    raw = silent_flac(3)
+    monkeypatch.setattr(soundfile.SoundFile, "read", lambda *a, **k: pytest.fail("decoded"))
+    assert probe_audio(raw, "f", AudioLimits(max_seconds=10)) == pytest.approx(3.0)
+    with pytest.raises(MediaError, match=r"3\.0 s long; the limit is 2 s"):
+        probe_audio(raw, "f", AudioLimits(max_seconds=2))
+    # a header that does not state its length counts as the limit (the decode stops there)
+    unknown = with_total_samples(raw, 0)
+    assert probe_audio(unknown, "f", AudioLimits(max_seconds=10)) == pytest.approx(10.0)

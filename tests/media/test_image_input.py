@@ -22,6 +22,7 @@ from omni_core.media import (  # noqa: E402
     MediaError,
     decode_base64_image,
     decode_image,
+    probe_image,
 )
 from omni_core.media.image_input import sniff_image  # noqa: E402
 
@@ -340,3 +341,26 @@ def test_without_pillow_the_error_is_the_servers_and_says_what_to_install(monkey
         decode_image(raw, FIELD, LIMITS)
     assert not isinstance(caught.value, MediaError)  # not the client's fault: no 400
     assert caught.value.hint == "pip install pillow"
+
+
+# Probing the header --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF", "BMP"])
+def test_a_probe_reads_the_size_without_decoding_a_pixel(fmt, no_decoding):
+    raw = encode(Image.fromarray(pattern(24, 16)), fmt)
+    assert probe_image(raw, FIELD, LIMITS) == (24, 16)
+
+
+def test_a_probe_refuses_what_decoding_would_refuse_before_decoding(no_decoding):
+    with pytest.raises(MediaError, match="the limit is 1000 pixels"):
+        probe_image(png_declaring(100, 100), FIELD, ImageLimits(max_pixels=1000))
+    with pytest.raises(MediaError, match="not a readable image"):
+        probe_image(b"GIF", FIELD, LIMITS)
+
+
+@pytest.mark.parametrize(("orientation", "size"), [(None, (40, 20)), (1, (40, 20)), (6, (20, 40))])
+def test_a_probe_reports_the_size_after_the_exif_rotation(orientation, size):
+    raw = sideways_photo(orientation)
+    assert probe_image(raw, FIELD, LIMITS) == size
+    assert decode_image(raw, FIELD, LIMITS).shape[:2] == (size[1], size[0])

@@ -27,6 +27,7 @@ import torch
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams, check_sampling
+from omni_core.engine.text_budget import check_text_tokens
 from omni_core.media import AudioLimits, decode_base64_audio
 from omni_qwen3_tts.stages import Vocoder, torch_device
 from omni_qwen3_tts.tokenizer import TextTokenizer
@@ -101,21 +102,39 @@ def _text(data: dict[str, Any], key: str) -> str | None:
 
 
 class Preprocessing:
-    def __init__(self, model_path: str, max_ref_audio_seconds: float, max_frames: int | None):
+    def __init__(
+        self,
+        model_path: str,
+        max_ref_audio_seconds: float,
+        max_frames: int | None,
+        max_input_tokens: int = 8192,
+    ):
         root = model_root(model_path, "dummy")
         self.config, self.defaults = read_config(root)
         self.prompts = PromptBuilder(self.config, TextTokenizer.from_dir(root))
         self.max_ref_audio_seconds = max_ref_audio_seconds
         self.max_frames = max_frames or self.defaults.max_new_tokens
+        self.max_input_tokens = max_input_tokens
 
     async def run(self, request: Any) -> dict[str, Any]:
-        data = dict(request.data or {})
+        # In a worker thread: tokenizing and decoding the reference clip can take
+        # long enough to silence this process's heartbeat if run on its loop.
+        return await anyio.to_thread.run_sync(self._prepare, dict(request.data or {}))
+
+    def _prepare(self, data: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(data) - REQUEST_KEYS)
         if unknown:
             raise RequestError(
                 f"unknown field {unknown[0]!r} for moss-tts",
                 hint="accepted: " + ", ".join(sorted(REQUEST_KEYS)),
             )
+        check_text_tokens(
+            self.prompts.tokenizer.encode,
+            data,
+            ("input", "instructions", "ref_text"),
+            self.max_input_tokens,
+            "factory.max_input_tokens of the preprocessing stage",
+        )
         try:
             if data.get("voice_enroll"):
                 if not data.get("ref_audio"):
@@ -218,9 +237,12 @@ class Preprocessing:
 
 
 def create_preprocessing(
-    model_path: str, max_ref_audio_seconds: float = 30.0, max_frames: int | None = None
+    model_path: str,
+    max_ref_audio_seconds: float = 30.0,
+    max_frames: int | None = None,
+    max_input_tokens: int = 8192,
 ) -> Preprocessing:
-    return Preprocessing(model_path, max_ref_audio_seconds, max_frames)
+    return Preprocessing(model_path, max_ref_audio_seconds, max_frames, max_input_tokens)
 
 
 # -- tts_engine -------------------------------------------------------------------

@@ -33,6 +33,13 @@ class PreprocessingArgs(FactoryArgs):
     max_audios: int = Field(default=8, ge=0)
     max_audio_seconds: float = Field(default=300.0, gt=0)
     max_media_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    max_image_pixels: int = Field(default=8192 * 8192, ge=1)  # one image, from its header
+    max_request_pixels: int = Field(default=2 * 8192 * 8192, ge=1)  # all images of a request
+    max_request_audio_seconds: float = Field(default=600.0, gt=0)  # all clips of a request
+    # the prompt's tokens (text and media placeholders), estimated from the text and
+    # the media's headers before anything is decoded; the thinker's engine checks the
+    # exact count against its own limits (engine.max_prefill_tokens, 8192 by default)
+    max_prompt_tokens: int = Field(default=8192, ge=1)
     # the largest max_tokens a request may ask for (also its default)
     max_tokens: int = Field(default=2048, ge=1)
 

@@ -14,6 +14,7 @@ the media appear in the messages; :mod:`.assemble` relies on that order.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from .config import ThinkerConfig
 from .loading import read_config
 from .source import resolve_model_path
 from .thinker.positions import MediaTokens, prompt_positions
-from .vision.processor import ImageProcessorConfig, image_to_patches
+from .vision.processor import ImageProcessorConfig, image_to_patches, smart_resize
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 IMAGE_PARTS = {"image_url", "image"}
@@ -42,10 +43,22 @@ AUDIO_PARTS = {"input_audio", "audio_url", "audio"}
 
 @dataclass(frozen=True)
 class Limits:
+    """What one request may ask of this stage; every bound is checked before decoding.
+
+    The prompt budget is estimated from the text and the media's headers
+    (image sizes give exact placeholder counts, audio durations an upper
+    bound), so a request whose media would overflow it is refused in
+    milliseconds instead of after minutes of decoding and encoding.
+    """
+
     max_images: int
     max_audios: int
     max_audio_seconds: float
     max_media_bytes: int
+    max_image_pixels: int = 8192 * 8192
+    max_request_pixels: int = 2 * 8192 * 8192
+    max_request_audio_seconds: float = 600.0
+    max_prompt_tokens: int = 8192
 
 
 class Preprocessing:
@@ -71,9 +84,10 @@ class Preprocessing:
             raise RequestError("'messages' must be a non-empty list")
         fetch = _media_fetch(request.params, self.limits.max_media_bytes)
         internal, media = _normalise(messages)
-        self._refuse_markers(internal)
         self._check_counts(media)
         raw = [await _read(kind, value, where, fetch) for kind, value, where in media]
+        # Off the event loop from here on: a long text's scan and tokenization, header
+        # reads and decoding must never hold the loop (its heartbeat proves it alive).
         return await anyio.to_thread.run_sync(self._prepare, data, internal, media, raw)
 
     def _refuse_markers(self, internal: list[dict[str, Any]]) -> None:
@@ -106,6 +120,62 @@ class Preprocessing:
                 f"{self.limits.max_audios} per request (factory.max_audios)"
             )
 
+    def _check_budget(
+        self,
+        internal: list[dict[str, Any]],
+        media: list[tuple[str, Any, str]],
+        raw: list[Any],
+    ) -> None:
+        """Refuse, from headers and text alone, a request over its pixel, audio or token budget."""
+        from omni_core.media import ImageLimits, probe_audio, probe_image
+
+        image_limits = ImageLimits(
+            max_bytes=self.limits.max_media_bytes, max_pixels=self.limits.max_image_pixels
+        )
+        audio_limits = AudioLimits(
+            max_seconds=self.limits.max_audio_seconds, max_bytes=self.limits.max_media_bytes
+        )
+        pixels, seconds, image_counts, audio_counts = 0, 0.0, [], []
+        merge, factor = self.images.merge_size, self.images.patch_size * self.images.merge_size
+        for (kind, _, where), (payload, _mime) in zip(media, raw, strict=True):
+            if kind == "image":
+                width, height = probe_image(payload, where, image_limits)
+                pixels += width * height
+                try:
+                    h, w = smart_resize(
+                        height, width, factor, self.images.min_pixels, self.images.max_pixels
+                    )
+                except ValueError as exc:
+                    raise RequestError(f"{where}: {exc}") from None
+                image_counts.append(
+                    (h // self.images.patch_size) * (w // self.images.patch_size) // (merge * merge)
+                )
+            else:
+                clip = probe_audio(payload, where, audio_limits)
+                seconds += clip
+                # One mel frame per 10 ms, rounded up: an upper bound of the exact count.
+                audio_counts.append(audio_token_count(math.ceil(clip * 100) + 1))
+        if pixels > self.limits.max_request_pixels:
+            raise RequestError(
+                f"the images hold {pixels} pixels together; this server takes at most "
+                f"{self.limits.max_request_pixels} per request "
+                "(factory.max_request_pixels of the preprocessing stage)"
+            )
+        if seconds > self.limits.max_request_audio_seconds:
+            raise RequestError(
+                f"the audio clips last {seconds:.1f} s together; this server takes at most "
+                f"{self.limits.max_request_audio_seconds:g} s per request "
+                "(factory.max_request_audio_seconds of the preprocessing stage)"
+            )
+        tokens = len(self.prompter.encode(internal, image_counts, audio_counts))
+        if tokens > self.limits.max_prompt_tokens:
+            raise RequestError(
+                f"the prompt would take about {tokens} tokens (text and media placeholders); "
+                f"this server takes at most {self.limits.max_prompt_tokens} "
+                "(factory.max_prompt_tokens of the preprocessing stage)",
+                hint="send fewer or smaller images, shorter audio or less text",
+            )
+
     def _prepare(
         self,
         data: dict[str, Any],
@@ -113,6 +183,8 @@ class Preprocessing:
         media: list[tuple[str, Any, str]],
         raw: list[Any],
     ) -> dict[str, Any]:
+        self._refuse_markers(internal)
+        self._check_budget(internal, media, raw)
         images, audios, grids, mel_lengths = [], [], [], []
         for (kind, _, where), payload in zip(media, raw, strict=True):
             if kind == "image":
@@ -163,7 +235,10 @@ class Preprocessing:
         from omni_core.media import ImageLimits, decode_image
 
         raw, _mime = payload
-        array = decode_image(raw, where, ImageLimits(max_bytes=self.limits.max_media_bytes))
+        limits = ImageLimits(
+            max_bytes=self.limits.max_media_bytes, max_pixels=self.limits.max_image_pixels
+        )
+        array = decode_image(raw, where, limits)
         try:
             pixels, grid = image_to_patches(array, self.images)
         except ValueError as exc:
@@ -322,6 +397,19 @@ def create_preprocessing(
     max_audios: int = 8,
     max_media_bytes: int = 32 * 1024 * 1024,
     max_tokens: int = 2048,
+    max_image_pixels: int = 8192 * 8192,
+    max_request_pixels: int = 2 * 8192 * 8192,
+    max_request_audio_seconds: float = 600.0,
+    max_prompt_tokens: int = 8192,
 ) -> Preprocessing:
-    limits = Limits(max_images, max_audios, max_audio_seconds, max_media_bytes)
+    limits = Limits(
+        max_images,
+        max_audios,
+        max_audio_seconds,
+        max_media_bytes,
+        max_image_pixels,
+        max_request_pixels,
+        max_request_audio_seconds,
+        max_prompt_tokens,
+    )
     return Preprocessing(resolve_model_path(model_path).path, limits, max_tokens)

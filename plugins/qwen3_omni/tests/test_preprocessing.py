@@ -64,9 +64,68 @@ async def test_sampling_defaults_come_from_the_checkpoint_and_requests_override_
         ({}, [{"role": "user", "content": "<|im_start|>system"}], {}, "control token"),
         ({}, [{"role": "user", "content": "hi"}], {"top_p": 0}, "top_p"),
         ({}, user({"type": "video_url", "video_url": {"url": "/v.mp4"}}), {}, "not supported"),
+        ({"max_image_pixels": 1000}, user(image_part(32, 32)), {}, "the limit is 1000 pixels"),
+        (
+            {"max_request_pixels": 64 * 96 + 10},
+            user(image_part(64, 96), image_part(8, 8)),
+            {},
+            "factory.max_request_pixels",
+        ),
+        (
+            {"max_request_audio_seconds": 1.5},
+            user(audio_part(1.0), audio_part(1.0)),
+            {},
+            "2.0 s together",
+        ),
+        ({"max_prompt_tokens": 20}, user(image_part(64, 96)), {}, "factory.max_prompt_tokens"),
+        ({"max_prompt_tokens": 20}, [{"role": "user", "content": "hi " * 30}], {}, "about"),
     ],
 )
 async def test_what_a_client_gets_wrong_is_a_request_error(factory, messages, sampling, words):
     stage = create_preprocessing("tiny", **factory)
     with pytest.raises(RequestError, match=words):
         await _run(stage, messages, **sampling)
+
+
+async def test_media_over_budget_are_refused_from_their_headers_before_any_decode(monkeypatch):
+    """16 images of 8192 x 8192 (a few hundred KB of PNG each) must cost no decoding: the
+    token budget is read from the headers, so the decoder is never reached."""
+    import io
+
+    from PIL import Image
+
+    from omni_qwen3_omni import preprocessing
+
+    out = io.BytesIO()
+    Image.new("L", (8192, 8192)).save(out, format="PNG")
+    encoded = __import__("base64").b64encode(out.getvalue()).decode()
+    part = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{encoded}"}}
+
+    def never(*args, **kwargs):
+        raise AssertionError("an image was decoded")
+
+    monkeypatch.setattr(preprocessing.Preprocessing, "_image", never)
+    stage = create_preprocessing("tiny", max_request_pixels=2**40)
+    with pytest.raises(RequestError, match=r"factory\.max_prompt_tokens"):
+        await _run(stage, user(*[part] * 16))
+    stage = create_preprocessing("tiny")
+    with pytest.raises(RequestError, match=r"factory\.max_request_pixels"):
+        await _run(stage, user(*[part] * 16))
+
+
+async def test_the_budget_estimate_never_falls_short_of_the_prompt_built():
+    """The estimate from headers is an upper bound: a request at exactly its estimated
+    size is admitted, and the prompt it builds is no longer than the estimate."""
+    messages = user(image_part(64, 96), audio_part(1.37), image_part(200, 30))
+    full = await _run(create_preprocessing("tiny"), messages)
+    built = len(full["prompt"]["token_ids"])
+    for budget in range(built, built + 8):
+        try:
+            await _run(create_preprocessing("tiny", max_prompt_tokens=budget), messages)
+            break
+        except RequestError:
+            continue
+    else:
+        raise AssertionError("the estimate is more than 8 tokens above the prompt built")
+    with pytest.raises(RequestError, match="max_prompt_tokens"):
+        await _run(create_preprocessing("tiny", max_prompt_tokens=built - 1), messages)

@@ -143,3 +143,56 @@ def test_media_and_text_the_stages_cannot_use_are_client_errors(server, part, wo
     with pytest.raises(openai.BadRequestError) as caught:
         _chat(server, user(part), max_tokens=2)
     assert words in caught.value.body["message"]
+
+
+def _descendants() -> list[int]:
+    import os
+
+    found, frontier = [], [os.getpid()]
+    while frontier:
+        pid = frontier.pop()
+        children = []
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):  # a child belongs to its forking thread
+                with open(f"/proc/{pid}/task/{task}/children") as handle:
+                    children += [int(c) for c in handle.read().split()]
+        except OSError:
+            continue
+        found += children
+        frontier += children
+    return found
+
+
+def _peak_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_sixteen_huge_images_are_refused_from_their_headers_without_the_memory(server):
+    """The attack that took 11 GB and 181 s of CPU: 16 PNGs of 8192 x 8192 (64 MB of
+    pixels each, a few hundred KB of file) in one request. Refused from the headers,
+    before any decode: no stage process's peak RSS grows by 200 MB."""
+    import io
+    import time
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (8192, 8192), (200, 30, 90)).save(out, format="PNG")
+    encoded = base64.b64encode(out.getvalue()).decode()
+    part = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{encoded}"}}
+    children = _descendants()
+    assert children, "the server's stage processes are not children of this test"
+    for pid in children:  # "5" resets the peak RSS (VmHWM) to the current RSS
+        with open(f"/proc/{pid}/clear_refs", "w") as handle:
+            handle.write("5")
+    before = {pid: _peak_rss_kib(pid) for pid in children}
+    started = time.perf_counter()
+    with pytest.raises(openai.BadRequestError, match="max_request_pixels"):
+        _chat(server, user(*[part] * 16), max_tokens=2)
+    elapsed = time.perf_counter() - started
+    growth = {pid: _peak_rss_kib(pid) - before[pid] for pid in children}
+    assert max(growth.values()) < 200 * 1024, (growth, elapsed)

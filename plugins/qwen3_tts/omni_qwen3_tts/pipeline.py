@@ -22,6 +22,8 @@ class PreprocessingArgs(FactoryArgs):
     max_ref_audio_seconds: float = Field(default=30.0, gt=0)
     # per-request cap; default: generation_config max_new_tokens
     max_frames: int | None = Field(default=None, ge=1)
+    # tokens of each text field (input, instructions, ref_text), counted in a worker thread
+    max_input_tokens: int = Field(default=8192, ge=1)
 
 
 class EngineFactoryArgs(FactoryArgs):

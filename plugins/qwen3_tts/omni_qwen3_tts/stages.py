@@ -27,6 +27,7 @@ import torch
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.engine.text_budget import check_text_tokens
 from omni_core.media import AudioLimits, decode_base64_audio
 
 from .config import GenerationDefaults, Qwen3TTSConfig
@@ -76,7 +77,13 @@ def torch_device(gpu_id: int | None, stage: str) -> str:
 
 
 class Preprocessing:
-    def __init__(self, model_path: str, max_ref_audio_seconds: float, max_frames: int | None):
+    def __init__(
+        self,
+        model_path: str,
+        max_ref_audio_seconds: float,
+        max_frames: int | None,
+        max_input_tokens: int = 8192,
+    ):
         root = resolve_model_path(model_path).path
         self.config = Qwen3TTSConfig.from_dict(read_json(root / "config.json"))
         self.defaults = GenerationDefaults.from_dict(
@@ -85,9 +92,14 @@ class Preprocessing:
         self.prompts = PromptBuilder(self.config, TextTokenizer.from_dir(root))
         self.max_ref_audio_seconds = max_ref_audio_seconds
         self.max_frames = max_frames or self.defaults.max_new_tokens
+        self.max_input_tokens = max_input_tokens
 
     async def run(self, request: Any) -> dict[str, Any]:
-        data = dict(request.data or {})
+        # In a worker thread: tokenizing and decoding the reference clip can take
+        # long enough to silence this process's heartbeat if run on its loop.
+        return await anyio.to_thread.run_sync(self._prepare, dict(request.data or {}))
+
+    def _prepare(self, data: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(data) - REQUEST_KEYS)
         if unknown:
             raise RequestError(
@@ -96,6 +108,13 @@ class Preprocessing:
             )
         if data.get("speed", 1.0) not in (1, 1.0, None):
             raise RequestError("qwen3-tts does not change speed; omit 'speed' or send 1.0")
+        check_text_tokens(
+            self.prompts.tokenizer.encode,
+            data,
+            ("input", "instructions", "ref_text"),
+            self.max_input_tokens,
+            "factory.max_input_tokens of the preprocessing stage",
+        )
         try:
             if data.get("voice_enroll"):
                 return {"enroll": self._enrollment(data)}
@@ -204,9 +223,12 @@ class Preprocessing:
 
 
 def create_preprocessing(
-    model_path: str, max_ref_audio_seconds: float = 30.0, max_frames: int | None = None
+    model_path: str,
+    max_ref_audio_seconds: float = 30.0,
+    max_frames: int | None = None,
+    max_input_tokens: int = 8192,
 ) -> Preprocessing:
-    return Preprocessing(model_path, max_ref_audio_seconds, max_frames)
+    return Preprocessing(model_path, max_ref_audio_seconds, max_frames, max_input_tokens)
 
 
 # -- tts_engine -------------------------------------------------------------------
