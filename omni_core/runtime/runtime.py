@@ -313,7 +313,9 @@ class Runtime:
         ]
         key = (failed.plan.logical, failed.plan.replica)
         self.coordinator.unavailable[key] = reason
-        self.coordinator.fail_process(*key, reason)
+        for handle in self.coordinator.fail_process(*key, reason):
+            # Its other stages, in processes still alive, would run on for nobody.
+            self._tg.start_soon(self._abort_everywhere, handle)
         self.on_progress(event, failed.name, {"reason": reason})
         waiting = "unresponsive" if event == "unresponsive" else "restarting"
         for child in group:

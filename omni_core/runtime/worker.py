@@ -44,6 +44,10 @@ from .stage_api import StageRequest, as_stage
 
 HEARTBEATS_PER_TIMEOUT = 5  # a process falls silent only after missing this many in a row
 MAX_HEARTBEAT_INTERVAL = 1.0  # seconds; the queue depth in /health is at most this old
+# Requests (and request streams) that ended here, remembered so that whatever of theirs
+# arrives late is dropped instead of starting a run nobody will end. Bounded: a message
+# can only be late by the time it spends in a socket, far less than this many requests.
+ENDED_REMEMBERED = 65536
 
 
 class StageUnreachable(OmniError):
@@ -136,7 +140,11 @@ class Worker:
         self.tg: TaskGroup | None = None
         self.scopes: dict[str, set[anyio.CancelScope]] = {}
         self.fanin: dict[tuple[str, str], dict[str, Any]] = {}
-        self.streams: dict[tuple[str, str], Any] = {}
+        # (request, stage) -> the stage run's input stream: (send side, receive side)
+        self.streams: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self.ended = Remembered(ENDED_REMEMBERED)  # request ids aborted here
+        self.ended_streams = Remembered(ENDED_REMEMBERED)  # (request, stage) streams closed
+        self.dropped = 0  # late messages of ended requests, dropped
         self.running: dict[str, int] = {}  # stage -> requests it is working on
         self.runs: dict[str, tuple[int, float]] = {}  # stage -> (runs ended, their seconds)
         self._imports: dict[str, Callable[..., Any]] = {}
@@ -237,12 +245,22 @@ class Worker:
             await self.dispatch(envelope)
 
     async def dispatch(self, env: m.Envelope) -> None:
+        """Hand one message to its stage; a message that fails fails its request only."""
         if env.kind == m.ABORT:
             self._abort(env.request_id)
-        elif env.kind == m.DELIVER:
-            await self._deliver(env)
-        elif env.kind in (m.CHUNK, m.END):
-            await self._stream(env)
+            return
+        if env.request_id in self.ended:
+            # Chunks in flight, the other branches' outputs, a fan-in's late part:
+            # the request is over here, and nothing of it may start a run again.
+            self.dropped += 1
+            return
+        try:
+            if env.kind == m.DELIVER:
+                await self._deliver(env)
+            elif env.kind in (m.CHUNK, m.END):
+                await self._stream(env)
+        except Exception as exc:  # a merge function's error, a broken route: this request's
+            await self._fail_quietly(env, env.target, exc)
 
     async def _deliver(self, env: m.Envelope) -> None:
         stage = self.config.stage(env.target)
@@ -260,22 +278,34 @@ class Worker:
 
     async def _stream(self, env: m.Envelope) -> None:
         key = (env.request_id, env.target)
-        sender = self.streams.get(key)
-        if sender is None:
-            sender, receiver = anyio.create_memory_object_stream[Any](64)
-            self.streams[key] = sender
-            self._start(env.target, env, None, _iterate(receiver))
+        if key in self.ended_streams:
+            # The run this stream fed has ended (it stopped reading early, or failed);
+            # the rest of the stream has nobody to read it.
+            self.dropped += 1
+            return
+        pair = self.streams.get(key)
+        if pair is None:
+            pair = anyio.create_memory_object_stream[Any](64)
+            self.streams[key] = pair
+            self._start(env.target, env, None, _iterate(pair[1]))
+        sender = pair[0]
         if env.kind == m.CHUNK:
-            await sender.send(env.data)
+            try:
+                await sender.send(env.data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self.dropped += 1  # the run ended while this chunk waited for room
         else:
-            del self.streams[key]
-            await sender.aclose()
+            self.streams.pop(key, None)
+            sender.close()
 
     def _start(self, stage: str, env: m.Envelope, data: Any, stream: Any) -> None:
         assert self.tg is not None
         self.tg.start_soon(self._run, stage, env, data, stream)
 
     async def _run(self, name: str, env: m.Envelope, data: Any, stream: Any) -> None:
+        if env.request_id in self.ended:  # aborted between being scheduled and starting
+            self._close_stream(env.request_id, name)
+            return
         stage = self.config.stage(name)
         scope = anyio.CancelScope()
         self.scopes.setdefault(env.request_id, set()).add(scope)
@@ -302,6 +332,18 @@ class Worker:
                 scopes.discard(scope)
                 if not scopes:
                     del self.scopes[env.request_id]
+            if stream is not None:
+                self._close_stream(env.request_id, name)
+
+    def _close_stream(self, request_id: str, stage: str) -> None:
+        """Close a run's input stream for good: its later chunks are dropped, and a
+        chunk waiting for room is released instead of holding the inbox forever."""
+        key = (request_id, stage)
+        self.ended_streams.add(key)
+        pair = self.streams.pop(key, None)
+        if pair is not None:
+            pair[0].close()
+            pair[1].close()
 
     def _skipper(self, name: str, env: m.Envelope, skips: set[str]) -> Callable[[Any], Any]:
         stage = self.config.stage(name)
@@ -398,13 +440,19 @@ class Worker:
             )
         )
 
+    async def _fail_quietly(self, env: m.Envelope, name: str, exc: BaseException) -> None:
+        """Fail ``env``'s request for an error outside a stage run; never raise from here."""
+        with contextlib.suppress(Exception):
+            await self._fail(env, name, exc)
+
     def _abort(self, request_id: str) -> None:
+        self.ended.add(request_id)
         for scope in self.scopes.pop(request_id, set()):
             scope.cancel()
         for key in [k for k in self.fanin if k[0] == request_id]:
             del self.fanin[key]
         for key in [k for k in self.streams if k[0] == request_id]:
-            self.streams.pop(key).close()
+            self._close_stream(*key)
 
     # -- sending ------------------------------------------------------------
     async def _send(self, env: m.Envelope) -> None:
@@ -449,6 +497,26 @@ class Worker:
         for channel in self.inboxes:
             with anyio.CancelScope(shield=True):
                 await channel.aclose()
+
+
+class Remembered:
+    """The last ``capacity`` keys added, for membership tests; the oldest are forgotten."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._keys: dict[Any, None] = {}  # insertion-ordered
+
+    def add(self, key: Any) -> None:
+        self._keys.pop(key, None)
+        self._keys[key] = None
+        if len(self._keys) > self.capacity:
+            del self._keys[next(iter(self._keys))]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 async def _iterate(receiver: Any):

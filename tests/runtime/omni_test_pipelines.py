@@ -318,3 +318,107 @@ EnvPipeline = _pipeline(
     "env",
 )
 PIPELINES += [BrokenPipeline, SlowStartPipeline, EnvPipeline]
+
+
+# -- chaos: streams and a fan-in across three processes; any stage fails or dawdles ------
+# front (a) -> streamer (a) ~> sink (b, terminal); front -> side (c) -> join (b, terminal);
+# front -> join: join waits for front and side.
+
+
+async def _act(request: Any, stage: str) -> None:
+    """Fail or pause as the request's ``plan`` says for ``stage``."""
+    plan = (request.data or {}).get("plan", {}).get(stage, {})
+    if plan.get("delay"):
+        await anyio.sleep(plan["delay"])
+    if plan.get("fail"):
+        raise ValueError(f"asked to fail in {stage}")
+
+
+class ChaosFront:
+    async def run(self, request):
+        await _act(request, "front")
+        return dict(request.data)
+
+
+class ChaosStreamer:
+    """Streams ``chunks`` chunks (a pause between them), failing after ``fail_after``."""
+
+    async def run(self, request):
+        plan = request.data.get("plan", {}).get("streamer", {})
+        for index in range(int(plan.get("chunks", 4))):
+            if plan.get("fail_after") == index:
+                raise ValueError("asked to fail mid-stream")
+            await request.emit({"index": index, "last": index == plan.get("stop_after")})
+            await anyio.sleep(plan.get("pause", 0.0))
+        return dict(request.data)
+
+
+class ChaosSink:
+    """Reads the stream (stopping early at a ``last`` chunk), emits each chunk to the client."""
+
+    async def run(self, request):
+        count = 0
+        async for chunk in request.stream:
+            count += 1
+            await request.emit(chunk["index"])
+            if chunk.get("last"):
+                break
+        await _act(request, "sink")
+        return {"received": count}
+
+
+class ChaosSide:
+    async def run(self, request):
+        await _act(request, "side")
+        return {"side": True}
+
+
+def create_chaos_front() -> ChaosFront:
+    return ChaosFront()
+
+
+def create_chaos_streamer() -> ChaosStreamer:
+    return ChaosStreamer()
+
+
+def create_chaos_sink() -> ChaosSink:
+    return ChaosSink()
+
+
+def create_chaos_side() -> ChaosSide:
+    return ChaosSide()
+
+
+def merge_chaos(parts: dict[str, Any]) -> dict[str, Any]:
+    return {"parts": sorted(parts)}
+
+
+class ChaosJoin:
+    async def run(self, request):
+        await _act(request, "join")
+        return request.data
+
+
+def create_chaos_join() -> ChaosJoin:
+    return ChaosJoin()
+
+
+def _chaos(name: str, process: str, **kw: Any) -> StageConfig:
+    return StageConfig(name=name, factory_path=f"{HERE}:create_chaos_{name}", process=process, **kw)
+
+
+ChaosPipeline = _pipeline(
+    "ChaosPipeline",
+    "t-chaos",
+    [
+        _chaos("front", "a", next=["streamer", "side", "join"]),
+        _chaos("streamer", "a", next="sink", stream_to=["sink"]),
+        _chaos("sink", "b", terminal=True),
+        _chaos("side", "c", next="join"),
+        _chaos(
+            "join", "b", wait_for=["front", "side"], merge_fn=f"{HERE}:merge_chaos", terminal=True
+        ),
+    ],
+    "front",
+)
+PIPELINES.append(ChaosPipeline)
