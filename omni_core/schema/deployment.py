@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -291,7 +293,9 @@ class ServerConfig(BaseModel):
     served_model_name: str | None = None
     voices_dir: str | None = Field(
         default=None,
-        description="directory of uploaded voices (POST /v1/audio/voices); unset: uploads off",
+        description="directory of uploaded voices (POST /v1/audio/voices); unset: uploads off. "
+        "It must be a real directory of the server's user that group and others cannot "
+        "write to (created 0700 if missing); links below it are never followed",
     )
     voice_aliases: dict[str, str] = Field(
         default={},  # not default_factory=dict: see stage.py
@@ -326,12 +330,53 @@ class ServerConfig(BaseModel):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.voices_dir is not None:
-            path = Path(self.voices_dir).expanduser()
-            if path.exists() and not path.is_dir():
-                raise ValueError(f"voices_dir {self.voices_dir!r} exists and is not a directory")
+            unsafe = unsafe_voices_dir(str(Path(self.voices_dir).expanduser()))
+            if unsafe is not None:
+                raise ValueError(f"{unsafe[0]}; fix: {unsafe[1]}")
         for alias, target in self.voice_aliases.items():
             if not alias or not target or alias == target:
                 raise ValueError(
                     f"voice_aliases: {alias!r} -> {target!r} must map a name to another name"
                 )
         return self
+
+
+def unsafe_voices_dir(path: str, info: os.stat_result | None = None) -> tuple[str, str] | None:
+    """What makes ``path`` unfit to hold uploaded voices, and its fix; None if it is fit.
+
+    Why: the server writes and later loads voices there. Whoever else can
+    write to the directory (another user owning it, or a group/other write
+    bit) could plant a link the server writes through, or a voice it loads;
+    a link in place of the directory hands the whole store to the link's
+    owner. ``info`` is the ``lstat`` (or an open descriptor's ``fstat``) to
+    judge; without it the path is ``lstat``'ed, and a missing one is fit
+    (the server creates it, mode 0700).
+    """
+    if info is None:
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return None
+    other = "or point server.voices_dir at a directory of the server's user"
+    if stat.S_ISLNK(info.st_mode):
+        return (
+            f"voices_dir {path} is a symbolic link (to {os.readlink(path)}); omni never "
+            "follows links for stored voices",
+            "point server.voices_dir at a real directory of the server's user, not a link",
+        )
+    if not stat.S_ISDIR(info.st_mode):
+        return f"voices_dir {path} exists and is not a directory", f"remove it, {other}"
+    uid = os.geteuid()
+    if info.st_uid != uid:
+        return (
+            f"voices_dir {path} belongs to uid {info.st_uid}, not to the server's user "
+            f"(uid {uid}); its owner could swap stored voices for links or planted files",
+            f"chown {uid} {path} && chmod 700 {path}, {other}",
+        )
+    if info.st_mode & 0o022:
+        return (
+            f"voices_dir {path} has mode {stat.S_IMODE(info.st_mode):04o}; a group or other "
+            "write bit lets other users swap stored voices for links or planted files",
+            f"chmod 700 {path}, {other}",
+        )
+    return None

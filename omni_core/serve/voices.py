@@ -17,12 +17,20 @@ An upload (multipart: ``name``, ``file``, optional ``transcript``, and
 ``consent``, which must be true) is decoded under the upload limits (1-30 s,
 10 MB), sent through the pipeline as an enrollment request (the voices
 contract in CONTRIBUTING), and the returned clone prompt is stored.
+
+Uploads and deletes of one name are serialized: the first request claims
+the name until it is done, and any other that arrives meanwhile gets a 409
+at once (the store's rename never replaces a voice either), so a race is
+never a 500. A full or read-only disk is a 507; no response names a host
+path (the log does).
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +41,7 @@ from ..media.audio_input import decode_audio
 from ..media.errors import MediaError
 from ..runtime.coordinator import RequestFailed
 from .errors import APIError
-from .voice_store import VoiceStore, VoiceStoreError
+from .voice_store import Voice, VoiceStore, VoiceStoreError
 
 log = logging.getLogger("omni.serve")
 PATH = "/v1/audio/voices"
@@ -51,6 +59,7 @@ class Voices:
     store: VoiceStore | None
     audio_stage: str | None
     problems: list[tuple[str, str]] = field(default_factory=list)
+    changing: set[str] = field(default_factory=set)  # names an upload or delete holds
 
     @classmethod
     def of(cls, pipeline_cls: Any, config: Any) -> Voices:
@@ -152,10 +161,15 @@ class Voices:
         try:
             self.store.check_name(name)
         except VoiceStoreError as exc:
-            status = 409 if "exists" in str(exc) else 400
-            raise APIError(status, str(exc), param="name") from None
+            raise store_error(exc) from None
         if name.lower() in {v.lower() for v in self.builtin or []} or name in self.aliases:
             raise APIError(400, f"{name!r} is already a voice of this server", param="name")
+        with self.claim(name):
+            voice = await self._upload(self.store, name, form, service)
+        log.info("voices: stored %r (%.1f s)", name, voice.duration)
+        return voice.describe()
+
+    async def _upload(self, store: VoiceStore, name: str, form: Any, service: Any) -> Voice:
         upload = form.get("file")
         if upload is None or not hasattr(upload, "read"):
             raise APIError(
@@ -168,18 +182,41 @@ class Voices:
             raise APIError(400, str(exc), param="file") from None
         transcript = str(form.get("transcript") or "").strip() or None
         prompt = await self._enroll(service, raw, transcript)
-        voice = await anyio.to_thread.run_sync(
-            lambda: self.store.add(  # type: ignore[union-attr]
-                name,
-                prompt,
-                transcript=transcript,
-                duration=clip.seconds,
-                reference=raw,
-                reference_format=clip.format,
+        try:
+            return await anyio.to_thread.run_sync(
+                lambda: store.add(
+                    name,
+                    prompt,
+                    transcript=transcript,
+                    duration=clip.seconds,
+                    reference=raw,
+                    reference_format=clip.format,
+                )
             )
-        )
-        log.info("voices: stored %r (%.1f s)", name, clip.seconds)
-        return voice.describe()
+        except VoiceStoreError as exc:
+            raise store_error(exc) from None
+
+    @contextmanager
+    def claim(self, name: str) -> Iterator[None]:
+        """Hold ``name`` for one upload or delete; APIError(409) while another holds it.
+
+        Why not wait for the holder: the waiter's outcome is decided by the
+        holder (an upload makes a second one a conflict anyway), and a
+        client told to retry holds no connection meanwhile. The event loop
+        runs one request's code at a time, so a set is the lock.
+        """
+        if name in self.changing:
+            raise APIError(
+                409,
+                f"voice {name!r} is being changed by another request, retry",
+                param="name",
+                code="voice_busy",
+            )
+        self.changing.add(name)
+        try:
+            yield
+        finally:
+            self.changing.discard(name)
 
     async def _enroll(self, service: Any, raw: bytes, transcript: str | None) -> dict[str, Any]:
         data = {
@@ -211,9 +248,22 @@ class Voices:
     def delete(self, name: str) -> dict[str, Any]:
         if name.lower() in {v.lower() for v in self.builtin or []}:
             raise APIError(400, f"{name!r} is a voice of the model; it cannot be deleted")
-        if self.store is None or not self.store.delete(name):
+        if self.store is None:
+            raise APIError(404, f"no uploaded voice named {name!r}", code="voice_not_found")
+        with self.claim(name):
+            try:
+                deleted = self.store.delete(name)
+            except VoiceStoreError as exc:
+                raise store_error(exc) from None
+        if not deleted:
             raise APIError(404, f"no uploaded voice named {name!r}", code="voice_not_found")
         return {"name": name, "deleted": True}
+
+
+def store_error(exc: VoiceStoreError) -> APIError:
+    """The answer to a refusal of the store: 400 bad name, 409 taken, 507 disk full/read-only."""
+    code = {409: "voice_exists", 507: "insufficient_storage"}.get(exc.status)
+    return APIError(exc.status, str(exc), param="name" if exc.status < 500 else None, code=code)
 
 
 def _field(form: Any, key: str) -> str:
