@@ -196,3 +196,10 @@ def test_sixteen_huge_images_are_refused_from_their_headers_without_the_memory(s
     elapsed = time.perf_counter() - started
     growth = {pid: _peak_rss_kib(pid) - before[pid] for pid in children}
     assert max(growth.values()) < 200 * 1024, (growth, elapsed)
+
+
+def test_chat_streams_dropped_after_the_first_chunk_leave_every_stage_idle(server):
+    from drops import drop_streams_then_wait_idle
+
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me a story."}]}
+    drop_streams_then_wait_idle(server.url, {**body, "max_tokens": 64, "stream": True}, 30)

@@ -88,3 +88,17 @@ def test_text_only_chat_and_the_speech_endpoint_on_the_same_server(server):
     speech = server.client().audio.speech.create(model="tiny", voice="ethan", input="Say hi")
     wav, rate = soundfile.read(io.BytesIO(speech.content))
     assert rate == 24000 and wav.size > 0
+
+
+def test_spoken_chat_streams_dropped_mid_answer_leave_all_seven_processes_idle(server):
+    from drops import drop_streams_then_wait_idle
+
+    body = {
+        "model": "tiny",
+        "messages": HELLO,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "ethan", "format": "pcm16"},
+        "max_tokens": 24,
+        "stream": True,
+    }
+    drop_streams_then_wait_idle(server.url, body, 20)
