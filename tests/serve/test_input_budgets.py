@@ -74,10 +74,19 @@ def test_every_speech_route_counts_the_same_characters(server):
     assert item["status"] == 400 and "server.max_input_chars" in item["error"]["message"]
 
 
-def test_chat_text_over_its_budget_is_refused_before_submission(tmp_path):
-    from conftest import live_server
+def test_chat_text_over_its_budget_is_refused_before_submission(short_tmp):
+    import omni_test_speech as ts
 
-    chat = live_server("t-chat", ["--server.max_chat_text_chars", "50"], tmp_path).start()
+    from omni_core.plugins import OmniPlugins
+    from omni_core.testing import LiveServer, plan_on_cpu
+
+    plugins = OmniPlugins(env={})
+    plugins.register(ts, ts.HERE)
+    flags = ["--server.max_chat_text_chars", "50"]
+    planned = plan_on_cpu(
+        plugins, short_tmp, pipeline="t-chat", flags=flags, policy=None, plugin_modules=[ts.HERE]
+    )
+    chat = LiveServer(planned).start()
     try:
         url = f"{chat.url}/v1/chat/completions"
         parts = [{"type": "text", "text": "a" * 30}, {"type": "text", "text": "b" * 21}]
