@@ -7,6 +7,7 @@ streaming responses abort in a ``finally`` that runs however the response ends.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -15,13 +16,24 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import StreamingResponse
 
 from .errors import APIError
+from .log_limits import AlreadyLogged
 
+log = logging.getLogger("omni.serve")
 T = TypeVar("T")
 CLOSE = {"Connection": "close"}  # the unread rest of the body cannot precede another request
 
 
 class ClientGone(Exception):
     """The client disconnected before its response was ready."""
+
+
+class StreamCut(AlreadyLogged):
+    """A streamed response failed after its status line was sent; its connection is cut.
+
+    Cut, not ended: a body that ends normally would look complete to the
+    client. A streamed format with its own error event (SSE) sends that
+    event instead and never gets here.
+    """
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
@@ -135,6 +147,15 @@ class OwnedStreamingResponse(StreamingResponse):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except APIError as exc:
+            log.warning(
+                "%s %s: failed after its response started (%d %s); the connection was cut",
+                scope.get("method", ""),
+                scope.get("path", ""),
+                exc.status,
+                exc.message,
+            )
+            raise StreamCut(exc.message) from None
         finally:
             with anyio.CancelScope(shield=True):
                 close = getattr(self.body_iterator, "aclose", None)

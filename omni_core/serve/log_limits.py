@@ -42,6 +42,16 @@ _VARIABLE = re.compile(r"0x[0-9a-fA-F]+|\d+")
 Kind = tuple[str, int, str, str, str]
 
 
+class AlreadyLogged(Exception):
+    """An error whose raiser logged it in one line: a traceback of it would add only noise.
+
+    A streamed response that fails after its first bytes has to reach the
+    server as an exception (that is how the connection gets cut, so the
+    client sees an incomplete body), and uvicorn logs every such exception
+    with its traceback; :class:`RepeatLimiter` drops those records.
+    """
+
+
 def kind_of(record: logging.LogRecord) -> Kind:
     """What makes two records "the same error": not their addresses, ports or file numbers."""
     exc_type, where = "", ""
@@ -84,6 +94,8 @@ class RepeatLimiter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, SUMMARY, False):
             return True
+        if record.exc_info and isinstance(record.exc_info[1], AlreadyLogged):
+            return False
         key, now = kind_of(record), self.clock()
         with self._lock:
             seen = self._seen.get(key)

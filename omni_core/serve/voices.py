@@ -60,6 +60,8 @@ class Voices:
     audio_stage: str | None
     problems: list[tuple[str, str]] = field(default_factory=list)
     changing: set[str] = field(default_factory=set)  # names an upload or delete holds
+    # a transcript becomes the ref_text of every request in the voice: the same limit
+    max_transcript_chars: int = 4096
 
     @classmethod
     def of(cls, pipeline_cls: Any, config: Any) -> Voices:
@@ -78,6 +80,7 @@ class Voices:
             store,
             pipeline_cls.audio_stage,
             list(store.problems) if store else [],
+            max_transcript_chars=server.max_input_chars,
         )
 
     # -- resolving a request's voice ---------------------------------------------
@@ -175,12 +178,20 @@ class Voices:
             raise APIError(
                 400, "the voice's audio is missing: send it as the 'file' part", param="file"
             )
+        transcript = str(form.get("transcript") or "").strip() or None
+        if transcript is not None and len(transcript) > self.max_transcript_chars:
+            raise APIError(
+                400,
+                f"'transcript' is {len(transcript)} characters; this server takes at most "
+                f"{self.max_transcript_chars} (server.max_input_chars)",
+                param="transcript",
+                code="string_above_max_length",
+            )
         raw = await upload.read(UPLOAD_LIMITS.max_bytes + 1)
-        try:
-            clip = decode_audio(raw, "file", UPLOAD_LIMITS)
+        try:  # bounded, but seconds of audio still take a while: off the event loop
+            clip = await anyio.to_thread.run_sync(decode_audio, raw, "file", UPLOAD_LIMITS)
         except MediaError as exc:
             raise APIError(400, str(exc), param="file") from None
-        transcript = str(form.get("transcript") or "").strip() or None
         prompt = await self._enroll(service, raw, transcript)
         try:
             return await anyio.to_thread.run_sync(

@@ -104,7 +104,7 @@ def test_chat_text_over_its_budget_is_refused_before_submission(short_tmp):
 
 
 @pytest.mark.slow
-def test_a_large_input_the_operator_allows_is_tokenized_off_the_loop(tmp_path):
+def test_a_large_input_the_operator_allows_is_tokenized_off_the_loop(short_tmp):
     """With the character limit raised, 6 MB of text reaches the stage, whose
     tokenizer takes seconds over it. The heartbeat (every 0.3 s, a 1.5 s timeout)
     must keep beating meanwhile, and a small request in parallel must be served."""
@@ -116,7 +116,7 @@ def test_a_large_input_the_operator_allows_is_tokenized_off_the_loop(tmp_path):
         "--runtime.heartbeat_timeout",
         "1.5",
     )
-    for served in _serve(tmp_path, *flags):
+    for served in _serve(short_tmp, *flags):
         before = restarts(served)
         with ThreadPoolExecutor(2) as pool:
             big = pool.submit(speak, served, SIX_MB[:1_500_000])

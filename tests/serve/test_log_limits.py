@@ -139,3 +139,55 @@ def test_limit_repeats_counts_what_is_left_and_takes_its_filter_away(logged):
     assert logger.filters == []
     accept_failure(logger, 3)
     assert out.getvalue().count("Traceback") == 2
+
+
+def test_a_stream_cut_mid_body_is_one_warning_and_its_traceback_is_dropped(logged, caplog):
+    """A raw audio stream whose request fails after the first bytes: the client must see a
+    cut connection (an exception to the server), the log one line, not uvicorn's traceback."""
+    import anyio
+
+    from omni_core.serve.bodies import OwnedStreamingResponse, StreamCut
+    from omni_core.serve.errors import APIError
+
+    async def body():
+        yield b"RIFF"
+        raise APIError(503, "process pipeline was killed by SIGKILL")
+
+    closed: list[bool] = []
+
+    async def on_close() -> None:
+        closed.append(True)
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def receive() -> dict:
+        await anyio.sleep_forever()
+        return {}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/audio/speech", "asgi": {}}
+    response = OwnedStreamingResponse(body(), on_close, media_type="audio/wav")
+    with (
+        caplog.at_level(logging.WARNING, logger="omni.serve"),
+        pytest.raises(StreamCut) as caught,
+    ):
+        anyio.run(response, scope, receive, send)
+    assert closed == [True]
+    assert [m.get("more_body") for m in sent if m["type"] == "http.response.body"] == [True]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "omni.serve"]
+    assert "failed after its response started (503 process pipeline was killed" in line
+    assert "the connection was cut" in line
+    # uvicorn's "Exception in ASGI application" record of it is dropped, others are not
+    logger, out = logged
+    logger.addFilter(RepeatLimiter())
+    try:
+        raise caught.value
+    except StreamCut:
+        logger.exception("Exception in ASGI application")
+    try:
+        raise ValueError("a real bug")
+    except ValueError:
+        logger.exception("Exception in ASGI application")
+    assert out.getvalue().count("Traceback") == 1 and "a real bug" in out.getvalue()

@@ -93,6 +93,7 @@ def test_an_uploaded_voice_is_listed_and_speaks_differently(moss) -> None:
         ({}, clip(0.5), 400, "at least 1 s"),
         ({}, b"this is not audio at all", 400, "not readable audio"),
         ({"name": "bad name!"}, clip(2.0), 400, "voice name"),
+        ({"transcript": "x" * 4097}, clip(2.0), 400, "4096 (server.max_input_chars)"),
     ],
 )
 def test_bad_uploads_are_refused_naming_why(moss, fields, audio, status, says) -> None:
