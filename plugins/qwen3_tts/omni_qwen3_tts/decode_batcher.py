@@ -6,10 +6,14 @@ release's way), so chunks that wait at the same moment under the same key
 are stacked into one ``[B, 16, T]`` decode: one pass of the codec instead of
 B. Each chunk also carries a payload for the decode function (its stream
 state, or its left context). No background task is needed: the first
-caller that finds the batcher idle drains the queue (its own chunk and every
-chunk that arrives meanwhile), the others wait for their result. The drain is
-shielded from cancellation, so an aborted leader still serves the chunks it
-took on; it then re-raises the cancellation.
+caller that finds the batcher idle leads, decoding the queue in arrival order
+(batches of others' chunks too) until its own chunk is done; then it hands
+the lead to the owner of the oldest chunk still waiting and returns. A leader
+that drained the whole queue instead never returned while chunks kept coming:
+under steady load one request's stream stalled until its timeout. The lead
+is shielded from cancellation, so an aborted leader still finishes the batch
+it took on and hands over; a waiter that is cancelled takes its chunk out of
+the queue, and passes the lead on if it had just been given it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class _Chunk:
     key: Hashable
     payload: Any
     done: anyio.Event = field(default_factory=anyio.Event)
+    turn: anyio.Event = field(default_factory=anyio.Event)  # done, or the lead handed over
     audio: Any = None
     error: BaseException | None = None
 
@@ -47,18 +52,37 @@ class DecodeBatcher:
     async def decode(self, codes: torch.Tensor, key: Hashable, payload: Any) -> Any:
         chunk = _Chunk(codes, (codes.shape[0], key), payload)
         self.pending.append(chunk)
-        if not self.busy:
-            self.busy = True
+        while not chunk.done.is_set():
+            if not self.busy:
+                await self._lead(chunk)
+                continue
+            chunk.turn = anyio.Event()
             try:
-                with anyio.CancelScope(shield=True):
-                    while self.pending:
-                        await self._decode_next()
-            finally:
-                self.busy = False
-        await chunk.done.wait()
+                await chunk.turn.wait()
+            except BaseException:
+                if chunk in self.pending:  # gone before its turn: nobody wants its audio
+                    self.pending.remove(chunk)
+                if not self.busy:  # it may have just been handed the lead: pass it on
+                    self._hand_over()
+                raise
         if chunk.error is not None:
             raise chunk.error
         return chunk.audio
+
+    async def _lead(self, chunk: _Chunk) -> None:
+        """Decode the queue in order until ``chunk`` is done, then hand the lead over."""
+        self.busy = True
+        try:
+            with anyio.CancelScope(shield=True):
+                while self.pending and not chunk.done.is_set():
+                    await self._decode_next()
+        finally:
+            self.busy = False
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self.pending:
+            self.pending[0].turn.set()
 
     async def _decode_next(self) -> None:
         key = self.pending[0].key
@@ -72,10 +96,15 @@ class DecodeBatcher:
         except Exception as exc:  # every chunk of the batch fails with the cause
             for chunk in batch:
                 chunk.error = exc
-                chunk.done.set()
+                _finish(chunk)
             return
         self.batches += 1
         self.chunks += len(batch)
         for row, chunk in enumerate(batch):
             chunk.audio = audio[row]
-            chunk.done.set()
+            _finish(chunk)
+
+
+def _finish(chunk: _Chunk) -> None:
+    chunk.done.set()
+    chunk.turn.set()

@@ -116,3 +116,46 @@ async def test_chunks_of_other_lengths_waiting_behind_a_batch_are_left_alone():
     for (codes, _), audio in zip(items, results, strict=True):
         assert torch.equal(audio, codes.sum(dim=1).float())
     assert len(recorder.calls) < len(lengths)  # equal lengths waiting together were batched
+
+
+async def test_the_leader_returns_once_its_own_chunk_is_done_and_hands_the_lead_on():
+    """Under steady load the queue never empties: a leader that drained it all never
+    returned, and its stream stalled until the request timed out (seen in the soak)."""
+    recorder = Recorder()
+    batcher = DecodeBatcher(recorder, max_batch=1)
+    returned_after: dict[str, int] = {}
+
+    async def one(name: str) -> None:
+        await batcher.decode(torch.ones(2, 16), 0, 0)
+        returned_after[name] = len(recorder.calls)
+
+    async with anyio.create_task_group() as group:
+        for index in range(12):
+            group.start_soon(one, f"c{index}")
+    assert len(recorder.calls) == 12
+    assert returned_after["c0"] == 1  # its own decode only, not everyone's
+    assert sorted(returned_after.values()) == list(range(1, 13))  # in arrival order, one by one
+
+
+async def test_a_cancelled_waiter_leaves_the_queue_and_the_lead_goes_on():
+    recorder = Recorder()
+    batcher = DecodeBatcher(recorder, max_batch=1)
+    done: list[str] = []
+
+    async def one(name: str, scope: anyio.CancelScope | None = None) -> None:
+        if scope is None:
+            await batcher.decode(torch.ones(2, 16), 0, 0)
+        else:
+            with scope:
+                await batcher.decode(torch.ones(2, 16), 0, 0)
+        done.append(name)
+
+    doomed = anyio.CancelScope()
+    async with anyio.create_task_group() as group:
+        group.start_soon(one, "first")
+        group.start_soon(one, "doomed", doomed)
+        group.start_soon(one, "last")
+        await anyio.sleep(0)  # all three queued; the first leads
+        doomed.cancel()
+    assert "first" in done and "last" in done
+    assert len(recorder.calls) == 2  # the cancelled chunk was never decoded
