@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import select
 import signal
 import struct
@@ -118,23 +119,47 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-class OmniServe:
-    """``omni serve DEPLOY --port 0 FLAGS``: up once it printed its address."""
+OMNI = (sys.executable, "-m", "omni_core")
 
-    def __init__(self, base: Path, deploy: Path, flags: tuple[str, ...] = (), timeout: float = 60):
+
+class OmniServe:
+    """``omni serve DEPLOY --port 0 FLAGS``: up once it printed its address.
+
+    ``command`` replaces ``python -m omni_core`` (a launcher that registers the
+    test pipelines first; ``deploy`` may then be ``--pipeline NAME``'s words),
+    and ``nofile`` caps the server's file descriptors.
+    """
+
+    def __init__(
+        self,
+        base: Path,
+        deploy: Path | tuple[str, ...],
+        flags: tuple[str, ...] = (),
+        timeout: float = 60,
+        *,
+        command: tuple[str, ...] = OMNI,
+        nofile: int | None = None,
+    ):
         self.base = base
         self.log_path = base / "serve.err"
         self.log = self.log_path.open("w")
+        target = (str(deploy),) if isinstance(deploy, Path) else deploy
+
+        def before_exec() -> None:
+            _die_with_parent()
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "omni_core", "serve", str(deploy), "--port", "0"),
+                *(*command, "serve", *target, "--port", "0"),
                 *("--endpoints.base_path", str(base / "run")),
                 *flags,
             ],
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=before_exec,
         )
         self.children: set[int] = set()
         self.url = self._wait_for_address(timeout=timeout)

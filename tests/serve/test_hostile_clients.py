@@ -13,10 +13,7 @@ import asyncio
 import contextlib
 import logging
 import resource
-import select
-import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -25,7 +22,7 @@ from typing import Any
 
 import pytest
 import websockets
-from serve_helpers import _die_with_parent, raw
+from serve_helpers import OmniServe, raw
 from websockets.asyncio.client import connect
 
 from omni_core.serve.service import public_model_name
@@ -34,58 +31,10 @@ from omni_core.serve.ws_speech import PATH as STREAM_PATH
 LAUNCH = [sys.executable, str(Path(__file__).parent / "omni_launch.py")]
 
 
-class Serve:
-    """``omni serve --pipeline t-speech`` as a subprocess; ``nofile`` caps its descriptors."""
-
-    def __init__(self, base: Path, *args: str, nofile: int | None = None):
-        self.log_path = base / "serve.err"
-        self.log = self.log_path.open("w")
-
-        def before_exec() -> None:
-            _die_with_parent()
-            if nofile is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-        self.proc = subprocess.Popen(
-            [
-                *LAUNCH,
-                *("serve", "--pipeline", "t-speech", "--port", "0"),
-                *("--endpoints.base_path", str(base)),
-                *args,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            preexec_fn=before_exec,
-        )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
-        line = self.proc.stdout.readline() if ready else ""
-        if " on http" not in line:
-            self.stop()
-            raise AssertionError(f"omni serve did not start: {line!r}\n{self.stderr()}")
-        self.url = line.split(" on ")[1].split()[0]
-
-    def stderr(self) -> str:
-        if not self.log.closed:
-            self.log.flush()
-        return self.log_path.read_text()
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-        return self.proc.returncode
-
-
 @contextlib.contextmanager
-def serving(base: Path, *args: str, nofile: int | None = None) -> Iterator[Serve]:
-    served = Serve(base, *args, nofile=nofile)
+def serving(base: Path, *args: str, nofile: int | None = None) -> Iterator[OmniServe]:
+    """``omni serve --pipeline t-speech`` as a subprocess; ``nofile`` caps its descriptors."""
+    served = OmniServe(base, ("--pipeline", "t-speech"), args, command=tuple(LAUNCH), nofile=nofile)
     try:
         yield served
     finally:
@@ -100,7 +49,7 @@ def test_no_response_names_a_host_path(short_tmp, tmp_path):
     model_dir.mkdir(parents=True)
     (model_dir / "config.json").write_text("{}")  # a (tiny) local checkpoint
     with serving(short_tmp, "--model_path", str(model_dir)) as served:
-        run_dirs = [p for p in short_tmp.iterdir() if p.name.startswith("t-speech-")]
+        run_dirs = [p for p in (short_tmp / "run").iterdir() if p.name.startswith("t-speech-")]
         bodies = {
             path: raw("GET", served.url + path)
             for path in (
