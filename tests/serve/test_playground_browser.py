@@ -277,8 +277,12 @@ def test_queue_depth_moves_in_the_deployment_view_during_a_burst(browser, tts_de
         )
         live = page.locator(f"{engine} .stage-live").text_content()
         assert int(re.match(r"running (\d+)", live).group(1)) >= 2
-        inflight = page.locator('#process-table tr[data-process="pipeline"] td').nth(3)
-        assert int(inflight.inner_text()) >= 1
+        # the process table refreshes on its own clock: wait for its view of the burst
+        cells = '#process-table tr[data-process="pipeline"] td'  # the 4th: in flight
+        page.wait_for_function(
+            f"() => Number(document.querySelectorAll('{cells}')[3].innerText) >= 1",
+            timeout=30_000,
+        )
     finally:
         for thread in threads:
             thread.join(120)
