@@ -38,6 +38,16 @@ def check_outside(resolution: Resolution, plugins: OmniPlugins) -> None:
         raise ConfigError("invalid deployment:\n  " + "\n  ".join(lines))
 
 
+def fetch_sources(resolution: Resolution) -> None:
+    """Fetch the model's files before launch (see ``PipelineConfig.fetch_model_source``);
+    ConfigError naming ``model_path`` and who set it when they cannot be had."""
+    try:
+        resolution.config.fetch_model_source()
+    except FileNotFoundError as exc:
+        fix = "check model_path (a typo in a hub id is the usual cause), or give a local directory"
+        raise ConfigError(_line(resolution, [("model_path",)], str(exc), fix)) from None
+
+
 def _line(resolution: Resolution, paths: Iterable[Path], message: str, fix: str) -> str:
     origins = []
     for path in paths:

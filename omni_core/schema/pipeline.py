@@ -105,6 +105,18 @@ class PipelineConfig(BaseModel):
             ]
         return []
 
+    def fetch_model_source(self) -> None:
+        """Bring ``model_path``'s files onto this machine (a hub id into the local cache).
+
+        Called by ``omni serve`` and ``omni run`` in the parent, after the
+        checks and before any process starts, so that a hub id that cannot be
+        had (a typo, no network) is one configuration error naming the setting
+        instead of every stage process failing with a traceback, and so that
+        a download happens once, not once per process. Raise
+        ``FileNotFoundError`` with a one-line reason. Torch-free. The default
+        fetches nothing (a pipeline that reads only local paths).
+        """
+
     def builtin_voices(self) -> list[str] | None:
         """The model's own voice names, read without loading it (torch-free).
 

@@ -108,5 +108,11 @@ class MossTTSPipeline(PipelineConfig):
                 codecs[stage.name] = stage.factory.codec_path
         return source_problems(self.model_path, formats, codecs)
 
+    def fetch_model_source(self) -> None:
+        """A hub id into the local cache (once, in the parent); presets and directories: as is."""
+        from .source import resolve_model
+
+        resolve_model(self.model_path)
+
     def builtin_voices(self) -> list[str] | None:
         return [DEFAULT_VOICE]

@@ -19,7 +19,13 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from omni_qwen3_tts.source import ResolvedPath, available_presets, download, resolve_model_path
+from omni_qwen3_tts.source import (
+    ResolvedPath,
+    available_presets,
+    download,
+    hub_id_problems,
+    resolve_model_path,
+)
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 DEFAULT_CODEC = "OpenMOSS-Team/MOSS-Audio-Tokenizer"
@@ -120,7 +126,7 @@ def source_problems(
                 "or tiny with load_format dummy",
             )
         ]
-    return []
+    return hub_id_problems(model_path, "OpenMOSS-Team/MOSS-TTS")
 
 
 def _directory_problems(

@@ -177,6 +177,12 @@ class _Qwen3OmniSource:
         }
         return source_problems(self.model_path, formats)  # type: ignore[attr-defined]
 
+    def fetch_model_source(self) -> None:
+        """A hub id into the local cache (once, in the parent); presets and directories: as is."""
+        from .source import resolve_model_path
+
+        resolve_model_path(self.model_path)  # type: ignore[attr-defined]
+
     def builtin_voices(self) -> list[str] | None:
         """The talker's speakers (``talker_config.speaker_id``), read from a local config."""
         from omni_qwen3_tts.source import local_config  # torch-free

@@ -54,7 +54,8 @@ def source_problems(model_path: str, load_formats: Mapping[str, str]) -> list[Pr
     """What the stages would refuse in ``model_path``, as (config paths, message, fix).
 
     ``load_formats`` maps each weight-loading stage to its ``factory.load_format``.
-    Hub ids are not looked up (that needs the network).
+    Hub ids are checked for their form, and against the local cache when downloads are
+    off; :meth:`fetch_model_source` fetches them before any process starts.
     """
     real = [stage for stage, fmt in load_formats.items() if fmt != "dummy"]
     if _preset(model_path) is not None:
@@ -94,4 +95,6 @@ def source_problems(model_path: str, load_formats: Mapping[str, str]) -> list[Pr
                 "or tiny with load_format dummy",
             )
         ]
-    return []
+    from omni_qwen3_tts.source import hub_id_problems
+
+    return hub_id_problems(model_path, "Qwen/Qwen3-Omni-30B-A3B-Instruct")

@@ -108,6 +108,12 @@ class Qwen3TTSPipeline(PipelineConfig):
         }
         return source_problems(self.model_path, formats)
 
+    def fetch_model_source(self) -> None:
+        """A hub id into the local cache (once, in the parent); presets and directories: as is."""
+        from .source import resolve_model_path
+
+        resolve_model_path(self.model_path)
+
     def builtin_voices(self) -> list[str] | None:
         """CustomVoice's named speakers (``talker_config.spk_id``); the others have none."""
         from .source import local_config  # torch-free

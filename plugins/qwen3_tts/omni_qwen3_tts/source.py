@@ -8,6 +8,8 @@ A model path is a preset (``tiny``: configs only, for ``load_format =
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,10 +110,24 @@ def download(repo: str, patterns: list[str] | None = None) -> Path:
         return Path(snapshot_download(repo, allow_patterns=patterns, etag_timeout=10))
     except Exception as exc:
         raise FileNotFoundError(
-            f"could not fetch hub model {repo!r} ({type(exc).__name__}: {exc}). "
-            f"On a machine with network run `hf download {repo} --local-dir DIR` "
-            "and pass DIR as the model path (or pre-fill the Hugging Face cache)."
-        ) from exc
+            f"could not fetch hub model {repo!r}: {_why(exc)}. On a machine with network "
+            f"run `hf download {repo} --local-dir DIR` and pass DIR as the model path "
+            "(or pre-fill the Hugging Face cache)."
+        ) from None
+
+
+def _why(exc: Exception) -> str:
+    """One line on why a hub fetch failed: the hub's errors run to several paragraphs."""
+    kind = type(exc).__name__
+    if kind in ("RepositoryNotFoundError", "GatedRepoError"):
+        return "the hub has no such repository, or it is private or gated (check the spelling)"
+    if kind == "RevisionNotFoundError":
+        return "the hub has no such revision of it"
+    if kind == "LocalEntryNotFoundError" or isinstance(exc, (ConnectionError, OSError)):
+        return "it is not in the local Hugging Face cache and the hub cannot be reached"
+    if kind == "EntryNotFoundError":
+        return f"a file of it is missing on the hub ({str(exc).splitlines()[0]})"
+    return f"{kind}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def source_problems(
@@ -151,7 +167,58 @@ def source_problems(
                 "tiny with load_format dummy",
             )
         ]
+    return hub_id_problems(model_path, "Qwen/Qwen3-TTS-12Hz-0.6B-Base")
+
+
+HUB_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$")
+
+
+def hub_id_problems(
+    model_path: str, example: str
+) -> list[tuple[tuple[tuple[str, ...], ...], str, str]]:
+    """What can be said of a hub id without the network: its form, and, when downloads
+    are off (``HF_HUB_OFFLINE``), whether the local cache has it."""
+    owner, _, name = model_path.partition("/")
+    bad = [part for part in (owner, name) if not HUB_NAME.match(part) or ".." in part]
+    if bad or "--" in model_path:
+        return [
+            (
+                (("model_path",),),
+                f"model_path {model_path!r} is not a valid hub id: {bad[0] if bad else '--'!r} "
+                "(letters, digits, '.', '_', '-', not at either end, at most 96 characters)",
+                f"check the spelling; a hub id looks like {example}",
+            )
+        ]
+    if _offline() and not _cached(model_path):
+        return [
+            (
+                (("model_path",),),
+                f"model_path {model_path!r} is not in the local Hugging Face cache "
+                f"({_cache_dir()}) and downloads are off (HF_HUB_OFFLINE)",
+                f"check the spelling, or fetch it where the network is (`hf download "
+                f"{model_path}`) into that cache, or unset HF_HUB_OFFLINE",
+            )
+        ]
     return []
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _cache_dir() -> Path:
+    """Where huggingface_hub keeps snapshots (its own rules, read without importing it)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface"
+    )
+    return Path(home).expanduser() / "hub"
+
+
+def _cached(repo: str) -> bool:
+    snapshots = _cache_dir() / f"models--{repo.replace('/', '--')}" / "snapshots"
+    return snapshots.is_dir() and any(snapshots.iterdir())
 
 
 def _directory_problems(
