@@ -12,10 +12,17 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))
+from installed_plugins import ONLY_SHIPPED
+
 HEAVY = ("torch", "numpy")
+# The shipped plugins only: a developer's own plugin, installed here too, may import
+# what it likes (and the shell's OMNI_PLUGINS must not narrow what is checked).
+SHIPPED_ENV = {**os.environ, "OMNI_PLUGINS": ONLY_SHIPPED}
 
 SCRIPT = textwrap.dedent(
     """
@@ -47,10 +54,9 @@ SCRIPT = textwrap.dedent(
 
 
 def test_listing_resolving_and_planning_import_no_ml_framework() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "OMNI_PLUGINS"}
     done = subprocess.run(
         [sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{SCRIPT}"],
-        env=env,
+        env=SHIPPED_ENV,
         capture_output=True,
         text=True,
         timeout=60,
@@ -95,7 +101,9 @@ def test_listing_loads_no_transport_or_planner_implementation() -> None:
         "assert 'omni_core.runtime.transports._stream' not in sys.modules\n"
         "assert 'asyncio' not in sys.modules and 'anyio' not in sys.modules\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=SHIPPED_ENV, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -122,7 +130,9 @@ def test_resolving_one_pipeline_imports_no_other_plugins_pipeline_module() -> No
         "load_deployment(None, [], pipeline='qwen3-tts')\n"
         "print(sorted(m for m in sys.modules if m.endswith('.pipeline')))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=SHIPPED_ENV, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     loaded = done.stdout.strip()
     assert "omni_qwen3_tts.pipeline" in loaded
