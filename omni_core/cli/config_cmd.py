@@ -23,6 +23,11 @@ class Show(str, Enum):
     provenance = "provenance"
 
 
+class Against(str, Enum):
+    defaults = "defaults"
+    file = "file"
+
+
 class Format(str, Enum):
     toml = "toml"
     json = "json"
@@ -31,14 +36,25 @@ class Format(str, Enum):
 @deployment_command(config_app, "resolve")
 def resolve_command(
     resolution,
-    show: Show = typer.Option(Show.config, "--show", help="config, diff or provenance."),
+    show: Show = typer.Option(
+        Show.config,
+        "--show",
+        help="config (the whole result), diff (what differs from the baseline of "
+        "--against) or provenance (every value's writes and winner).",
+    ),
     fmt: Format = typer.Option(Format.toml, "--format", help="toml or json (for --show config)."),
+    against: Against = typer.Option(
+        Against.defaults,
+        "--against",
+        help="The baseline of --show diff: defaults (the model's; what the deploy file and "
+        "flags changed) or file (the deploy file over the defaults; what the flags changed).",
+    ),
 ) -> None:
     """Resolve DEPLOY and the flags: model defaults < deploy file < command line."""
     if show is Show.config:
         typer.echo(config_toml(resolution) if fmt is Format.toml else config_json(resolution))
     elif show is Show.diff:
-        typer.echo("\n".join(diff_lines(resolution)))
+        typer.echo("\n".join(diff_lines(resolution, against.value)))
     else:
         blocks = provenance_blocks(resolution)
         typer.echo("\n\n".join(blocks) if blocks else "no source wrote any value")

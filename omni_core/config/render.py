@@ -7,7 +7,7 @@ from typing import Any
 
 import tomli_w
 
-from .origin import dotted
+from .origin import Layer, dotted
 from .paths import STAGE_LEAVES, TOP_GROUPS, TOP_LEAVES
 from .resolve import MISSING, PathRecord, Resolution
 
@@ -40,13 +40,23 @@ def explain(record: PathRecord) -> str:
     return "\n".join([head, *(f"  {value:<{width}}  <- {what}" for value, what in rows)])
 
 
-def diff_lines(resolution: Resolution) -> list[str]:
-    lines = [
-        f"{dotted(r.path)}: {show(r.default)} -> {show(r.final)}"
-        for r in resolution.records.values()
-        if r.final != r.default
-    ]
-    return lines or ["no changes: every value is the model default"]
+def diff_lines(resolution: Resolution, against: str = "defaults") -> list[str]:
+    """``path: before -> after`` for each value that differs from the model's default,
+    or (``against="file"``) from what the deploy file (over the defaults) made it:
+    then only what the command line changed is listed."""
+    lines = []
+    for record in resolution.records.values():
+        before = record.default
+        if against == "file":
+            written = [w for w in record.writes if w.origin.layer <= Layer.FILE]
+            before = written[-1].value if written else record.default
+        if record.final != before:
+            lines.append(f"{dotted(record.path)}: {show(before)} -> {show(record.final)}")
+    if lines:
+        return lines
+    if against == "file":
+        return ["no changes: the command line changes nothing the deploy file says"]
+    return ["no changes: every value is the model default"]
 
 
 def provenance_blocks(resolution: Resolution) -> list[str]:
