@@ -79,7 +79,7 @@ async def _serve(resolution: Any, sock: Any, key: str | None, signals: Any) -> N
     runtime = build_runtime(resolution)
     say(f"starting {pipeline}: {len(runtime.children)} process(es)")
     if config.model_path:  # clients see only the name; the operator gets the path
-        model = config.server.served_model_name or public_model_name(config.model_path)
+        model = (config.server.served_model_names or [public_model_name(config.model_path)])[0]
         say(f"model {config.model_path} (clients see {model!r})")
     say(f"runtime directory {runtime.plan.endpoints.runtime_dir}")
     async with runtime:

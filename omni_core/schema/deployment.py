@@ -290,7 +290,19 @@ class ServerConfig(BaseModel):
         default=131072,
         description="characters of text in all the messages of one chat request together",
     )
-    served_model_name: str | None = None
+    # list first: a command-line '["a", "b"]' is a list, a plain "a" a list of one
+    served_model_name: list[str] | str | None = Field(
+        default=None,
+        description="the model name(s) clients send as model: one name or a list of aliases "
+        "(the first is the one /v1/models shows); unset: the checkpoint's name",
+    )
+    openai_compat: bool = Field(
+        default=False,
+        description="the OpenAI preset: OpenAI's model names for what the pipeline serves "
+        "(tts-1, tts-1-hd, gpt-4o-mini-tts; gpt-4o-audio-preview, gpt-4o-mini-audio-preview) "
+        "are aliases of the served model, OpenAI's voice names map onto the model's voices "
+        "in order (voice_aliases entries win), and /v1/audio/speech defaults to mp3",
+    )
     voices_dir: str | None = Field(
         default=None,
         description="directory of uploaded voices (POST /v1/audio/voices); unset: uploads off. "
@@ -333,12 +345,31 @@ class ServerConfig(BaseModel):
             unsafe = unsafe_voices_dir(str(Path(self.voices_dir).expanduser()))
             if unsafe is not None:
                 raise ValueError(f"{unsafe[0]}; fix: {unsafe[1]}")
+        names = self.served_model_names
+        if self.served_model_name is not None and not names:
+            raise ValueError(
+                "served_model_name is empty; give a name, a list of names, or unset it"
+            )
+        for name in names:
+            if not name.strip() or name != name.strip():
+                raise ValueError(
+                    f"served_model_name {name!r} must be a non-empty name "
+                    "without surrounding spaces"
+                )
         for alias, target in self.voice_aliases.items():
             if not alias or not target or alias == target:
                 raise ValueError(
                     f"voice_aliases: {alias!r} -> {target!r} must map a name to another name"
                 )
         return self
+
+    @property
+    def served_model_names(self) -> list[str]:
+        """``served_model_name`` as a list (a single name is a list of one; unset: empty)."""
+        name = self.served_model_name
+        if name is None:
+            return []
+        return [name] if isinstance(name, str) else list(name)
 
 
 def unsafe_voices_dir(path: str, info: os.stat_result | None = None) -> tuple[str, str] | None:

@@ -31,7 +31,8 @@ from .bodies import read_body
 from .encoders import StreamEncoder
 from .errors import APIError
 from .protocol import SpeechRequest, parse_body, validate_data
-from .service import Service
+from .service import Service, later_reason
+from .speech import with_format
 
 PATH = "/v1/audio/speech/batch"
 MAX_ITEMS = 32
@@ -76,6 +77,7 @@ async def _speak(
         raise APIError(400, "a batch item must be a speech request object")
     speech = validate_data({"model": model, **item}, SpeechRequest)
     service.check_model(speech.model)
+    speech = with_format(speech, service)
     if speech.streaming or speech.stream_format is not None:
         raise APIError(
             400, "batch items are not streamed; drop stream/stream_format", param="stream"
@@ -98,7 +100,7 @@ async def _speak(
                     heard = True
                     encoder.feed(piece.data)
                 elif piece.kind == "finish":
-                    finish = piece.data
+                    finish = later_reason(finish, piece.data)
         finally:
             await service.finish(handle, "the batch ended")
         if not heard:

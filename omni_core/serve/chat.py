@@ -30,7 +30,7 @@ from .bodies import OwnedStreamingResponse, read_body, unless_disconnected
 from .errors import APIError
 from .media import MediaPolicy, check_media
 from .protocol import ChatRequest, parse_body
-from .service import Piece, Service
+from .service import Piece, Service, later_reason
 
 PATH = "/v1/chat/completions"
 AUDIO_LIFETIME = 3600  # seconds; we keep nothing, but clients expect expires_at
@@ -105,7 +105,7 @@ async def create_chat(
                 elif piece.kind == "audio":
                     pcm += piece.data
                 elif piece.kind == "finish":
-                    ended["reason"] = piece.data
+                    ended["reason"] = later_reason(ended["reason"], piece.data)
                 elif piece.kind == "usage":
                     ended["usage"] = piece.data
             return "".join(text), bytes(pcm)
@@ -147,8 +147,11 @@ async def create_chat(
         return event([{"index": 0, "delta": delta, "finish_reason": finish}])
 
     def delta(piece: Piece) -> dict[str, Any] | None:
-        if piece.kind in ("finish", "usage"):
-            ended["reason" if piece.kind == "finish" else "usage"] = piece.data
+        if piece.kind == "finish":
+            ended["reason"] = later_reason(ended["reason"], piece.data)
+            return None
+        if piece.kind == "usage":
+            ended["usage"] = piece.data
             return None
         if piece.kind == "audio":
             if "audio" not in modalities:

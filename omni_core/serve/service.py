@@ -22,6 +22,7 @@ import anyio
 
 from ..errors import ConfigError
 from ..runtime.coordinator import Overloaded, RequestFailed, RequestHandle, Unavailable
+from . import openai_compat
 from .audio import to_pcm16
 from .budgets import InputBudget
 from .errors import APIError
@@ -99,7 +100,12 @@ class Piece:
     A terminal stage's final output may be a dict that carries either or both of
 
     - ``"finish_reason"``: ``"stop"`` (the model ended, or hit a stop string)
-      or ``"length"`` (a token or frame cap ended it) -> ``Piece("finish", str)``;
+      or ``"length"`` (a token or frame cap ended it) -> ``Piece("finish", str)``.
+      Where the pipeline has a text stage, its reason is the request's: an
+      audio stage's ``"stop"`` (the talker spoke all the text it was given)
+      is dropped, so it never hides the text's ``"length"``; an audio
+      ``"length"`` (its frame cap) counts. Consumers fold reasons with
+      :func:`later_reason`;
     - ``"usage"``: ``{"prompt_tokens": int, "completion_tokens": int}`` ->
       ``Piece("usage", {"prompt_tokens", "completion_tokens", "total_tokens"})``.
       Only the :attr:`Serving.usage_stage` counts (a speech pipeline's text
@@ -108,6 +114,15 @@ class Piece:
 
     kind: str  # "text", "audio", "finish" or "usage"
     data: Any
+
+
+def later_reason(ended: str, reason: str) -> str:
+    """The request's finish reason once a stage reported ``reason``: "length" stays.
+
+    Any terminal stage's cap ends the answer short (the text stage's
+    max_tokens, the audio stage's frame cap), whichever stage reports last.
+    """
+    return "length" if "length" in (ended, reason) else reason
 
 
 @dataclass
@@ -121,21 +136,37 @@ class Service:
     # text limits, checked before anything is submitted
     budget: InputBudget = field(default_factory=InputBudget)
 
+    # what /v1/audio/speech encodes when the request names no response_format
+    speech_format: str = openai_compat.DEFAULT_SPEECH_FORMAT
+    hidden_names: frozenset[str] = frozenset()  # accepted as model, never listed
+
     @classmethod
     def of(cls, runtime: Any, pipeline_cls: Any, config: Any) -> Service:
+        server = config.server
+        serving = Serving.of(pipeline_cls)
+        public = public_model_name(config.model_path)
         names = [
-            config.server.served_model_name,
-            public_model_name(config.model_path),
+            *server.served_model_names,
+            public,
             config.model_path,  # still accepted from a client that knows it, never shown
             pipeline_cls.pipeline_name,
         ]
+        if server.openai_compat:  # OpenAI's names for the APIs served (see .openai_compat)
+            names += openai_compat.model_names(serving.api)
         model_names = tuple(dict.fromkeys(n for n in names if n))
+        hidden = {config.model_path} - {public, *server.served_model_names}
         return cls(
             runtime,
-            Serving.of(pipeline_cls),
+            serving,
             model_names,
             config.runtime.request_timeout,
             budget=InputBudget.of(config.server),
+            speech_format=(
+                openai_compat.SPEECH_FORMAT
+                if server.openai_compat
+                else openai_compat.DEFAULT_SPEECH_FORMAT
+            ),
+            hidden_names=frozenset(hidden),
         )
 
     @property
@@ -153,9 +184,13 @@ class Service:
 
     def check_model(self, model: str | None) -> None:
         if model and model not in self.model_names:
+            served = ", ".join(repr(n) for n in self.model_names if n not in self.hidden_names)
             raise APIError(
                 404,
-                f"model {model!r} is not served here; this server serves {self.model_id!r}",
+                f"model {model!r} is not served here; this server serves {served}; to accept "
+                "other names, list them in server.served_model_name (e.g. "
+                f"""--server.served_model_name '["{self.model_id}", "{model[:64]}"]'), or set """
+                "server.openai_compat = true for OpenAI's model names",
                 param="model",
                 code="model_not_found",
             )
@@ -241,7 +276,8 @@ class Service:
             return []
         found = []
         reason = event.data.get("finish_reason")
-        if isinstance(reason, str):
+        spoken_all = event.stage != serving.text_stage and serving.text_stage and reason == "stop"
+        if isinstance(reason, str) and not spoken_all:  # see Piece
             found.append(Piece("finish", reason))
         usage = event.data.get("usage")
         if usage is not None and event.stage == serving.usage_stage:

@@ -44,7 +44,7 @@ from .bodies import OwnedStreamingResponse, read_body, unless_disconnected
 from .encoders import StreamEncoder
 from .errors import APIError
 from .protocol import SpeechRequest, parse_body
-from .service import Piece, Service
+from .service import Piece, Service, later_reason
 
 PATH = "/v1/audio/speech"
 FINISH_HEADER = "X-Omni-Finish-Reason"  # stop, or length when the frame cap ended the speech
@@ -57,6 +57,7 @@ async def create_speech(
     service.require("speech", PATH)
     body = parse_body(await read_body(request, max_body, body_timeout), SpeechRequest)
     service.check_model(body.model)
+    body = with_format(body, service)
     encoder = StreamEncoder(
         body.response_format,
         service.serving.sample_rate or 0,
@@ -105,7 +106,7 @@ async def create_speech(
             elif piece.kind == "usage":
                 ended["usage"] = piece.data
             elif piece.kind == "finish":
-                ended["reason"] = piece.data
+                ended["reason"] = later_reason(ended["reason"], piece.data)
         yield encoder.flush()
 
     async def audio() -> AsyncGenerator[bytes, None]:
@@ -142,7 +143,7 @@ async def _whole(
                 heard = True
                 encoder.feed(piece.data)  # encoded as it comes; the bytes leave in flush()
             elif piece.kind == "finish":
-                ended["reason"] = piece.data
+                ended["reason"] = later_reason(ended["reason"], piece.data)
         return encoder.flush() if heard else None
 
     try:
@@ -180,6 +181,13 @@ async def _events(
 
 def _event(payload: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+def with_format(body: SpeechRequest, service: Service) -> SpeechRequest:
+    """``body`` with the server's default format if it names none (mp3 under the OpenAI preset)."""
+    if "response_format" in body.model_fields_set or body.response_format == service.speech_format:
+        return body
+    return body.model_copy(update={"response_format": service.speech_format})
 
 
 def _no_audio(service: Service) -> APIError:

@@ -10,8 +10,18 @@ calls:
    transcript (``ref_text``), computed when it was uploaded;
 3. a built-in voice (the model's own, ``PipelineConfig.builtin_voices``)
    goes to the pipeline as it is;
-4. anything else is a 400 that lists the voices, when the server knows them
-   (for a hub model not yet downloaded it does not: the pipeline judges).
+4. on a pipeline that clones, :data:`CLONE_VOICE` (``"default"``), unless
+   the model has a voice of that name, goes to the pipeline as no voice:
+   clone from this request's ``ref_audio`` (the OpenAI SDK requires a
+   voice, and a Base checkpoint has none of its own), or without one the
+   model's default voice;
+5. anything else is a 400 that lists the voices and names
+   ``server.voice_aliases`` (and the OpenAI preset, ``server.openai_compat``),
+   when the server knows them (for a hub model not yet downloaded it does
+   not: the pipeline judges).
+
+With ``server.openai_compat`` the aliases also hold OpenAI's voice names
+(:func:`.openai_compat.voice_aliases`); the operator's entries win.
 
 An upload (multipart: ``name``, ``file``, optional ``transcript``, and
 ``consent``, which must be true) is decoded under the upload limits (1-30 s,
@@ -40,6 +50,7 @@ from ..media import AudioLimits
 from ..media.audio_input import decode_audio
 from ..media.errors import MediaError
 from ..runtime.coordinator import RequestFailed
+from . import openai_compat
 from .errors import APIError
 from .voice_store import Voice, VoiceStore, VoiceStoreError
 
@@ -48,6 +59,12 @@ PATH = "/v1/audio/voices"
 UPLOAD_LIMITS = AudioLimits(max_seconds=30.0, min_seconds=1.0, max_bytes=10 * 1024 * 1024)
 ENROLL_TIMEOUT = 120.0
 TRUE = {"true", "1", "yes", "on"}
+CLONE_VOICE = "default"  # on a cloning pipeline: "clone from this request's ref_audio"
+ALIASES_HINT = (
+    "map other names to these with server.voice_aliases "
+    """(e.g. --server.voice_aliases '{alloy = "NAME"}'), or set server.openai_compat = true """
+    "to map all of OpenAI's voice names"
+)
 
 
 @dataclass
@@ -72,11 +89,16 @@ class Voices:
             store = VoiceStore.open(
                 server.voices_dir, pipeline_cls.pipeline_name, config.model_path
             )
+        cloning = bool(pipeline_cls.voice_cloning)
+        aliases = dict(server.voice_aliases)
+        if server.openai_compat:  # OpenAI's names onto the model's voices; explicit ones win
+            clone = CLONE_VOICE if cloning else None
+            aliases = {**openai_compat.voice_aliases(builtin, clone), **aliases}
         return cls(
             pipeline_cls.pipeline_name,
-            bool(pipeline_cls.voice_cloning),
+            cloning,
             None if builtin is None else list(builtin),
-            dict(server.voice_aliases),
+            aliases,
             store,
             pipeline_cls.audio_stage,
             list(store.problems) if store else [],
@@ -115,10 +137,22 @@ class Voices:
                 out["ref_text"] = stored.transcript
             return out
         known = self.builtin
-        if known is not None and name.lower() not in {v.lower() for v in known}:
+        own = None if known is None else {v.lower() for v in known}
+        if self.cloning and name.lower() == CLONE_VOICE and (own is None or CLONE_VOICE not in own):
+            return {**data, "voice": None}  # clone from ref_audio (or the model's default)
+        if own is not None and name.lower() not in own:
             voices = ", ".join(self.names()) or "none"
-            hint = " (upload one at POST /v1/audio/voices)" if self.cloning else ""
-            raise APIError(400, f"unknown voice {name!r}; voices: {voices}{hint}", param="voice")
+            hint = ""
+            if self.cloning:
+                hint = (
+                    f" (or {CLONE_VOICE!r} with ref_audio to clone from it; "
+                    "upload one at POST /v1/audio/voices)"
+                )
+            raise APIError(
+                400,
+                f"unknown voice {name!r}; voices: {voices}{hint}; {ALIASES_HINT}",
+                param="voice",
+            )
         return {**data, "voice": name}
 
     # -- GET / POST / DELETE ------------------------------------------------------

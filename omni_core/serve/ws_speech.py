@@ -76,7 +76,7 @@ from .encoders import StreamEncoder
 from .errors import APIError
 from .protocol import MAX_JSON_DEPTH, SpeechRequest, json_depth, validate_data
 from .segmenter import MAX_CHARS, Segmenter
-from .service import Service
+from .service import Service, later_reason
 
 log = logging.getLogger("omni.serve")
 PATH = "/v1/audio/speech/stream"
@@ -453,7 +453,7 @@ class StreamSession:
                     if piece.kind == "audio":
                         await segment.audio.put(piece.data)
                     elif piece.kind == "finish":
-                        segment.finish_reason = piece.data
+                        segment.finish_reason = later_reason(segment.finish_reason, piece.data)
         except APIError as exc:
             segment.error = exc
         finally:

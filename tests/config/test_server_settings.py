@@ -18,6 +18,8 @@ NEW_FIELDS = (
     "ws_send_timeout",
     "max_input_chars",
     "max_chat_text_chars",
+    "served_model_name",
+    "openai_compat",
 )
 
 
@@ -64,6 +66,8 @@ def test_the_settings_are_written_in_the_file_and_on_the_command_line(deploy, re
         ("header_timeout", "soon", "expected a number, got 'soon'"),
         ("max_input_chars", "0", "max_input_chars must be >= 1 character, got 0"),
         ("max_chat_text_chars", "1.5", "expected an integer"),
+        ("openai_compat", "maybe", "expected true or false, got 'maybe'"),
+        ("served_model_name", '[" tts "]', "must be a non-empty name without surrounding"),
     ],
 )
 def test_bad_values_are_refused_naming_the_flag(resolve, flag, value, message):
@@ -78,3 +82,45 @@ def test_a_bad_value_in_the_file_exits_2_naming_its_line(deploy, cli):
     code, _out, err = cli("config", "resolve", path)
     assert code == 2
     assert "body_timeout must be > 0 seconds" in err and f"{path}:3" in err
+
+
+def test_served_model_name_is_one_name_or_a_list_of_aliases(deploy, resolve):
+    assert resolve(None, pipeline="qwen3-tts").config.server.served_model_names == []
+    one = resolve(None, "--server.served_model_name", "mine", pipeline="qwen3-tts")
+    assert one.config.server.served_model_names == ["mine"]
+    many = resolve(None, "--server.served_model_name", '["mine", "tts-1"]', pipeline="qwen3-tts")
+    assert many.config.server.served_model_names == ["mine", "tts-1"]
+    path = deploy(
+        'pipeline = "qwen3-tts"\n[server]\nserved_model_name = ["a", "b"]\nopenai_compat = true\n'
+    )
+    server = resolve(path).config.server
+    assert server.served_model_names == ["a", "b"] and server.openai_compat is True
+    path = deploy('pipeline = "qwen3-tts"\n[server]\nserved_model_name = "solo"\n')
+    assert resolve(path).config.server.served_model_names == ["solo"]
+    assert resolve(None, pipeline="qwen3-tts").config.server.openai_compat is False
+
+
+def test_an_empty_list_of_served_names_is_refused(resolve):
+    with pytest.raises(ConfigError) as caught:
+        resolve(None, "--server.served_model_name", "[]", pipeline="qwen3-tts")
+    assert "served_model_name is empty" in str(caught.value)
+
+
+def test_the_openai_voice_mapping_is_in_order_and_leaves_model_voices_alone():
+    from omni_core.serve import openai_compat
+
+    mapped = openai_compat.voice_aliases(["eric", "ryan", "serena"], None)
+    assert list(mapped) == list(openai_compat.VOICES)
+    assert [mapped[v] for v in ("alloy", "ash", "ballad", "coral")] == [
+        "eric",
+        "ryan",
+        "serena",
+        "eric",
+    ]
+    assert "echo" not in openai_compat.voice_aliases(["Echo", "vivian"], None)
+    assert set(openai_compat.voice_aliases([], "default").values()) == {"default"}
+    assert openai_compat.voice_aliases([], None) == {}
+    assert openai_compat.voice_aliases(None, "default") == {}  # not known before a download
+    assert openai_compat.model_names(("speech",)) == ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
+    assert "gpt-4o-audio-preview" in openai_compat.model_names(("chat",))
+    assert "tts-1" not in openai_compat.model_names(("chat",))

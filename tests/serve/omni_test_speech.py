@@ -142,14 +142,16 @@ class Text:
 
 
 class Talker:
-    """Its usage is not the request's: the pipeline's text stage counts."""
+    """Its usage is not the request's: the pipeline's text stage counts. Like Qwen3-Omni's
+    talker it ends with "stop" (it spoke all the text it got), even after a capped text."""
 
     async def run(self, request):
         frequency = VOICES.get(request.data["voice"], 220.0)
         count = len(request.data["reply"].split())
         for index in range(count):
             await request.emit(sine(frequency, index))
-        return {"chunks": count, "usage": {"prompt_tokens": 1000, "completion_tokens": 1000}}
+        usage = {"prompt_tokens": 1000, "completion_tokens": 1000}
+        return {"chunks": count, "usage": usage, "finish_reason": "stop"}
 
 
 def create(kind: str, start_delay: float = 0.0) -> Any:

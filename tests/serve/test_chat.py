@@ -44,6 +44,28 @@ def test_a_token_cap_ends_the_answer_as_length(chat_server):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_a_token_cap_ends_the_answer_as_length_when_audio_is_asked_for_too(chat_server):
+    """The talker's own "stop" (it spoke all the text it got) never hides the text's cap."""
+    client = chat_server.client()
+    asked = {
+        "model": "t-chat",
+        "messages": user(PROMPT),
+        "max_tokens": 2,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "bob", "format": "wav"},
+    }
+    completion = client.chat.completions.create(**asked)
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage.completion_tokens == 2
+    assert completion.choices[0].message.audio.data
+    streamed = {**asked, "audio": {"voice": "bob", "format": "pcm16"}, "stream": True}
+    chunks = list(client.chat.completions.create(**streamed))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    # uncapped, both stages end as "stop"
+    whole = client.chat.completions.create(**{**asked, "max_tokens": None})
+    assert whole.choices[0].finish_reason == "stop"
+
+
 def test_text_and_audio_completion(chat_server):
     completion = chat_server.client().chat.completions.create(
         model="t-chat",
