@@ -63,6 +63,9 @@ class StageInstance:
     device_source: str = "stage"
     gpu_memory_fraction: float | None = None
     total_reserve_bytes: int | None = None
+    # An engine stage's own sizing (engine.mem_fraction_static): not a placement share,
+    # but the memory it will take of its GPU when it declares none.
+    engine_memory_fraction: float | None = None
 
     @property
     def declares_share(self) -> bool:

@@ -173,7 +173,8 @@ def check_gpus(
                     f"GPU {gpu}: memory shares sum to {committed:.2f}, over the limit {limit:g} "
                     f"({_shares(plan, assignments)})",
                     gpu=gpu,
-                    fix=f"lower the shares of the stages on GPU {gpu} or move one to another GPU",
+                    fix=f"lower the shares (or the engines' mem_fraction_static) of the stages "
+                    f"on GPU {gpu}, or move one to another GPU",
                 )
             )
         racing: dict[str, list[str]] = {}
@@ -207,4 +208,7 @@ def _shares(plan: GpuPlan, assignments: Mapping[str, Assignment]) -> str:
             parts.append(f"{name} {assignment.gpu_memory_fraction:g}")
         elif assignment.total_reserve_bytes is not None:
             parts.append(f"{name} {format_bytes(assignment.total_reserve_bytes)}")
+        elif name in plan.engine_memory_fractions:
+            fraction = plan.engine_memory_fractions[name]
+            parts.append(f"{name} engine.mem_fraction_static {fraction:g}")
     return ", ".join(parts)

@@ -88,9 +88,17 @@ def expand(config: PipelineConfig) -> Expansion:
                     device_source=source,
                     gpu_memory_fraction=stage.gpu_memory_fraction,
                     total_reserve_bytes=stage.total_reserve_bytes,
+                    engine_memory_fraction=_engine_fraction(stage),
                 )
             )
     return out
+
+
+def _engine_fraction(stage: StageConfig) -> float | None:
+    """``engine.mem_fraction_static`` of an engine stage, or None."""
+    engine = getattr(stage, "engine", None) if stage.is_engine else None
+    value = getattr(engine, "mem_fraction_static", None)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _process_plan(

@@ -53,6 +53,8 @@ class StagePlacement:
     share_source: str
     tp_processes: tuple[str, ...] = ()
     endpoint: str | None = None
+    # engine.mem_fraction_static of an engine stage that declares no share: how it sizes itself
+    engine_memory_fraction: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +68,7 @@ class StagePlacement:
             "gpu_memory_fraction": round_fraction(self.gpu_memory_fraction),
             "total_reserve_bytes": self.total_reserve_bytes,
             "share_source": self.share_source,
+            "engine_memory_fraction": round_fraction(self.engine_memory_fraction),
             "endpoint": self.endpoint,
         }
 
@@ -128,15 +131,22 @@ class GpuPlan:
     processes: list[str] = field(default_factory=list)
     gpu_memory_fraction_sum: float = 0.0
     total_reserve_bytes_sum: int = 0
+    # engine stages without a declared share that size themselves: instance -> fraction
+    engine_memory_fractions: dict[str, float] = field(default_factory=dict)
     undeclared_stages: list[str] = field(default_factory=list)
 
     @property
+    def engine_fraction_sum(self) -> float:
+        return round_fraction(sum(self.engine_memory_fractions.values())) or 0.0
+
+    @property
     def committed(self) -> float | None:
-        """Fractions plus reserved bytes as a fraction; None when bytes meet unknown memory."""
+        """Declared fractions, reserved bytes as a fraction and the engines' own fractions;
+        None when bytes meet unknown memory."""
         if self.total_reserve_bytes_sum and not self.memory_bytes:
             return None
         extra = self.total_reserve_bytes_sum / self.memory_bytes if self.memory_bytes else 0.0
-        return self.gpu_memory_fraction_sum + extra
+        return self.gpu_memory_fraction_sum + extra + self.engine_fraction_sum
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -145,6 +155,10 @@ class GpuPlan:
             "processes": list(self.processes),
             "gpu_memory_fraction_sum": round_fraction(self.gpu_memory_fraction_sum),
             "total_reserve_bytes_sum": self.total_reserve_bytes_sum,
+            "engine_memory_fractions": {
+                name: round_fraction(value)
+                for name, value in sorted(self.engine_memory_fractions.items())
+            },
             "committed_fraction": round_fraction(self.committed),
             "undeclared_stages": list(self.undeclared_stages),
         }

@@ -181,6 +181,8 @@ def _node_lines(process: ProcessPlan, placement: StagePlacement) -> tuple[str, s
         parts.append(f"memory {placement.gpu_memory_fraction:g}")
     if placement.total_reserve_bytes is not None:
         parts.append(f"reserve {format_bytes(placement.total_reserve_bytes)}")
+    if placement.engine_memory_fraction is not None:
+        parts.append(f"engine: mem_fraction_static {placement.engine_memory_fraction:g}")
     return placement.instance, ", ".join(parts) or "memory share undeclared"
 
 

@@ -14,7 +14,14 @@ from collections.abc import Mapping
 
 from ..schema import StageConfig
 from .expand import Expansion, tp_process_name
-from .model import Assignment, ProcessPlan, Refusal, StagePlacement, round_fraction
+from .model import (
+    Assignment,
+    ProcessPlan,
+    Refusal,
+    StageInstance,
+    StagePlacement,
+    round_fraction,
+)
 
 
 def merged_env(process: str, stages: list[StageConfig], problems: list[Refusal]) -> dict[str, str]:
@@ -110,9 +117,19 @@ def build_processes(
                 total_reserve_bytes=assignment.total_reserve_bytes,
                 share_source=assignment.share_source,
                 tp_processes=tuple(names) if ranks else (),
+                engine_memory_fraction=_engine_sizing(instance, assignment),
             )
         )
     for name, plan in processes.items():
         plan.stages = tuple(members[name])
         plan.gpu_memory_fraction = round_fraction(plan.gpu_memory_fraction)
     return list(processes.values()), placements, problems
+
+
+def _engine_sizing(instance: StageInstance, assignment: Assignment) -> float | None:
+    """The engine's own fraction where it sizes itself: on a GPU, with no declared share."""
+    if not assignment.gpus or assignment.gpu_memory_fraction is not None:
+        return None
+    if assignment.total_reserve_bytes is not None:
+        return None
+    return instance.engine_memory_fraction

@@ -19,6 +19,16 @@ def _share(fraction: float | None, reserve: int | None) -> str:
     return " + ".join(parts) or "-"
 
 
+def _engine_share(plan: Any, process: str) -> str:
+    """``engine 0.80``: a process whose engine sizes itself by ``engine.mem_fraction_static``."""
+    fractions = [
+        s.engine_memory_fraction
+        for s in plan.stages
+        if s.process == process and s.engine_memory_fraction is not None
+    ]
+    return f"engine {sum(fractions):.2f}" if fractions else "-"
+
+
 def _where(process: Any) -> str:
     """``GPU 1``; on a multi-node plan ``b: GPU 0`` (the node, and the GPU's id there)."""
     if process.node is None:
@@ -47,7 +57,9 @@ def render_plan(
             ", ".join(process.stages),
             f"{process.replica}/{process.num_replicas}" if process.num_replicas > 1 else "-",
             "-" if process.tp_rank is None else f"{process.tp_rank}/{process.tp_size}",
-            _share(process.gpu_memory_fraction, process.total_reserve_bytes),
+            _share(process.gpu_memory_fraction, process.total_reserve_bytes)
+            if process.gpu_memory_fraction is not None or process.total_reserve_bytes is not None
+            else _engine_share(plan, process.name),
             f"wave {process.start_wave}"
             + (f" ({process.weight_share})" if process.weight_share != "none" else ""),
         ]
@@ -73,8 +85,14 @@ def render_plan(
                         else ""
                     )
                     + (
+                        f" + engines {usage.engine_fraction_sum:.2f}"
+                        if usage.engine_memory_fractions
+                        else ""
+                    )
+                    + (
                         f" (= {committed:.2f})"
-                        if usage.total_reserve_bytes_sum and committed
+                        if (usage.total_reserve_bytes_sum or usage.engine_memory_fractions)
+                        and committed
                         else ""
                     ),
                     ", ".join(usage.undeclared_stages) or "-",

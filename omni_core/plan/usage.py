@@ -41,6 +41,8 @@ def gpu_ledger(
                 plan.gpu_memory_fraction_sum += assignment.gpu_memory_fraction
             elif assignment.total_reserve_bytes is not None:
                 plan.total_reserve_bytes_sum += assignment.total_reserve_bytes
+            elif instance.engine_memory_fraction is not None:
+                plan.engine_memory_fractions[instance.name] = instance.engine_memory_fraction
             else:
                 plan.undeclared_stages.append(instance.name)
     for plan in ledger.values():
