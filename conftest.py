@@ -8,12 +8,22 @@ called done.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
 # The fixtures plugin authors load too (plugins, short_tmp), for every suite here.
 pytest_plugins = ["omni_core.testing"]
+
+# Every runtime keeps its process logs under $XDG_STATE_HOME/omni/logs (runtime.log_dir's
+# default): the suite's go to a directory of its own (inherited by the servers it
+# starts), never to the user's, and are removed at exit.
+_STATE = tempfile.mkdtemp(prefix="omni-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE
+atexit.register(shutil.rmtree, _STATE, ignore_errors=True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

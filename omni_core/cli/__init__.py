@@ -24,6 +24,7 @@ COMMANDS = {
     "plan": "plan_cmd",
     "serve": "serve_cmd",
     "run": "serve_cmd",
+    "logs": "logs_cmd",
 }
 
 

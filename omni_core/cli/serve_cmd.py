@@ -6,12 +6,14 @@ model loads (a taken port fails in milliseconds), starts the runtime showing
 each process's progress, then serves. On SIGINT/SIGTERM it stops admitting
 (``/health`` answers 503 "stopping"), lets uvicorn finish open responses for
 the grace period, then stops the runtime (grace for what is left, TERM/KILL
-to the children, runtime directory removed). A second signal forces.
+to the children, runtime directory removed; the process logs are kept, and
+their directory is printed at start and at stop). A second signal forces.
 A signal during start-up cancels it; the runtime tears down what started.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,7 @@ def serve_command(
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be in 0-65535, got {port}")
     key = api_key or server.api_key
+    _log_to_stderr()
     sock = bind(host, port)
     try:
         anyio.run(run_until_signal, lambda signals: _serve(resolution, sock, key, signals))
@@ -82,6 +85,7 @@ async def _serve(resolution: Any, sock: Any, key: str | None, signals: Any) -> N
         model = (config.server.served_model_names or [public_model_name(config.model_path)])[0]
         say(f"model {config.model_path} (clients see {model!r})")
     say(f"runtime directory {runtime.plan.endpoints.runtime_dir}")
+    say(f"process logs in {runtime.log_dir}: {_log_names(runtime)}")
     async with runtime:
         server = make_server(
             create_app(runtime, resolution, api_key=key),
@@ -112,7 +116,26 @@ async def _serve(resolution: Any, sock: Any, key: str | None, signals: Any) -> N
         await serve_runtime(server, [sock], on_started=started)
         signals.on_signal = None  # from here a signal cancels the runtime's grace period
         say("server stopped; stopping the processes")
-    say("stopped")
+    say(f"stopped; the process logs stay in {runtime.log_dir} (omni logs DEPLOY shows them)")
+
+
+def _log_to_stderr() -> None:
+    """``omni.*`` records (INFO and up: a failed request's traceback, a refused
+    handshake) on stderr, one line each (plus a traceback), beside ``say``'s lines."""
+    import logging
+    import sys
+
+    logger = logging.getLogger("omni")
+    if not any(getattr(h, "omni_serve", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
+        handler.omni_serve = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def _log_names(runtime: Any) -> str:
+    return ", ".join(os.path.basename(child.log_path) for child in runtime.children.values())
 
 
 @deployment_command(app, "run")

@@ -3,8 +3,8 @@
 Flags are ``--PATH VALUE`` or ``--PATH=VALUE``, where PATH starts at a stage
 name or a top-level field. A few spellings are shorthands:
 ``--mem-fraction-static`` (broadcast to every engine stage), ``--gpus`` and
-``--gpu-memory`` (the cluster inventory), ``--launcher`` (``runtime.launcher``) and
-``--ray-address`` (``ray.address``).
+``--gpu-memory`` (the cluster inventory), ``--launcher`` (``runtime.launcher``),
+``--log-dir`` (``runtime.log_dir``) and ``--ray-address`` (``ray.address``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ ALIASES = {
     "gpu_memory": ("cluster", "gpu_memory"),
     "ray_address": ("ray", "address"),
     "launcher": ("runtime", "launcher"),
+    "log_dir": ("runtime", "log_dir"),
 }
 
 

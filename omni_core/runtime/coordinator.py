@@ -49,11 +49,17 @@ class RequestFailed(OmniError):
         *,
         client_error: bool = False,
         process_lost: bool = False,
+        stage: str = "",
+        process: str = "",
+        detail: str = "",
         **kw: object,
     ):
         super().__init__(message, **kw)
         self.client_error = client_error
         self.process_lost = process_lost
+        # Where it failed (the stage, the process that ran it) and the stage's
+        # traceback: for the server's log, never for the client.
+        self.stage, self.process, self.detail = stage, process, detail
 
 
 SUBMIT_SEND_TIMEOUT = 10.0  # seconds to hand a new request to the entry stage
@@ -81,6 +87,9 @@ class RequestHandle:
     error: str | None = None
     client_error: bool = False
     process_lost: bool = False
+    failed_stage: str = ""  # a stage's failure: the stage, its process, its traceback
+    failed_process: str = ""
+    detail: str = ""
     done: anyio.Event = field(default_factory=anyio.Event)
     skipped: set[str] = field(default_factory=set)  # stages this request will not run
 
@@ -89,17 +98,23 @@ class RequestHandle:
         async for event in self.events:
             yield event
         if self.error:
-            raise RequestFailed(
-                self.error, client_error=self.client_error, process_lost=self.process_lost
-            )
+            raise self.failure()
+
+    def failure(self) -> RequestFailed:
+        return RequestFailed(
+            self.error or "",
+            client_error=self.client_error,
+            process_lost=self.process_lost,
+            stage=self.failed_stage,
+            process=self.failed_process,
+            detail=self.detail,
+        )
 
     async def result(self) -> dict[str, Any]:
         """Wait for completion: the final output of every terminal stage."""
         await self.done.wait()
         if self.error:
-            raise RequestFailed(
-                self.error, client_error=self.client_error, process_lost=self.process_lost
-            )
+            raise self.failure()
         return dict(self.outputs)
 
 
@@ -229,6 +244,8 @@ class Coordinator:
         elif env.kind == m.FAILED:
             handle.client_error = env.client_error
             handle.process_lost = env.process_lost
+            handle.failed_stage, handle.failed_process = env.source, env.process
+            handle.detail = env.detail
             message = env.error if env.client_error else f"stage {env.source!r} failed: {env.error}"
             self._finish(handle, message)
 

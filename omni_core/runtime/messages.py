@@ -38,3 +38,7 @@ class Envelope:
     error: str = ""
     client_error: bool = False  # FAILED: the request itself was invalid (HTTP 400)
     process_lost: bool = False  # FAILED: a stage it needed could not be reached (HTTP 503)
+    # FAILED: the process the stage ran in and the exception's traceback, for the
+    # server's log (never for the client: it can hold paths and data).
+    process: str = ""
+    detail: str = ""

@@ -1,6 +1,6 @@
 """The runtime directory: private to this user, never reached through a link.
 
-Why so strict: the deployment's sockets, logs, GPU locks and MPS pipes live
+Why so strict: the deployment's sockets, GPU locks and MPS pipes live
 here, and its path is predictable (``omni plan --json`` prints it). Another
 local user who could create the directory first, or plant a symbolic link
 where it will be, would get our sockets or make us write through the link.
@@ -40,21 +40,23 @@ def prepare(base: str, path: str) -> None:
         shutil.rmtree(path)
     _make(path)
     check_private(path, "the deployment's runtime directory")
-    os.mkdir(os.path.join(path, "logs"), PRIVATE_MODE)
     write_private(os.path.join(path, "owner.pid"), str(os.getpid()))
 
 
-def check_private(path: str, what: str) -> None:
-    """ConfigError unless ``path`` is a real directory of ours that only we can use."""
+def check_private(path: str, what: str, setting: str = "endpoints.base_path") -> None:
+    """ConfigError unless ``path`` is a real directory of ours that only we can use.
+
+    ``setting`` is the one the fix suggests changing instead.
+    """
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         raise ConfigError(f"{what} {path} does not exist") from None
-    fix = f"remove it (rm -r {path}) or choose another endpoints.base_path"
+    fix = f"remove it (rm -r {path}) or choose another {setting}"
     if stat.S_ISLNK(info.st_mode):
         raise ConfigError(
             f"{what} {path} is a symbolic link (to {os.readlink(path)}); omni never "
-            "follows links for its runtime files",
+            "follows links for its runtime files or logs",
             hint=fix,
         )
     if not stat.S_ISDIR(info.st_mode):
@@ -62,14 +64,14 @@ def check_private(path: str, what: str) -> None:
     if info.st_uid != os.geteuid():
         raise ConfigError(
             f"{what} {path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
-            "its owner could read and replace the deployment's sockets",
+            "its owner could read and replace the deployment's files",
             hint=fix,
         )
     if info.st_mode & 0o077:
         raise ConfigError(
             f"{what} {path} has mode {stat.S_IMODE(info.st_mode):04o}; group and others "
             "must have no access to it",
-            hint=f"chmod 700 {path}, or choose another endpoints.base_path",
+            hint=f"chmod 700 {path}, or choose another {setting}",
         )
 
 

@@ -6,7 +6,8 @@ wave by wave (weight-sharing leaders before followers); a failed start tears
 everything down. While serving, a process that dies fails the requests bound
 to it at once, and its group is restarted with back-off while the others keep
 serving. Closing stops admission, gives in-flight requests a grace period,
-stops the children (TERM, then KILL) and removes the runtime directory.
+stops the children (TERM, then KILL) and removes the runtime directory; the
+processes' logs stay in their own directory (see :mod:`.logdir`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from ..plan.transports import check_edges
 from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
 from ..wire import allow_wire_types
+from . import logdir, rundir
 from . import messages as m
-from . import rundir
 from .coordinator import Coordinator, RequestHandle
 from .graph import StageGraph
 from .links import Links
@@ -73,9 +74,12 @@ class Runtime:
             stage_process=self.table.stage_process,
         )
         self.coordinator.send = self._send_from_coordinator
+        # This run's process logs: named now, created at start, kept after stop.
+        self.log_dir = logdir.new_run_dir(
+            logdir.log_base(config.runtime.log_dir), plan.endpoints.deployment_id
+        )
         self.children = {
-            p.name: Child(p, os.path.join(plan.endpoints.runtime_dir, "logs", f"{p.name}.log"))
-            for p in plan.processes
+            p.name: Child(p, os.path.join(self.log_dir, f"{p.name}.log")) for p in plan.processes
         }
         self.on_progress = on_progress or (lambda *_: None)
         self.launcher = self.plugins.launcher(config.runtime.launcher)
@@ -105,6 +109,11 @@ class Runtime:
         self.started_at = time.monotonic()
         rundir.prepare(self.plan.endpoints.base_path, self.plan.endpoints.runtime_dir)
         self._owns_dir = True
+        try:
+            logdir.prepare(self.log_dir, self.plan.endpoints.deployment_id)
+        except BaseException:
+            await self.aclose(grace=0)
+            raise
         try:
             enabled = [gpu for gpu, d in self.plan.mps.gpus.items() if d.enabled]
             self.mps = daemons_for(enabled, self.plan.endpoints.runtime_dir)

@@ -423,8 +423,9 @@ class Worker:
 
     async def _fail(self, env: m.Envelope, name: str, exc: BaseException) -> None:
         text = exc.render() if isinstance(exc, RequestError) else f"{type(exc).__name__}: {exc}"
+        detail = "".join(traceback.format_exception(exc)).rstrip()
         print(
-            f"request {env.request_id} failed in stage {name}:\n{traceback.format_exc()}",
+            f"request {env.request_id} failed in stage {name}:\n{detail}",
             file=sys.stderr,
             flush=True,
         )
@@ -437,6 +438,8 @@ class Worker:
                 error=text,
                 client_error=isinstance(exc, RequestError),
                 process_lost=isinstance(exc, StageUnreachable),
+                process=self.process.name,
+                detail="" if isinstance(exc, RequestError | StageUnreachable) else detail,
             )
         )
 
@@ -561,6 +564,8 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _redirect_output(path: str) -> None:
+    # The parent created and checked the directory; on another node (Ray) it may not exist.
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     log = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(log, 1)
     os.dup2(log, 2)

@@ -174,6 +174,12 @@ class RuntimeConfig(BaseModel):
         description="torch (OpenMP) threads per process; default: the host's cores shared "
         "out among the deployment's processes, at least 1 each",
     )
+    log_dir: str | None = Field(
+        default=None,
+        description="where each run's process logs are kept (<log_dir>/<deployment id>-<start "
+        "time>/<process>.log; private, 0700; the last 10 runs of a deployment are kept); "
+        "default $XDG_STATE_HOME/omni/logs, else ~/.local/state/omni/logs",
+    )
     transport: str = Field(default="auto", description="transport between processes")
     launcher: str = Field(
         default="local",

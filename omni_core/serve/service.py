@@ -5,8 +5,12 @@ Runtime errors map to HTTP once, here: ``Overloaded`` 429 (with Retry-After),
 ``Unavailable`` 503, a stage's ``RequestError`` 400 with the stage's message,
 the loss of a process the request was bound to (it died or hung) 503 naming
 it, any other stage failure 500 with the request id only: the failure's text
-(an exception's message, which can carry paths or data) goes to the server
-log under that id, next to the stage's traceback, never to the client.
+(an exception's message, which can carry paths or data) and the stage's
+traceback go to the server log (``omni.serve``) under that id, with the stage
+and its process, never to the client. A stage that breaks the serving
+contract (a text delta that is not a ``str``, audio the server cannot encode,
+a malformed ``usage``) is a 500 naming the stage, the field and what was
+expected, logged under the request id too.
 """
 
 from __future__ import annotations
@@ -236,11 +240,18 @@ class Service:
                         event = await stream.__anext__()
                 except StopAsyncIteration:
                     return
-                if event.final and isinstance(event.data, dict):
-                    for piece in self._ending(event):
-                        yield piece
+                try:
+                    if event.final and isinstance(event.data, dict):
+                        endings = self._ending(event)
+                    else:
+                        endings = None
+                        piece = self._piece(event, streamed)
+                except ContractError as exc:
+                    raise self._contract_broken(handle, event.stage, exc) from None
+                if endings is not None:
+                    for ending in endings:
+                        yield ending
                     continue
-                piece = self._piece(event, streamed)
                 if piece is None:
                     continue
                 if piece.kind == "audio" and meter is not None:  # PCM16 mono: 2 bytes a sample
@@ -258,7 +269,14 @@ class Service:
                 raise APIError(400, exc.message) from None
             if exc.process_lost:  # operational state, not internals: say it, invite a retry
                 raise APIError(503, exc.message, headers={"Retry-After": "1"}) from None
-            log.error("request %s failed: %s", handle.request_id, exc.message)
+            log.error(
+                "request %s failed in stage %r (process %s): %s%s",
+                handle.request_id,
+                exc.stage or "?",
+                exc.process or "?",
+                exc.message.removeprefix(f"stage {exc.stage!r} failed: "),
+                f"\n{exc.detail}" if exc.detail else "",
+            )
             raise APIError(
                 500,
                 f"internal server error (request id {handle.request_id}); "
@@ -268,6 +286,21 @@ class Service:
             if meter is not None:
                 meter.end()
             await stream.aclose()
+
+    def _contract_broken(self, handle: RequestHandle, stage: str, exc: ContractError) -> APIError:
+        """Log a stage's breach of the serving contract under the request id; its 500."""
+        try:
+            process = self.runtime.table.process_for(stage, handle.binding)
+        except (AttributeError, KeyError):
+            process = "?"
+        log.error(
+            "request %s failed in stage %r (process %s): %s",
+            handle.request_id,
+            stage,
+            process,
+            exc.message,
+        )
+        return APIError(500, f"{exc.message} (request id {handle.request_id})")
 
     def _ending(self, event: Any) -> list[Piece]:
         """The finish reason and usage a terminal stage's final dict carries (see Piece)."""
@@ -294,31 +327,41 @@ class Service:
             return None
         streamed.add(event.stage)
         if event.stage == serving.audio_stage:
+            what = "final output" if event.final else "audio chunk"
             try:
                 return Piece("audio", to_pcm16(event.data))
             except (TypeError, ValueError) as exc:
-                raise APIError(
-                    500, f"stage {event.stage!r} produced audio the server cannot encode: {exc}"
+                raise ContractError(
+                    f"stage {event.stage!r} (the pipeline's audio_stage) produced an {what} "
+                    f"the server cannot encode ({exc}); expected 1-D float32 samples in "
+                    "[-1, 1] (a numpy array or a tensor)"
                 ) from None
         if not isinstance(event.data, str):
-            raise APIError(
-                500,
-                f"stage {event.stage!r} produced a text delta of type "
-                f"{type(event.data).__name__}, not str",
+            raise ContractError(
+                f"stage {event.stage!r} (the pipeline's text_stage) produced a text delta of "
+                f"type {type(event.data).__name__}; expected str: await request.emit(text) "
+                "with a string"
             )
         return Piece("text", event.data)
 
 
+class ContractError(Exception):
+    """A terminal stage's output breaks what the server serves (see Service.pieces)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
 def _usage(usage: Any, stage: str) -> dict[str, int]:
-    """A stage's ``usage``, checked, plus ``total_tokens``; APIError(500) if it is malformed."""
+    """A stage's ``usage``, checked, plus ``total_tokens``; ContractError if it is malformed."""
     counts = {}
     for key in ("prompt_tokens", "completion_tokens"):
         value = usage.get(key) if isinstance(usage, dict) else None
         if type(value) is not int or value < 0:
-            raise APIError(
-                500,
-                f"stage {stage!r} reported usage {key} = {value!r}; expected "
-                '{"prompt_tokens": int >= 0, "completion_tokens": int >= 0}',
+            raise ContractError(
+                f"stage {stage!r} reported usage {key} = {value!r} in its final output; "
+                'expected "usage": {"prompt_tokens": int >= 0, "completion_tokens": int >= 0}'
             )
         counts[key] = value
     return {**counts, "total_tokens": counts["prompt_tokens"] + counts["completion_tokens"]}

@@ -96,9 +96,7 @@ async def test_forged_frames_to_every_socket_run_nothing_and_harm_nothing(
         outputs = await runtime.run({"images": [1], "audio": [2]})
         assert outputs["join"]["sources"] == ["audio", "images", "pre"]
         assert runtime.health()["status"] == "healthy"
-        logs = "".join(
-            p.read_text() for p in Path(runtime.plan.endpoints.runtime_dir, "logs").iterdir()
-        )
+        logs = "".join(p.read_text() for p in Path(runtime.log_dir).iterdir())
     assert not marker.exists()
     assert "refused a connection" in logs and "wrong proof of the deployment secret" in logs
 

@@ -9,6 +9,8 @@ word (a word is a "token": it honours ``sampling.max_tokens`` and
 audio is asked for) streams sine audio. ``test_echo: true`` (an extra field)
 makes the reply the JSON of the ``sampling`` dict the entry stage received;
 ``test_usage`` is reported as the text stage's usage instead of its counts.
+``test_raise: true`` makes ``think`` raise ZeroDivisionError (a bug in a stage),
+``test_list: true`` makes ``text`` emit lists instead of str (a broken contract).
 Registered in-process by the tests and, by module name, in the children the
 runtime spawns.
 """
@@ -109,6 +111,8 @@ class Think:
         if not text.strip():
             raise RequestError("the last user message has no text")
         await _maybe_wait(data)
+        if data.get("test_raise"):
+            return {"reply": 1 / 0}
         sampling, echo = data["sampling"], bool(data.get("test_echo"))
         return {  # an echo is neither capped nor cut (it holds the stop strings)
             "reply": json.dumps(sampling, sort_keys=True) if echo else f"You said: {text}",
@@ -118,6 +122,7 @@ class Think:
             "usage": data.get("test_usage"),  # what text reports instead of its own counts
             "modalities": data.get("modalities") or ["text"],
             "voice": (data.get("audio") or {}).get("voice") or "alice",
+            "as_list": bool(data.get("test_list")),
         }
 
 
@@ -133,7 +138,8 @@ class Text:
         words = text.split(" ")
         cap = data["max_tokens"] or len(words)
         for index, word in enumerate(words[:cap]):
-            await request.emit(word if index == 0 else f" {word}")
+            delta = word if index == 0 else f" {word}"
+            await request.emit([delta] if data.get("as_list") else delta)
         usage = data["usage"] or {
             "prompt_tokens": data["prompt_tokens"],
             "completion_tokens": min(cap, len(words)),

@@ -127,7 +127,7 @@ class OmniServe:
 
     ``command`` replaces ``python -m omni_core`` (a launcher that registers the
     test pipelines first; ``deploy`` may then be ``--pipeline NAME``'s words),
-    and ``nofile`` caps the server's file descriptors.
+    and ``nofile`` caps the server's file descriptors; ``env`` adds to its environment.
     """
 
     def __init__(
@@ -139,6 +139,7 @@ class OmniServe:
         *,
         command: tuple[str, ...] = OMNI,
         nofile: int | None = None,
+        env: dict[str, str] | None = None,
     ):
         self.base = base
         self.log_path = base / "serve.err"
@@ -160,6 +161,7 @@ class OmniServe:
             stderr=self.log,
             text=True,
             preexec_fn=before_exec,
+            env=None if env is None else {**os.environ, **env},
         )
         self.children: set[int] = set()
         self.url = self._wait_for_address(timeout=timeout)

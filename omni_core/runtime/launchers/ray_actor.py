@@ -41,8 +41,9 @@ class ProcessGroupActor:
         self.forks: queue.Queue[tuple[Any, Future]] = queue.Queue()
         threading.Thread(target=self._fork_loop, name="omni-fork", daemon=True).start()
         # The node may not share the parent's file system: the runtime directory
-        # (sockets of this node's processes, GPU start-up locks, logs) is made here.
-        os.makedirs(os.path.join(runtime_dir, "logs"), mode=0o700, exist_ok=True)
+        # (sockets of this node's processes, GPU start-up locks) is made here, and the
+        # log directory by each process (see worker._redirect_output).
+        os.makedirs(runtime_dir, mode=0o700, exist_ok=True)
 
     def reserve(self, host: str) -> str:
         """A free TCP port on this node for the group's cross-node listener.
