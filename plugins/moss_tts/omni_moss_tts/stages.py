@@ -154,7 +154,9 @@ class Preprocessing:
         if voice not in (None, "", DEFAULT_VOICE):
             raise PromptError(
                 f"unknown voice {voice!r}: MOSS-TTS ships no named voices; voices: "
-                f"{DEFAULT_VOICE!r} (the model's own), or clone one with 'ref_audio'"
+                f"{DEFAULT_VOICE!r} (the model's own), or clone one with 'ref_audio'; "
+                "map other names to it with server.voice_aliases, or set "
+                "server.openai_compat = true for OpenAI's voice names"
             )
         text = _text(data, "input") or ""
         if not text.strip():

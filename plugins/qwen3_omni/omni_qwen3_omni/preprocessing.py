@@ -228,7 +228,11 @@ class Preprocessing:
         known = self.speakers
         if str(voice).lower() not in known:
             listed = ", ".join(known) or "none"
-            raise RequestError(f"unknown voice {voice!r}; this model's speakers are: {listed}")
+            raise RequestError(
+                f"unknown voice {voice!r}; this model's speakers are: {listed}; map other "
+                "names to these with server.voice_aliases, or set server.openai_compat = true "
+                "for OpenAI's voice names"
+            )
         return str(voice).lower()
 
     def _image(self, payload: Any, where: str) -> tuple[torch.Tensor, tuple[int, int, int]]:

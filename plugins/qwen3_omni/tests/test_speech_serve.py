@@ -80,6 +80,20 @@ def test_an_unknown_voice_is_refused_with_the_speakers_listed(server):
         _chat(server, voice="bob")
     message = caught.value.body["message"]
     assert "unknown voice 'bob'" in message and "aiden, chelsie, ethan" in message
+    assert "server.voice_aliases" in message
+
+
+def test_a_token_cap_is_length_whether_or_not_audio_was_asked_for(server):
+    """The talker ends "stop" once it spoke the capped text: the text's "length" stands."""
+    spoken = _chat(server)
+    assert spoken.usage.completion_tokens == 8
+    assert spoken.choices[0].finish_reason == "length"
+    chunks = list(_chat(server, stream=True, format="pcm16"))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    text = server.client().chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=8, temperature=0
+    )
+    assert text.choices[0].finish_reason == "length"
 
 
 def test_text_only_chat_and_the_speech_endpoint_on_the_same_server(server):

@@ -129,7 +129,11 @@ class PromptBuilder:
         """A named speaker (``spk_id``) and a language; instructions only above 0.6B."""
         self._require("custom_voice")
         if not speaker or speaker.lower() not in self.config.talker.spk_id:
-            raise PromptError(f"unknown voice {speaker!r}; supported: {', '.join(self.speakers)}")
+            raise PromptError(
+                f"unknown voice {speaker!r}; supported: {', '.join(self.speakers)}; map other "
+                "names to these with server.voice_aliases, or set server.openai_compat = true "
+                "for OpenAI's voice names"
+            )
         if self.config.tts_model_size == "0b6":
             instruct = None  # the 0.6B CustomVoice model was not trained with instructions
         return TTSPrompt(

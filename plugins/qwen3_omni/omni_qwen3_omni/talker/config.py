@@ -167,7 +167,11 @@ class TalkerConfig:
             return name
         key = str(name).lower()
         if key not in self.speaker_id:
-            raise RequestError(f"unknown speaker {name!r} (this model has: {known})")
+            raise RequestError(
+                f"unknown speaker {name!r} (this model has: {known}); map other names to "
+                "these with server.voice_aliases, or set server.openai_compat = true for "
+                "OpenAI's voice names"
+            )
         return self.speaker_id[key]
 
     @classmethod
