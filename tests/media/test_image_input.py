@@ -209,7 +209,7 @@ def test_a_decompression_bomb_is_refused_from_its_header_at_once(no_decoding):
     started = time.monotonic()
     with pytest.raises(MediaError, match="pixels") as caught:
         decode_image(raw, FIELD, LIMITS)
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 5  # no_decoding fails the test at any decode
     assert caught.value.field == FIELD and FIELD in caught.value.message
 
 

@@ -180,7 +180,7 @@ async def test_a_declared_length_over_the_limit_is_refused_before_the_body():
         started = time.monotonic()
         with pytest.raises(MediaError, match="larger than the limit of 1000 bytes"):
             await fetch(port, allow_loopback=True)
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 5  # not the server's 10 s stall
 
 
 async def test_an_undeclared_length_stops_at_the_limit():
@@ -197,7 +197,7 @@ async def test_a_server_that_stalls_is_given_up_on_at_the_timeout():
         started = time.monotonic()
         with pytest.raises(MediaError, match=r"was not fetched within 0\.5 s"):
             await fetch(port, timeout=0.5, allow_loopback=True)
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 5  # not the server's 30 s stall
 
 
 @pytest.mark.parametrize(

@@ -111,7 +111,7 @@ async def test_killed_child_fails_its_requests_restarts_and_serves_again(deploym
         for handle in handles:
             with pytest.raises(RequestFailed, match="process second was killed by SIGKILL"):
                 await handle.result()
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 10  # at the kill, not after the 30 s delay
         with anyio.fail_after(30):
             while runtime.health()["processes"]["second"]["state"] != "healthy":
                 await anyio.sleep(0.05)

@@ -73,18 +73,21 @@ class Prep:
             "voice": voice,
             "chunks": max(1, len(text.split())),
             "chunk_delay": float(data.get("test_chunk_delay") or 0),
+            # ``test_chunk_seconds``: longer chunks, which no scheduling delay underruns
+            "chunk_samples": round(float(data.get("test_chunk_seconds") or 0) * SAMPLE_RATE)
+            or CHUNK_SAMPLES,
         }
 
 
 class Synth:
-    """Streams one 50 ms sine chunk per word of the text to the audio stage."""
+    """Streams one sine chunk (50 ms unless asked otherwise) per word of the text to audio."""
 
     async def run(self, request):
         frequency = VOICES[request.data["voice"]]
         for index in range(request.data["chunks"]):
             if index and request.data["chunk_delay"]:  # ``test_chunk_delay``: a slow stream
                 await anyio.sleep(request.data["chunk_delay"])
-            await request.emit(sine(frequency, index))
+            await request.emit(sine(frequency, index, request.data["chunk_samples"]))
         return {"chunks": request.data["chunks"]}
 
 

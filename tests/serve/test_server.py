@@ -98,7 +98,7 @@ def test_a_full_server_answers_429_at_once_then_serves_again(guarded_server):
     slow = threading.Thread(
         target=lambda: done.append(
             client.audio.speech.create(
-                model="t-speech", input="slow one", voice="alice", extra_body={"test_delay": 1.5}
+                model="t-speech", input="slow one", voice="alice", extra_body={"test_delay": 5}
             ).content
         )
     )
@@ -109,7 +109,7 @@ def test_a_full_server_answers_429_at_once_then_serves_again(guarded_server):
     started = time.monotonic()
     with pytest.raises(openai.RateLimitError) as caught:
         client.audio.speech.create(model="t-speech", input="fast", voice="alice")
-    assert time.monotonic() - started < 1.0  # refused, not queued
+    assert time.monotonic() - started < 4  # refused at once, not queued behind the 5 s one
     assert caught.value.status_code == 429
     assert "1 requests in flight, the limit is 1" in caught.value.message
     assert caught.value.response.headers["retry-after"] == "1"
@@ -142,14 +142,18 @@ def test_keep_alive_responses_do_not_wait_for_delayed_acks(speech_server):
 
     host, port = speech_server.url.removeprefix("http://").rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
-    timings = []
-    for _ in range(15):
-        started = time.perf_counter()
-        connection.request("GET", "/v1/models")
-        assert connection.getresponse().read()
-        timings.append(time.perf_counter() - started)
+    connection.request("GET", "/v1/models")
+    assert connection.getresponse().read()
+    # Asserted on the server's end of the connection, not by timing replies (a loaded
+    # machine is slow with Nagle off too): its socket has TCP_NODELAY.
+    client_end = connection.sock.getsockname()
+    ends = [
+        conn.transport.get_extra_info("socket")
+        for conn in speech_server.server.server_state.connections
+    ]
+    [ours] = [sock for sock in ends if sock.getpeername() == client_end]
+    assert ours.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     connection.close()
-    assert sorted(timings)[len(timings) // 2] < 0.02
 
 
 def test_a_client_that_leaves_a_stream_midway_aborts_its_request(speech_server):
