@@ -36,7 +36,7 @@ def test_a_misspelt_option_gets_did_you_mean_and_exit_2(cli, command, typo, mean
 
 
 def test_settings_flags_are_not_mistaken_for_misspelt_options(cli):
-    code, out, err = cli(
+    code, _out, err = cli(
         "plan", str(EXAMPLES / "qwen3_tts_demo.toml"), "--mps", "off", "--gpus", "1", "--json"
     )
     assert code == 0, err
