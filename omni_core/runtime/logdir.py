@@ -22,7 +22,7 @@ import shutil
 import stat
 import time
 
-from .rundir import PRIVATE_MODE, check_private
+from .rundir import PRIVATE_MODE, check_private, lexists
 
 KEEP_RUNS = 10
 """Runs of one deployment whose logs are kept; a new run removes the older ones."""
@@ -51,7 +51,7 @@ def new_run_dir(base: str, deployment_id: str, now: float | None = None) -> str:
     """The path of a new run's directory (nothing is created; see :func:`prepare`)."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(time.time() if now is None else now))
     path, n = os.path.join(base, f"{deployment_id}-{stamp}"), 1
-    while _lexists(path):
+    while lexists(path):
         n += 1
         path = os.path.join(base, f"{deployment_id}-{stamp}-{n}")
     return path
@@ -100,11 +100,3 @@ def last_run(base: str, deployment_id: str) -> str | None:
     """The newest run directory of ``deployment_id``, or None."""
     found = runs(base, deployment_id)
     return found[-1] if found else None
-
-
-def _lexists(path: str) -> bool:
-    try:
-        os.lstat(path)
-    except FileNotFoundError:
-        return False
-    return True

@@ -34,7 +34,7 @@ def prepare(base: str, path: str) -> None:
     os.makedirs(parent, mode=PRIVATE_MODE, exist_ok=True)
     _make(base)
     check_private(base, "the runtime base directory (endpoints.base_path)")
-    if _lexists(path):
+    if lexists(path):
         check_private(path, "the deployment's runtime directory")
         _refuse_if_live(path)
         shutil.rmtree(path)
@@ -92,7 +92,8 @@ def _make(path: str) -> None:
         os.mkdir(path, PRIVATE_MODE)
 
 
-def _lexists(path: str) -> bool:
+def lexists(path: str) -> bool:
+    """Whether anything, a dangling link included, is at ``path`` (never followed)."""
     try:
         os.lstat(path)
     except FileNotFoundError:
