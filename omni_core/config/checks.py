@@ -48,6 +48,18 @@ def fetch_sources(resolution: Resolution) -> None:
         raise ConfigError(_line(resolution, [("model_path",)], str(exc), fix)) from None
 
 
+def check_engine_packages(resolution: Resolution) -> None:
+    """Each engine stage's backend is installed here (SGLang is opt-in); ConfigError naming
+    the stage's ``engine.backend`` and who set it, and how to install it, when not."""
+    from ..engine.backends import check_installed
+
+    problems = check_installed(resolution.config)
+    if problems:
+        stage, message, fix = problems[0]
+        path = [("stages", stage, "engine", "backend")]
+        raise ConfigError(_line(resolution, path, message, fix))
+
+
 def _line(resolution: Resolution, paths: Iterable[Path], message: str, fix: str) -> str:
     origins = []
     for path in paths:
@@ -77,6 +89,8 @@ def _engine_problems(resolution: Resolution) -> list[Problem]:
             # Blame the keys the backend named (else every key the group was given).
             keys = getattr(exc, "keys", None) or _written(stage.engine)
             paths = [path, *(tuple((*path, key)) for key in keys)]
+            # A contradiction with placement blames the stage's field as well.
+            paths += [("stages", stage.name, f) for f in getattr(exc, "stage_fields", ())]
             problems.append((tuple(paths), exc.message, exc.hint or ""))
     return problems
 

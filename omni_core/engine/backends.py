@@ -8,9 +8,11 @@ imports no ML framework: the planner calls it in the parent process, and the
 engine class itself is imported lazily, only by :func:`create_engine` in the
 child that runs the stage.
 
-``sglang`` is registered but not available yet: selecting it is refused with
-:class:`~omni_core.errors.NotImplementedYet`, so a deploy file that names it
-fails at planning instead of at start-up, and the seam is in place for it.
+``sglang`` runs a stage on SGLang's engine; its keys are SGLang's ServerArgs
+(:mod:`omni_core.engine.sglang_settings`, whose table is generated from the
+pinned SGLang, so SGLang itself is never imported here). Whether SGLang is
+installed is checked before serving (:func:`check_installed`), not at
+planning: a plan can be made on a machine that will not serve it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ValidationError
 
-from ..errors import ConfigError, NotImplementedYet, suggestion
+from ..errors import ConfigError, NotImplementedYet, did_you_mean, suggestion
 from .interface import EngineSettings
 
 DEFAULT_BACKEND = "torch"
@@ -35,9 +37,17 @@ class EngineSettingsError(ConfigError):
     of them, rather than every key of the group.
     """
 
-    def __init__(self, message: str, *, keys: tuple[str, ...] = (), hint: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        keys: tuple[str, ...] = (),
+        hint: str | None = None,
+        stage_fields: tuple[str, ...] = (),
+    ):
         super().__init__(message, hint=hint)
         self.keys = keys
+        self.stage_fields = stage_fields  # stage-level fields also at fault (placement)
 
 
 @dataclass(frozen=True)
@@ -45,17 +55,27 @@ class EngineBackend:
     """One backend: the settings it accepts and where its engine class lives.
 
     ``engine`` is an import string ``module:Class`` (imported only when an
-    engine is built); ``unavailable`` is the reason a reserved backend cannot
-    be used yet, or None.
+    engine is built); ``settings`` the settings model or an import string for
+    it (a large model built only when a stage selects the backend);
+    ``unavailable`` is the reason a reserved backend cannot be used yet, or
+    None. ``package`` is the distribution the engine needs, with the command
+    that installs it (checked before serving).
     """
 
     name: str
-    settings: type[BaseModel]
+    settings: type[BaseModel] | str
     engine: str | None
     unavailable: str | None = None
+    package: tuple[str, str] | None = None
+
+    def settings_model(self) -> type[BaseModel]:
+        if isinstance(self.settings, str):
+            module_name, _, attribute = self.settings.partition(":")
+            return getattr(importlib.import_module(module_name), attribute)
+        return self.settings
 
     def accepted_keys(self) -> list[str]:
-        return sorted(self.settings.model_fields)
+        return sorted(self.settings_model().model_fields)
 
 
 _BACKENDS: dict[str, EngineBackend] = {}
@@ -96,20 +116,30 @@ def validate_engine_settings(stage_name: str, engine: Mapping[str, Any]) -> Engi
     data = dict(engine)
     name = str(data.get("backend", DEFAULT_BACKEND))
     backend = get_backend(name, stage_name=stage_name)
+    if name == "sglang":
+        data = _sglang_keys(stage_name, data)
     accepted = backend.accepted_keys()
     unknown = sorted(set(data) - set(accepted))
     if unknown:
         key = unknown[0]
         others = f" (and {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
+        if len(accepted) > 40:  # SGLang's ServerArgs: the closest name, not all 500
+            close = did_you_mean(key, accepted)
+            tail = (f"did you mean: {close}? " if close else "") + (
+                f"the accepted keys are the fields of SGLang {_sglang_version()}'s ServerArgs "
+                f"(omni config explain DEPLOY stages.{stage_name}.engine.KEY describes one)"
+            )
+        else:
+            tail = suggestion(key, accepted, kind="accepted engine.* keys")
         raise EngineSettingsError(
             f"stage {stage_name!r}: engine.{key}{others} is not a setting of the {name!r} "
-            f"engine backend; " + suggestion(key, accepted, kind="accepted engine.* keys"),
+            f"engine backend; " + tail,
             keys=tuple(unknown),
             hint=f"remove --{stage_name}.engine.{key} (or its line in the deploy file), "
             "or correct its name",
         )
     try:
-        settings = backend.settings.model_validate(data)
+        settings = backend.settings_model().model_validate(data)
     except ValidationError as exc:
         from ..schema.validation import plain_bound
 
@@ -130,6 +160,84 @@ def validate_engine_settings(stage_name: str, engine: Mapping[str, Any]) -> Engi
     return cast(EngineSettings, settings)  # a later backend may subclass EngineSettings
 
 
+def _sglang_version() -> str:
+    from .sglang_args import SGLANG_VERSION
+
+    return SGLANG_VERSION
+
+
+def _sglang_keys(stage_name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Renamed spellings under today's names; keys omni sets itself refused, saying why."""
+    from .sglang_settings import OMNI_OWNED, RENAMED, normalise, renamed_clashes
+
+    clashes = renamed_clashes(data)
+    if clashes:
+        old = clashes[0]
+        raise EngineSettingsError(
+            f"stage {stage_name!r}: engine.{old} and engine.{RENAMED[old]} are the same "
+            f"setting (SGLang {_sglang_version()} calls it {RENAMED[old]})",
+            keys=(old, RENAMED[old]),
+            hint=f"keep only engine.{RENAMED[old]}",
+        )
+    owned = sorted(set(data) & set(OMNI_OWNED))
+    if owned:
+        key = owned[0]
+        raise EngineSettingsError(
+            f"stage {stage_name!r}: engine.{key} is set by omni on the sglang backend "
+            f"({OMNI_OWNED[key]})",
+            keys=(key,),
+            hint=f"remove --{stage_name}.engine.{key} (or its line in the deploy file)",
+        )
+    return normalise(data)
+
+
+def _placement_conflicts(stage: Any, settings: Any) -> None:
+    from .sglang_settings import placement_conflicts
+
+    conflicts = placement_conflicts(stage, settings)
+    if conflicts:
+        key, field, message = conflicts[0]
+        raise EngineSettingsError(
+            f"stage {stage.name!r}: {message}; placement decides it and passes it to SGLang",
+            keys=(key,),
+            stage_fields=(field,),
+            hint=f"remove engine.{key} (placement sets it), or change the stage's {field}",
+        )
+
+
+def check_installed(config: Any) -> list[tuple[str, str, str]]:
+    """``(stage, message, fix)`` for each engine stage whose backend's package is missing.
+
+    Called before serving, in the parent, without importing the package
+    (``importlib.util.find_spec``), so a missing SGLang is a clear exit 2
+    instead of a child process that dies at start-up.
+    """
+    import importlib.util
+    import sys
+
+    problems = []
+    for stage in config.stages:
+        if not stage.is_engine or getattr(stage, "engine", None) is None:
+            continue
+        name = getattr(stage.engine, "backend", None) or (stage.engine.model_extra or {}).get(
+            "backend", DEFAULT_BACKEND
+        )
+        backend = _BACKENDS.get(str(name))
+        if backend is None or backend.package is None:
+            continue
+        package, install = backend.package
+        if importlib.util.find_spec(package) is None:
+            problems.append(
+                (
+                    stage.name,
+                    f"stage {stage.name!r} runs on the {backend.name!r} engine backend, but "
+                    f"{package} is not installed in this environment ({sys.executable})",
+                    install,
+                )
+            )
+    return problems
+
+
 def engine_settings(stage: Any) -> EngineSettings:
     """An engine stage's ``engine.*`` group as its backend validates it (defaults filled in).
 
@@ -141,7 +249,12 @@ def engine_settings(stage: Any) -> EngineSettings:
     """
     engine = getattr(stage, "engine", None)
     written = {} if engine is None else engine.model_dump(exclude_unset=True)
-    return validate_engine_settings(stage.name, {k: v for k, v in written.items() if v is not None})
+    settings = validate_engine_settings(
+        stage.name, {k: v for k, v in written.items() if v is not None}
+    )
+    if settings.backend == "sglang":
+        _placement_conflicts(stage, settings)
+    return settings
 
 
 def create_engine(model: Any, settings: EngineSettings, **kwargs: Any) -> Any:
@@ -163,11 +276,12 @@ register_backend(
 register_backend(
     EngineBackend(
         name="sglang",
-        settings=EngineSettings,
-        engine=None,
-        unavailable=(
-            "the SGLang engine backend is not available yet; "
-            'use engine.backend = "torch" (the default)'
+        settings="omni_core.engine.sglang_settings:SGLangSettings",
+        engine="omni_core.engine.sglang_engine:SGLangEngine",
+        package=(
+            "sglang",
+            "build the opt-in SGLang environment with `make sglang-env` and run "
+            "`.venv-sglang/bin/omni serve ...` (README, \"Engine backends\")",
         ),
     )
 )

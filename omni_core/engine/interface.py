@@ -33,7 +33,7 @@ class EngineSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: str = Field(default="torch", description="engine backend: torch (sglang later)")
+    backend: str = Field(default="torch", description="engine backend: torch or sglang")
     max_running_requests: int = Field(default=8, ge=1, description="sequences decoded together")
     max_total_tokens: int = Field(
         default=16384, ge=1, description="KV-cache positions across all running sequences"

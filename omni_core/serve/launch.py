@@ -21,12 +21,13 @@ T = TypeVar("T")
 
 def build_runtime(resolution: Any, *, on_progress: Any = None, detect: bool = True) -> Any:
     """Plan the resolved deployment on this machine and wrap it in a (not yet started) Runtime."""
-    from ..config.checks import fetch_sources
+    from ..config.checks import check_engine_packages, fetch_sources
     from ..plan import inventory_for, plan_deployment
     from ..plugins import get_plugins
     from ..runtime import Runtime
 
     fetch_sources(resolution)  # a hub id that cannot be had: exit 2 here, not in every child
+    check_engine_packages(resolution)  # engine.backend = "sglang" without SGLang: exit 2 here
     config = resolution.config
     plugins = get_plugins()
     inventory = inventory_for(config, plugins, detect=detect)

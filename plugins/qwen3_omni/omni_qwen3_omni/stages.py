@@ -231,6 +231,8 @@ def create_thinker(
     if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
         settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
     device = torch_device(gpu_id, "thinker")
+    if settings.backend == "sglang":
+        return _sglang_thinker(model_path, settings, device, load_format, dtype, seed, talker_stage)
     lm, config, root = load_part(model_path, "thinker", load_format, dtype, device, seed)
     model_dtype = lm.model.embed_tokens.weight.dtype
     speech = None
@@ -250,6 +252,58 @@ def create_thinker(
     eos = ChatPrompter.from_dir(root).eos_token_ids
     model = ThinkerStepModel(
         lm, config.text, eos_ids=set(eos), device=torch.device(device), dtype=model_dtype
+    )
+    return Thinker(create_engine(model, settings, device=device), model, config, speech)
+
+
+def _sglang_thinker(
+    model_path: str,
+    settings: Any,
+    device: str,
+    load_format: str,
+    dtype: str | None,
+    seed: int,
+    talker_stage: str | None,
+) -> Thinker:
+    """The thinker on SGLang's engine (``engine.backend = "sglang"``; see sglang_adapter).
+
+    For dummy weights omni's seeded decoder is built once, written out for SGLang
+    and dropped; a real checkpoint is handed to SGLang as it is (only the talker's
+    three embedding rows are read here).
+    """
+    from .chat import ChatPrompter
+    from .loading import read_config, read_raw_config
+    from .source import resolve_model_path
+    from .thinker.sglang_adapter import ThinkerSGLangModel, embedding_rows, write_checkpoint
+
+    root = resolve_model_path(model_path).path
+    config = read_config(root)
+    ids: list[int] = []
+    if talker_stage is not None:
+        from .talker.config import TalkerConfig
+
+        talker = TalkerConfig.from_dict(read_raw_config(root))
+        ids = list(talker.tts_special_ids)
+    if load_format == "dummy":
+        lm, _, _ = load_part(model_path, "thinker", load_format, dtype, "cpu", seed)
+        checkpoint, owned = write_checkpoint(lm, root), True
+        with torch.no_grad():
+            rows = lm.embed(torch.tensor(ids)).float() if ids else None
+        load_part.cache_clear()  # SGLang holds the weights now; omni's copy goes
+    else:
+        checkpoint, owned = root, False
+        rows = embedding_rows(root, ids) if ids else None
+    speech = None
+    if talker_stage is not None:
+        speech = Speech(talker_stage, talker.accept_hidden_layer, rows)
+    eos = ChatPrompter.from_dir(root).eos_token_ids
+    model = ThinkerSGLangModel(
+        checkpoint,
+        eos_ids=set(eos),
+        hidden_size=config.text.hidden_size,
+        seed=seed,
+        owned_directory=owned,
+        dtype=dtype,
     )
     return Thinker(create_engine(model, settings, device=device), model, config, speech)
 
