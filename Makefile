@@ -130,6 +130,38 @@ test-reference: $(STAMP) moss-reference-env
 	  MOSS_TTS_REF_SRC=$(MOSS_REFERENCE_VENV)/src $(BIN)/pytest -q \
 	  plugins/qwen3_tts/tests plugins/qwen3_omni/tests plugins/moss_tts/tests -m reference
 
+# The opt-in SGLang engine backend (engine.backend = "sglang"): SGLang 0.5.23 in its own
+# environment, .venv-sglang, with omni and its plugins installed in it, so
+# `.venv-sglang/bin/omni serve ... --thinker.engine.backend sglang` works. SGLang pins
+# torch 2.14.1 (the registry's CUDA build, which also runs on the CPU); its GPU-only
+# requirements are left out (tests/support/sglang/requirements.txt). About 7 GB and 6
+# minutes. On a machine without SGLang's CPU kernels (the registry has none) the
+# test-only stand-in tests/support/sglang/sgl_kernel goes first on PYTHONPATH: SGLang then
+# takes its pure-torch paths. Never put it on the path where the real kernels exist.
+SGLANG_VENV ?= .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.omni-sglang
+SGLANG_ENV := SGLANG_USE_CPU_ENGINE=1 PYTHONPATH=$(CURDIR)/tests/support/sglang
+.PHONY: sglang-env test-sglang
+$(SGLANG_STAMP): tests/support/sglang/requirements.txt pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
+	rm -rf $(SGLANG_VENV)
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install $(PIP_QUIET) --upgrade pip
+	$(SGLANG_VENV)/bin/pip install $(PIP_QUIET) -r tests/support/sglang/requirements.txt
+	$(SGLANG_VENV)/bin/pip install $(PIP_QUIET) --no-deps sglang==0.5.23
+	$(SGLANG_VENV)/bin/pip install $(PIP_QUIET) -e ".[test,audio]" $(addprefix -e ,$(PLUGINS))
+	$(SGLANG_ENV) $(SGLANG_VENV)/bin/python -c "import sglang.srt.server_args"
+	touch $(SGLANG_STAMP)
+	@echo "installed: $(SGLANG_VENV)/bin/omni (export $(SGLANG_ENV) on a CPU)"
+
+sglang-env: $(SGLANG_STAMP)
+
+# The backend's tests in that environment: the ServerArgs table is current, and the
+# thinker on SGLang equals the torch backend (text, media, batched, speech, abort, stop).
+test-sglang: $(SGLANG_STAMP)
+	$(SGLANG_ENV) $(SGLANG_VENV)/bin/python tools/gen_sglang_args.py --check
+	$(SGLANG_ENV) OMNI_TEST_SGLANG=1 $(SGLANG_VENV)/bin/pytest -q -p no:cacheprovider \
+	  tests/engine/test_sglang_settings.py plugins/qwen3_omni/tests/test_sglang_thinker.py
+
 bench: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(BIN)/python $$script || exit 1; done
 

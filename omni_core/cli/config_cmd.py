@@ -1,6 +1,7 @@
 """``omni config resolve`` and ``omni config explain``: what is in effect, and why."""
 
 from enum import Enum
+from typing import Any
 
 import typer
 
@@ -83,4 +84,28 @@ def explain_command(
             hint="omni config explain deploy.toml tts_engine.engine.mem_fraction_static",
         )
     resolution = load_deployment(deploy, flags, pipeline=pipeline)
-    typer.echo(explain(resolution.record(resolution.schema.from_any(path))))
+    record = resolution.record(resolution.schema.from_any(path))
+    typer.echo(explain(record))
+    reader = _engine_reader(resolution, record.path)
+    if reader:
+        typer.echo(f"  {reader}")
+
+
+def _engine_reader(resolution: Any, path: tuple[str, ...]) -> str | None:
+    """For ``stages.X.engine.KEY``: how the stage's engine backend reads KEY."""
+    if len(path) != 4 or path[0] != "stages" or path[2] != "engine":
+        return None
+    stage = next((s for s in resolution.config.stages if s.name == path[1]), None)
+    engine = getattr(stage, "engine", None)
+    if engine is None:
+        return None
+    backend = (engine.model_dump(exclude_none=True).get("backend")) or "torch"
+    if backend == "sglang":
+        from ..engine.sglang_settings import describe_key
+
+        return f"engine backend sglang: {describe_key(path[3])}"
+    from ..engine.backends import get_backend
+
+    known = get_backend(str(backend)).accepted_keys()
+    state = "reads" if path[3] in known else "does not accept"
+    return f"engine backend {backend} {state} engine.{path[3]}"

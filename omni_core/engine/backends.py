@@ -252,6 +252,14 @@ def engine_settings(stage: Any) -> EngineSettings:
     settings = validate_engine_settings(
         stage.name, {k: v for k, v in written.items() if v is not None}
     )
+    supported = list(getattr(stage, "engine_backends", None) or [DEFAULT_BACKEND])
+    if settings.backend not in supported:
+        raise EngineSettingsError(
+            f"stage {stage.name!r} cannot run on the {settings.backend!r} engine backend: its "
+            f"factory drives {', '.join(repr(b) for b in supported)}",
+            keys=("backend",),
+            hint=f"remove --{stage.name}.engine.backend (or its line in the deploy file)",
+        )
     if settings.backend == "sglang":
         _placement_conflicts(stage, settings)
     return settings
@@ -281,7 +289,7 @@ register_backend(
         package=(
             "sglang",
             "build the opt-in SGLang environment with `make sglang-env` and run "
-            "`.venv-sglang/bin/omni serve ...` (README, \"Engine backends\")",
+            '`.venv-sglang/bin/omni serve ...` (README, "Engine backends")',
         ),
     )
 )

@@ -194,7 +194,7 @@ class SGLangEngine:
             import sglang
         except ImportError as exc:
             raise ConfigError(
-                f"engine.backend = \"sglang\" needs SGLang, which is not importable here ({exc})",
+                f'engine.backend = "sglang" needs SGLang, which is not importable here ({exc})',
                 hint="build the opt-in environment with `make sglang-env` and serve from "
                 ".venv-sglang/bin/omni",
             ) from None
@@ -234,7 +234,7 @@ class SGLangEngine:
             return 0, 0
         try:
             loads = self._engine.tokenizer_manager.load_snapshot_reader.read_all()
-        except Exception:  # noqa: BLE001 - a gauge must not fail the caller
+        except Exception:
             return 0, 0
         running = sum(int(getattr(s, "num_running_reqs", 0)) for s in loads if s is not None)
         waiting = sum(int(getattr(s, "num_waiting_reqs", 0)) for s in loads if s is not None)

@@ -91,7 +91,7 @@ def _fields() -> dict[str, Any]:
         default = OMNI_DEFAULTS.get(name)
         annotation = _annotation(kind)
         if default is None:
-            annotation = Optional[annotation]  # noqa: UP045; unset: SGLang's own default
+            annotation = Optional[annotation]  # noqa: UP045 (unset: SGLang decides)
         fields[name] = (annotation, Field(default=default, description=help_text))
     return fields
 
@@ -158,8 +158,11 @@ def placement_conflicts(stage: Any, settings: BaseModel) -> list[tuple[str, str,
     tp = getattr(settings, "tp_size", None)
     if tp is not None and tp != stage.tp_size:
         conflicts.append(
-            ("tp_size", "tp_size", f"engine.tp_size {tp} contradicts the stage's tp_size "
-             f"{stage.tp_size}")
+            (
+                "tp_size",
+                "tp_size",
+                f"engine.tp_size {tp} contradicts the stage's tp_size {stage.tp_size}",
+            )
         )
     share = getattr(settings, "mem_fraction_static", None)
     if (
@@ -168,9 +171,12 @@ def placement_conflicts(stage: Any, settings: BaseModel) -> list[tuple[str, str,
         and abs(share - stage.gpu_memory_fraction) > 1e-9
     ):
         conflicts.append(
-            ("mem_fraction_static", "gpu_memory_fraction",
-             f"engine.mem_fraction_static {share} contradicts the stage's gpu_memory_fraction "
-             f"{stage.gpu_memory_fraction}")
+            (
+                "mem_fraction_static",
+                "gpu_memory_fraction",
+                f"engine.mem_fraction_static {share} contradicts the stage's gpu_memory_fraction "
+                f"{stage.gpu_memory_fraction}",
+            )
         )
     base = getattr(settings, "base_gpu_id", None)
     gpu = stage.gpu[0] if isinstance(stage.gpu, list) and stage.gpu else stage.gpu

@@ -74,6 +74,19 @@ class ChildSpec:
     gpu_map: dict[int, int] = field(default_factory=dict)
 
 
+def _engine_counts(stage: Any) -> dict[str, int]:
+    """An engine stage's scheduler counts (``engine_running``/``engine_waiting``), as its
+    engine reports them (SGLang's scheduler, or omni's torch engine); none for others."""
+    engine = getattr(stage, "engine", None)
+    try:
+        running, waiting = engine.num_running, engine.num_waiting  # type: ignore[union-attr]
+    except Exception:
+        return {}
+    if not isinstance(running, int) or not isinstance(waiting, int):
+        return {}
+    return {"engine_running": running, "engine_waiting": waiting}
+
+
 def child_main(spec: ChildSpec, conn: Any) -> None:
     """Entry point of a spawned stage process."""
     _die_with_parent(spec.parent_pid)
@@ -198,10 +211,13 @@ class Worker:
         waiting: dict[str, int] = {}
         for _, stage in self.fanin:
             waiting[stage] = waiting.get(stage, 0) + 1
-        return {
+        out = {
             stage: {"running": self.running.get(stage, 0), "waiting": waiting.get(stage, 0)}
             for stage in self.stages
         }
+        for stage, obj in self.stages.items():
+            out[stage].update(_engine_counts(obj))
+        return out
 
     def run_stats(self) -> dict[str, dict[str, float]]:
         """Per stage: runs that ended (however they ended) and the seconds they took in total.

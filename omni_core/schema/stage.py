@@ -40,6 +40,7 @@ AUTHOR_ONLY_FIELDS = frozenset(
         "merge_fn",
         "stream_to",
         "author_kwargs",
+        "engine_backends",
     }
 )
 """Topology and code wiring: lives in the plugin's pipeline class only."""
@@ -215,6 +216,9 @@ class EngineStageConfig(StageConfig):
     """A stage driven by an engine backend (continuous batching, KV cache)."""
 
     engine: SerializeAsAny[EngineArgs] = Field(default_factory=EngineArgs)
+    # author-only: the engine backends this stage's factory can drive (engine.backend
+    # naming another is refused at planning). SGLang serves Qwen3 / Qwen3-MoE decoders.
+    engine_backends: list[str] = ["torch"]
 
     @property
     def is_engine(self) -> bool:

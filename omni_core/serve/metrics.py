@@ -53,6 +53,8 @@ Metrics (type; labels): meaning
 - ``omni_stage_queue_depth`` (gauge; process, stage, state = running|waiting):
   requests running in the stage, or waiting for the sources of a fan-in,
   from the process's last heartbeat.
+- ``omni_engine_requests`` (gauge; process, stage, state = running|waiting): each
+  engine stage's own scheduler (SGLang's, or the torch engine's) batch and queue.
 - ``omni_stage_run_seconds`` (summary; process, stage): ``_count`` runs of
   the stage that ended and ``_sum`` their seconds, since the process started
   (a restart resets them, as Prometheus expects of counters).

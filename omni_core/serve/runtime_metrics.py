@@ -99,6 +99,12 @@ def _processes(processes: dict[str, dict[str, Any]]) -> Iterator[Metric]:
         "Requests in each stage: running, or waiting for the sources of a fan-in.",
         labels=["process", "stage", "state"],
     )
+    engine = GaugeMetricFamily(
+        "omni_engine_requests",
+        "Requests in each engine stage's scheduler (SGLang's or omni's torch engine): in its "
+        "running batch, or waiting in its queue.",
+        labels=["process", "stage", "state"],
+    )
     runs = SummaryMetricFamily(
         "omni_stage_run_seconds",
         "Time requests spent in each stage (runs that ended), since the process started.",
@@ -114,6 +120,8 @@ def _processes(processes: dict[str, dict[str, Any]]) -> Iterator[Metric]:
         for stage, counts in sorted(info.get("queue", {}).items()):
             for queue in QUEUE_STATES:
                 depth.add_metric([name, stage, queue], counts.get(queue, 0))
+                if f"engine_{queue}" in counts:
+                    engine.add_metric([name, stage, queue], counts[f"engine_{queue}"])
         for stage, run in sorted(info.get("runs", {}).items()):
             runs.add_metric([name, stage], count_value=run["count"], sum_value=run["seconds"])
-    yield from (up, state, restarts, depth, runs)
+    yield from (up, state, restarts, depth, engine, runs)

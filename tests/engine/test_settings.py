@@ -22,7 +22,7 @@ from omni_core.engine.budget import bytes_per_token, dtype_bytes, plan_slots
 from omni_core.engine.interface import CacheLayout, EngineSettings
 from omni_core.engine.torch_engine import TorchEngine
 from omni_core.engine.toy_model import TinyDecoder
-from omni_core.errors import ConfigError, NotImplementedYet
+from omni_core.errors import ConfigError
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.toml"))
 TTS = next(p for p in EXAMPLES if p.stem == "qwen3_tts")
@@ -64,10 +64,9 @@ def test_a_value_out_of_range_is_refused_with_its_key() -> None:
         validate_engine_settings("s", {"max_prefill_tokens": 0})
 
 
-def test_backends_are_looked_up_by_name_and_sglang_is_reserved() -> None:
+def test_backends_are_looked_up_by_name() -> None:
     assert backend_names() == ["sglang", "torch"]
-    with pytest.raises(NotImplementedYet, match="SGLang engine backend is not available yet"):
-        validate_engine_settings("thinker", {"backend": "sglang"})
+    assert validate_engine_settings("thinker", {"backend": "sglang"}).backend == "sglang"
     with pytest.raises(ConfigError, match=r"unknown engine backend 'vllm'.*sglang, torch"):
         get_backend("vllm")
 
@@ -102,9 +101,11 @@ def test_a_typo_in_an_engine_flag_fails_omni_plan_with_exit_2(fresh_plugins, cap
     assert "did you mean: max_running_requests" in err
 
 
-def test_the_reserved_backend_fails_omni_plan(fresh_plugins, capsys) -> None:
+def test_a_stage_whose_factory_cannot_drive_sglang_refuses_it(fresh_plugins, capsys) -> None:
     assert main(["plan", str(TTS), "--tts_engine.engine.backend", "sglang"]) == 2
-    assert "SGLang engine backend is not available yet" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "stage 'tts_engine' cannot run on the 'sglang' engine backend" in err
+    assert "its factory drives 'torch'" in err
 
 
 def test_a_correct_engine_flag_plans(fresh_plugins, capsys) -> None:

@@ -97,7 +97,7 @@ async def settle(runtime: Any, timeout: float = 15.0) -> dict[str, Any]:
                 f"{name}.{stage}": depth
                 for name, info in processes.items()
                 for stage, depth in info["queue"].items()
-                if depth != {"running": 0, "waiting": 0}
+                if any(depth.values())  # its own counts and its engine scheduler's
             }
             if not busy and not runtime.coordinator.inflight:
                 return processes

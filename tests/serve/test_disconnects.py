@@ -59,7 +59,7 @@ def idle(server: OmniServe, timeout: float = 30.0) -> dict:
             f"{name}.{stage}": depth
             for name, info in health["processes"].items()
             for stage, depth in info["queue"].items()
-            if depth != {"running": 0, "waiting": 0}
+            if any(depth.values())  # its own counts and its engine scheduler's
         }
         if not busy and health["inflight"] == 0:
             return health

@@ -113,6 +113,7 @@ def _speech_stages(*, talker_gpu: int, processes: dict[str, str]):
         EngineStageConfig(
             name="thinker",
             factory_path=f"{STAGES}:create_thinker",
+            engine_backends=["torch", "sglang"],
             wait_for=["preprocessing", "image_encoder", "audio_encoder"],
             merge_fn=f"{ROUTING}:merge_encoder_outputs",
             next=["decode", "talker_ar"],
@@ -267,6 +268,7 @@ class Qwen3OmniTextPipeline(_Qwen3OmniSource, PipelineConfig):
             EngineStageConfig(
                 name="thinker",
                 factory_path=f"{STAGES}:create_thinker",
+                engine_backends=["torch", "sglang"],
                 next="decode",
                 stream_to=["decode"],
                 process="pipeline",

@@ -190,6 +190,10 @@ class Thinker:
         await request.emit({"finish_reason": stream.finish_reason, "usage": usage})
         return {"finish_reason": stream.finish_reason, "usage": usage}
 
+    async def start(self) -> None:
+        """Start the engine before the process says it is ready (SGLang takes 10-70 s)."""
+        await self.engine.start()
+
     async def aclose(self) -> None:
         await self.engine.aclose()
 
@@ -304,6 +308,7 @@ def _sglang_thinker(
         seed=seed,
         owned_directory=owned,
         dtype=dtype,
+        feeds_talker=talker_stage is not None,
     )
     return Thinker(create_engine(model, settings, device=device), model, config, speech)
 

@@ -40,7 +40,7 @@ def drop_streams_then_wait_idle(url: str, body: dict[str, Any], count: int) -> N
             (name, stage): depth
             for name, info in health["processes"].items()
             for stage, depth in info["queue"].items()
-            if depth != {"running": 0, "waiting": 0}
+            if any(depth.values())  # its own counts and its engine scheduler's
         }
         if not busy and health["inflight"] == 0:
             return

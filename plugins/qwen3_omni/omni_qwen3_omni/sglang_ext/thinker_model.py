@@ -66,7 +66,9 @@ class OmniQwen3OmniThinker(nn.Module):
             config=text, quant_config=quant_config, prefix=add_prefix("model", prefix)
         )
         self.lm_head = ParallelLMHead(
-            text.vocab_size, text.hidden_size, quant_config=quant_config,
+            text.vocab_size,
+            text.hidden_size,
+            quant_config=quant_config,
             prefix=add_prefix("lm_head", prefix),
         )
         self.logits_processor = LogitsProcessor(text)
@@ -105,11 +107,15 @@ class OmniQwen3OmniThinker(nn.Module):
             embeds, deepstack = self._splice(embeds, forward_batch)
         capture = self._capture(forward_batch)
         self.model.layers_to_capture = (
-            sorted({0, self.accept_layer}) if capture and self.accept_layer < len(self.model.layers)
+            sorted({0, self.accept_layer})
+            if capture and self.accept_layer < len(self.model.layers)
             else ([0] if capture else [])
         )
         out = self.model(
-            input_ids, positions, forward_batch, input_embeds=embeds,
+            input_ids,
+            positions,
+            forward_batch,
+            input_embeds=embeds,
             input_deepstack_embeds=deepstack,
         )
         aux = None
@@ -134,15 +140,27 @@ class OmniQwen3OmniThinker(nn.Module):
             for item in mm.mm_items if mm is not None else ():
                 data = item.model_specific_data
                 if PROMPT_ROWS + "_index" in data:
-                    _place(embeds, data[PROMPT_ROWS + "_index"], item.precomputed_embeddings,
-                           start, length, offset)
+                    _place(
+                        embeds,
+                        data[PROMPT_ROWS + "_index"],
+                        item.precomputed_embeddings,
+                        start,
+                        length,
+                        offset,
+                    )
                 if data.get("deepstack_index") is not None and self.deepstack_layers:
                     if deepstack is None:
                         deepstack = embeds.new_zeros(
                             embeds.shape[0], self.deepstack_layers * self.hidden_size
                         )
-                    _place(deepstack, data["deepstack_index"], data["deepstack_rows"],
-                           start, length, offset)
+                    _place(
+                        deepstack,
+                        data["deepstack_index"],
+                        data["deepstack_rows"],
+                        start,
+                        length,
+                        offset,
+                    )
             offset += length
         return embeds, deepstack
 
@@ -150,8 +168,10 @@ class OmniQwen3OmniThinker(nn.Module):
         """The release's ``thinker.`` subtree (one module per expert); the rest is skipped."""
         params = dict(self.named_parameters())
         experts = FusedMoE.make_expert_params_mapping(
-            ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",
-            ckpt_up_proj_name="up_proj", num_experts=self.config.num_experts,
+            ckpt_gate_proj_name="gate_proj",
+            ckpt_down_proj_name="down_proj",
+            ckpt_up_proj_name="up_proj",
+            num_experts=self.config.num_experts,
         )
         loaded: set[str] = set()
         for name, weight in weights:
@@ -165,8 +185,7 @@ class OmniQwen3OmniThinker(nn.Module):
                     if part in name:
                         target = name.replace(part, param_name)
                         param = params[target]
-                        param.weight_loader(param, weight, target, shard_id=shard,
-                                            expert_id=expert)
+                        param.weight_loader(param, weight, target, shard_id=shard, expert_id=expert)
                         loaded.add(target)
                         break
                 continue

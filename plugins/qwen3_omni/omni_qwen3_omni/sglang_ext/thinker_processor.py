@@ -30,10 +30,14 @@ PAYLOAD_FORMAT = "omni-thinker-prompt"
 class OmniThinkerPromptProcessor(BaseMultimodalProcessor):
     models = [OmniQwen3OmniThinker]
 
-    async def process_mm_data_async(self, image_data, audio_data, input_text, request_obj,
-                                    **kwargs):
-        payloads = [p for p in (image_data or []) if isinstance(p, dict)
-                    and p.get("format") == PAYLOAD_FORMAT]
+    async def process_mm_data_async(
+        self, image_data, audio_data, input_text, request_obj, **kwargs
+    ):
+        payloads = [
+            p
+            for p in (image_data or [])
+            if isinstance(p, dict) and p.get("format") == PAYLOAD_FORMAT
+        ]
         if not payloads:
             return None
         if len(payloads) != 1 or len(image_data) != 1:

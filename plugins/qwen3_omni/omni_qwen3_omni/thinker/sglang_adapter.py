@@ -12,7 +12,9 @@ A prompt travels as token ids plus one payload in ``image_data`` (see
 their positions, the deepstack rows, the three-stream positions and the rope
 delta of the first generated token. A request whose answer is spoken asks
 SGLang for hidden states; each streamed token then comes with the talker's
-rows of the positions its step consumed, as on the torch backend.
+rows of the positions its step consumed, as on the torch backend. A thinker
+that feeds a talker runs without SGLang's prefix cache: a cache hit skips the
+forward pass of the cached positions, whose rows the talker needs.
 """
 
 from __future__ import annotations
@@ -33,8 +35,15 @@ MODEL_PACKAGE = "omni_qwen3_omni.sglang_ext"
 MODEL_CLASS = "OmniQwen3OmniThinker"
 PAYLOAD_FORMAT = "omni-thinker-prompt"
 #: factory.dtype spellings as SGLang's ``dtype`` names them.
-_DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
-           "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
+_DTYPES = {
+    "auto": "auto",
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
 
 
 def sglang_environment() -> dict[str, str]:
@@ -55,7 +64,9 @@ def write_checkpoint(lm: Any, source: Path, prefix: str = "omni-sglang-thinker-"
         for path in source.iterdir():
             if path.is_file() and not path.name.endswith((".safetensors", ".index.json")):
                 shutil.copy(path, directory / path.name)
-        tensors = {f"thinker.{k}": v.detach().contiguous().cpu() for k, v in lm.state_dict().items()}
+        tensors = {
+            f"thinker.{k}": v.detach().contiguous().cpu() for k, v in lm.state_dict().items()
+        }
         save_file(tensors, str(directory / "model.safetensors.partial"))
         (directory / "model.safetensors.partial").rename(directory / "model.safetensors")
     except BaseException:
@@ -89,10 +100,12 @@ class ThinkerSGLangModel:
         seed: int = 0,
         owned_directory: bool = False,
         dtype: str | None = None,
+        feeds_talker: bool = False,
     ):
         self.checkpoint, self.eos_ids, self.hidden_size = checkpoint, set(eos_ids), hidden_size
         self.seed, self.owned = seed, owned_directory
         self.dtype = _DTYPES.get(str(dtype or "auto"), "auto")
+        self.feeds_talker = feeds_talker
         self.captured: dict[str, int] = {}
         if owned_directory:
             atexit.register(self.close)
@@ -114,6 +127,10 @@ class ThinkerSGLangModel:
             "random_seed": self.seed,
             "dtype": self.dtype,  # the stage's factory.dtype (engine.dtype is omni's to set)
         }
+        if self.feeds_talker:
+            # The talker reads every prompt position's hidden states; a prefix-cache hit
+            # skips the cached positions' forward pass, so their rows would never exist.
+            args["disable_radix_cache"] = True
         return args, sglang_environment()
 
     def prompt_length(self, prompt: Any) -> int:
