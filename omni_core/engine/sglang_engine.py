@@ -174,6 +174,7 @@ class SGLangEngine:
             raise EngineError("the SGLang engine is closed")
         if self._starting is None:
             self._starting = anyio.Event()
+            loaded = getattr(self.model, "loaded", None)
             try:
                 self._engine = await anyio.to_thread.run_sync(self._launch)
             except BaseException as exc:
@@ -181,6 +182,8 @@ class SGLangEngine:
                 raise
             finally:
                 self._starting.set()
+                if loaded is not None:
+                    loaded()  # SGLang holds the weights: files written for it can go
         else:
             await self._starting.wait()
         if self._engine is None:

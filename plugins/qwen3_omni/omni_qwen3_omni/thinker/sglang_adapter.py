@@ -4,8 +4,8 @@ SGLang loads the release checkpoint directory itself, through omni's model
 class (:mod:`omni_qwen3_omni.sglang_ext`, chosen with a model-config override,
 so SGLang's own Qwen3-Omni class never runs). For ``load_format = "dummy"``
 the seeded weights omni's loader makes are written to a private checkpoint
-directory first, so both backends run the same weights (removed when the
-engine closes).
+directory first, so both backends run the same weights (removed as soon as
+SGLang has loaded it).
 
 A prompt travels as token ids plus one payload in ``image_data`` (see
 :mod:`omni_qwen3_omni.sglang_ext.thinker_processor`): the encoder rows and
@@ -172,6 +172,11 @@ class ThinkerSGLangModel:
 
     def finished(self, request_id: str) -> None:
         self.release(request_id)
+
+    def loaded(self) -> None:
+        """SGLang has read the checkpoint (or failed to): a dummy one written for it goes
+        now, so no later crash of this process can leave it behind."""
+        self.close()
 
     def close(self) -> None:
         if self.owned:
