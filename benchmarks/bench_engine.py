@@ -46,7 +46,7 @@ async def run_level(engine: TorchEngine, concurrency: int, requests: int) -> tup
             sampling = SamplingParams(
                 temperature=0.9, top_k=50, seed=remaining, max_new_tokens=NEW_TOKENS
             )
-            async for _ in engine.submit(f"c{concurrency}-{remaining}", prompt, sampling):
+            async for _ in engine.enqueue(f"c{concurrency}-{remaining}", prompt, sampling):
                 tokens += 1
 
     steps = engine.steps

@@ -323,7 +323,7 @@ def client_request(request: dict[str, Any], tokens: int, greedy: bool) -> dict[s
 async def speak(runtime: Any, data: dict[str, Any], keep: bool) -> Answer:
     answer = Answer(time.perf_counter())
     chunks = []
-    handle = await runtime.submit(data)
+    handle = await runtime.dispatch(data)
     async for event in handle.stream():
         if event.stage == "code2wav" and not event.final:
             if answer.first_audio is None:

@@ -368,7 +368,7 @@ async def run_level(engine: Any, prompts: list[list[int]], new_tokens: int, tag:
     stamps: list[list[float]] = [[] for _ in prompts]
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
     streams = [
-        engine.submit(f"{tag}-{count}-{i}", EmbeddedPrompt(token_ids=list(p)), sampling)
+        engine.enqueue(f"{tag}-{count}-{i}", EmbeddedPrompt(token_ids=list(p)), sampling)
         for i, p in enumerate(prompts)
     ]
 
@@ -414,7 +414,7 @@ async def image_ttft(
         assemble(pre, {"image_encoder": {"embeds": embeds, "deepstack": deepstack}}, cfg)
     )
     sampling = SamplingParams(temperature=0.0, max_new_tokens=1)
-    async with engine.submit(f"{tag}-image", prompt, sampling) as stream:
+    async with engine.enqueue(f"{tag}-image", prompt, sampling) as stream:
         async for token in stream:
             return time.perf_counter() - started, encoded - started, int(token)
     raise RuntimeError("the image request produced no token")

@@ -13,7 +13,7 @@ every hop crosses a process boundary through the default transport.
 The 1-stage baseline itself (parent -> child -> parent) is printed too.
 
 Throughput: a two-stage pipeline (``a -> b``, one stage per process) driven
-through ``Runtime.submit`` by 1, 8 and 64 concurrent clients for a fixed
+through ``Runtime.dispatch`` by 1, 8 and 64 concurrent clients for a fixed
 number of requests each; with ``--http``, also through the HTTP server
 (``POST /v1/chat/completions``, a minimal keep-alive client on the same event
 loop, so the figure includes the client's cost).
@@ -174,7 +174,7 @@ async def http_client(host: str, port: int, count: int) -> None:
 async def http_throughput(plugins: Any, base: str, args: argparse.Namespace) -> None:
     import anyio
 
-    from omni_core.serve.app import create_app
+    from omni_core.serve.common.app import create_app
     from omni_core.serve.server import bind, make_server, serve_runtime
 
     runtime = runtime_for("b-http", plugins, base)

@@ -37,7 +37,7 @@ def _request(tokens: int) -> dict[str, Any]:
 
 
 async def _one(runtime: Any, data: dict) -> int:
-    handle = await runtime.submit(data)
+    handle = await runtime.dispatch(data)
     tokens = 0
     async for event in handle.stream():
         if event.stage == "decode" and event.final:

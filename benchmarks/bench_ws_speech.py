@@ -84,7 +84,7 @@ def pieces(text: str) -> list[str]:
 
 def first_sentence_token(tokens: list[str]) -> int:
     """The token after which the server's segmenter has the first sentence."""
-    from omni_core.serve.segmenter import Segmenter
+    from omni_core.serve.speech.segmenter import Segmenter
 
     segmenter = Segmenter()
     for index, token in enumerate(tokens):

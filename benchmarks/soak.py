@@ -104,7 +104,7 @@ OMNI = Path(sys.executable).with_name("omni")
 OMNI_ARGV = [str(OMNI)] if OMNI.exists() else [sys.executable, "-m", "omni_core"]
 SERVING_LINE = re.compile(r"omni: serving \S+ on (http://[0-9.]+:\d+) ")
 CLASSES = ("2xx", "4xx", "429", "503", "5xx", "err")
-# Error "type"s of the server's JSON errors (omni_core/serve/errors.py), for errors that
+# Error "type"s of the server's JSON errors (omni_core/serve/common/errors.py), for errors that
 # arrive inside a stream, where there is no status line: SSE error events carry only these.
 TYPE_STATUS = {
     "invalid_request_error": 400,

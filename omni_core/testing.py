@@ -172,7 +172,7 @@ class LiveServer:
             self._ready.set()
 
     async def _main(self) -> None:
-        from .serve.app import create_app
+        from .serve.common.app import create_app
         from .serve.server import bind, make_server, serve_runtime
 
         config = self.planned.config

@@ -71,7 +71,7 @@ def serve_command(
 
 
 async def _serve(resolution: Any, sock: Any, key: str | None, signals: Any) -> None:
-    from ..serve.app import create_app
+    from ..serve.common.app import create_app
     from ..serve.launch import build_runtime, say
     from ..serve.server import make_server, serve_runtime
     from ..serve.service import public_model_name
@@ -149,7 +149,7 @@ def run_command(
     voice: str | None = typer.Option(None, "--voice", help="Voice name."),
 ) -> None:
     """Run one request through DEPLOY's runtime without a server; write audio, print text."""
-    from ..serve.errors import APIError
+    from ..serve.common.errors import APIError
     from ..serve.service import Serving
 
     serving = Serving.of(resolution.pipeline_cls)
@@ -207,7 +207,7 @@ def _body(api: str, **fields: Any) -> dict[str, Any]:
     """The request as the server would validate it, so that run and serve agree."""
     from pydantic import ValidationError
 
-    from ..serve.protocol import ChatRequest, SpeechRequest
+    from ..serve.common.protocol import ChatRequest, SpeechRequest
 
     model = SpeechRequest if api == "speech" else ChatRequest
     try:
@@ -224,17 +224,17 @@ async def _run_one(
     import sys
     import time
 
-    from ..serve.audio import check_encoder, encode
+    from ..serve.audio.encoders import check_format, encode_whole
     from ..serve.launch import build_runtime, say
     from ..serve.service import Service
 
     if fmt:
-        check_encoder(fmt)
+        check_format(fmt)
     runtime = build_runtime(resolution)
     async with runtime:
         service = Service.of(runtime, resolution.pipeline_cls, resolution.config)
         started = time.perf_counter()
-        handle = await service.submit(data, {"api": api})
+        handle = await service.admit(data, {"api": api})
         pcm = bytearray()
         wrote_text = False
         try:
@@ -254,7 +254,7 @@ async def _run_one(
         rate = service.serving.sample_rate or 0
         if not pcm:
             raise OmniError(f"pipeline {service.serving.pipeline!r} produced no audio")
-        output.write_bytes(encode(bytes(pcm), fmt or "wav", rate))
+        output.write_bytes(encode_whole(bytes(pcm), fmt or "wav", rate))
         seconds = len(pcm) / 2 / rate
         say(f"wrote {output} ({seconds:.2f} s of audio at {rate} Hz) in {elapsed:.2f} s")
     return True

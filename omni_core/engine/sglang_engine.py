@@ -1,7 +1,7 @@
 """The SGLang engine backend: a stage's model served by ``sglang.Engine`` in the stage's process.
 
 The engine is SGLang's (scheduler, paged KV pool, radix cache, CUDA graphs,
-kernels); what omni keeps is the seam every stage already uses: ``submit``
+kernels); what omni keeps is the seam every stage already uses: ``enqueue``
 returns a :class:`SGLangStream` of model outputs, ``abort`` stops a request,
 ``aclose`` stops the engine. What is model-specific — which checkpoint and
 model class SGLang loads, how an omni prompt becomes a ``GenerateReqInput``,
@@ -204,7 +204,7 @@ class SGLangEngine:
         log.info("starting SGLang %s: %s", sglang.__version__, args)
         return sglang.Engine(**args)
 
-    def submit(self, request_id: str, prompt: Any, sampling: SamplingParams | None = None):
+    def enqueue(self, request_id: str, prompt: Any, sampling: SamplingParams | None = None):
         if self._closing:
             raise EngineError("the SGLang engine is closed")
         if request_id in self._requests:

@@ -186,7 +186,7 @@ class TorchEngine:
         await self.aclose()
 
     # -- requests ------------------------------------------------------------
-    def submit(
+    def enqueue(
         self, request_id: str, prompt: Any, sampling: SamplingParams | None = None
     ) -> RequestStream:
         """Queue a request; its outputs stream from the returned iterator.

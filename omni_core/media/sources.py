@@ -1,7 +1,7 @@
 """Reading the bytes a media reference names, as a stage receives it, under a size bound.
 
 The HTTP server checks every reference before a request is admitted
-(:mod:`omni_core.serve.media`); what reaches a stage is one of:
+(:mod:`omni_core.serve.chat.media`); what reaches a stage is one of:
 
 - ``data:<type>;base64,<data>``: decoded here, refused unless strictly base64
   and at most ``max_bytes`` (checked before decoding);

@@ -186,9 +186,11 @@ class Coordinator:
                 binding[process] = min(order, key=lambda r: self.load.get((process, r), 0))
         return binding
 
-    async def submit(
+    async def track(
         self, data: Any, params: dict[str, Any] | None = None, request_id: str | None = None
     ) -> RequestHandle:
+        """Register a request (admission limit, binding to replicas), send it to the entry
+        stage, and track it until its terminal outputs arrive or it fails."""
         if not self.accepting:
             raise Unavailable("the server is shutting down")
         if len(self.requests) >= self.max_inflight:

@@ -1,6 +1,6 @@
 """The runtime facade: launch a plan, supervise it, route requests through it.
 
-``async with Runtime(plan, config) as runtime: handle = await runtime.submit(data)``
+``async with Runtime(plan, config) as runtime: handle = await runtime.dispatch(data)``
 is all a caller needs (``omni serve``, ``omni run``, tests). Start-up goes
 wave by wave (weight-sharing leaders before followers); a failed start tears
 everything down. While serving, a process that dies fails the requests bound
@@ -217,8 +217,9 @@ class Runtime:
             raise cancelled
 
     # -- requests -------------------------------------------------------------
-    async def submit(self, data: Any, params: dict[str, Any] | None = None) -> RequestHandle:
-        return await self.coordinator.submit(data, params)
+    async def dispatch(self, data: Any, params: dict[str, Any] | None = None) -> RequestHandle:
+        """Route a request into the stage graph; its handle streams what the stages emit."""
+        return await self.coordinator.track(data, params)
 
     async def abort(self, handle: RequestHandle, reason: str = "aborted by the client") -> None:
         await self._abort_everywhere(handle)
@@ -228,7 +229,7 @@ class Runtime:
         self, data: Any, params: dict[str, Any] | None = None, timeout: float | None = None
     ) -> dict[str, Any]:
         """Submit and wait; abort everywhere on timeout or cancellation."""
-        handle = await self.submit(data, params)
+        handle = await self.dispatch(data, params)
         timeout = self.config.runtime.request_timeout if timeout is None else timeout
         try:
             with anyio.fail_after(timeout):

@@ -3,13 +3,19 @@
 Only ``omni serve`` imports it (it needs starlette and uvicorn; audio encoding
 needs numpy and, for flac, mp3, opus, aac, speed and sample_rate, PyAV), so its
 names load on first access and ``omni plan`` stays light.
+
+Rooms: ``service`` (what every endpoint shares: admitting an API request into
+the runtime), ``server`` (uvicorn beside the runtime), ``launch`` (what
+``omni serve`` and ``omni run`` share); ``common/`` (HTTP plumbing),
+``audio/`` (formats and encoders), ``speech/``, ``chat/``, ``voices/`` (the
+API families), ``views/`` (deployment picture and playground).
 """
 
 from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "create_app": "app",
+    "create_app": "common.app",
     "OmniServer": "server",
     "serve_runtime": "server",
 }

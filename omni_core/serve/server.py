@@ -30,7 +30,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from ..schema.deployment import ServerConfig
-from .log_limits import limit_repeats
+from .common.log_limits import limit_repeats
 
 log = logging.getLogger("omni.serve")
 # The handler answers a slow body with a 408 at body_timeout (read_body); the

@@ -26,10 +26,10 @@ import anyio
 
 from ..errors import ConfigError
 from ..runtime.coordinator import Overloaded, RequestFailed, RequestHandle, Unavailable
-from . import openai_compat
-from .audio import to_pcm16
-from .budgets import InputBudget
-from .errors import APIError
+from .audio.pcm import to_pcm16
+from .common import openai_compat
+from .common.budgets import InputBudget
+from .common.errors import APIError
 
 log = logging.getLogger("omni.serve")
 
@@ -199,12 +199,13 @@ class Service:
                 code="model_not_found",
             )
 
-    async def submit(self, data: dict[str, Any], params: dict[str, Any]) -> RequestHandle:
+    async def admit(self, data: dict[str, Any], params: dict[str, Any]) -> RequestHandle:
+        """Admit one API request: its text budgets, its voice, then into the runtime."""
         self.budget.check(data, params.get("api"))
         if params.get("api") == "speech" and self.voices is not None:
             data = self.voices.apply(data)  # every speech API: aliases, uploaded voices
         try:
-            return await self.runtime.submit(data, params)
+            return await self.runtime.dispatch(data, params)
         except Overloaded as exc:
             raise APIError(429, exc.render(), headers={"Retry-After": "1"}) from None
         except Unavailable as exc:

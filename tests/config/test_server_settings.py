@@ -107,7 +107,7 @@ def test_an_empty_list_of_served_names_is_refused(resolve):
 
 
 def test_the_openai_voice_mapping_is_in_order_and_leaves_model_voices_alone():
-    from omni_core.serve import openai_compat
+    from omni_core.serve.common import openai_compat
 
     mapped = openai_compat.voice_aliases(["eric", "ryan", "serena"], None)
     assert list(mapped) == list(openai_compat.VOICES)

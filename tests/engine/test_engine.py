@@ -112,7 +112,7 @@ async def test_outputs_stream_in_step_order_until_max_new_tokens() -> None:
     model = FakeModel()
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=2, max_total_tokens=64) as engine:
-            stream = engine.submit("a", [1, 2, 3], params(5))
+            stream = engine.enqueue("a", [1, 2, 3], params(5))
             assert await collect(stream) == [("a", i) for i in range(5)]
     assert stream.finish_reason == "length"
     assert stream.steps == 5
@@ -124,7 +124,7 @@ async def test_each_output_arrives_before_the_next_step_runs() -> None:
     model.gate = threading.Semaphore(1)  # the prefill may run; the first decode waits
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=1, max_total_tokens=64) as engine:
-            stream = engine.submit("a", [1], params(3))
+            stream = engine.enqueue("a", [1], params(3))
             assert await stream.__anext__() == ("a", 0)
             while len(model.calls) < 2:
                 await anyio.sleep(0.001)
@@ -138,7 +138,7 @@ async def test_the_model_finishing_a_sequence_ends_its_stream() -> None:
     model.stop_at["a"] = 2
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=2, max_total_tokens=64) as engine:
-            stream = engine.submit("a", [1], params(100))
+            stream = engine.enqueue("a", [1], params(100))
             assert await collect(stream) == [("a", 0), ("a", 1), ("a", 2)]
     assert stream.finish_reason == "stop"
 
@@ -147,7 +147,7 @@ async def test_a_full_slot_ends_the_sequence() -> None:
     model = FakeModel()
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=2, max_total_tokens=16) as engine:
-            stream = engine.submit("a", [0] * 5, params(100))  # slot of 8: 3 more positions
+            stream = engine.enqueue("a", [0] * 5, params(100))  # slot of 8: 3 more positions
             outputs = await collect(stream)
     assert stream.finish_reason == "length"
     assert len(outputs) == 4  # prefill's output, then decodes at positions 5, 6, 7
@@ -158,9 +158,9 @@ async def test_a_request_joins_the_running_batch_between_steps() -> None:
     model.delay = 0.01
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=4, max_total_tokens=256) as engine:
-            first = engine.submit("a", [1, 2], params(12))
+            first = engine.enqueue("a", [1, 2], params(12))
             early = [await first.__anext__() for _ in range(3)]
-            second = engine.submit("b", [3], params(4))
+            second = engine.enqueue("b", [3], params(4))
             results: dict[str, list[Any]] = {}
 
             async def drain(name: str, stream: Any) -> None:
@@ -181,7 +181,7 @@ async def test_max_running_requests_bounds_the_batch_and_slots_are_reused() -> N
     model = FakeModel()
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=2, max_total_tokens=64) as engine:
-            streams = [engine.submit(f"r{i}", [i], params(3 + i)) for i in range(5)]
+            streams = [engine.enqueue(f"r{i}", [i], params(3 + i)) for i in range(5)]
             assert engine.num_waiting == 5
             outputs = [await collect(s) for s in streams]
             assert engine.free_slots == 2
@@ -202,7 +202,7 @@ async def test_prefill_is_limited_by_max_prefill_tokens_per_step() -> None:
         async with engine_with(
             model, max_running_requests=4, max_total_tokens=64, max_prefill_tokens=10
         ) as engine:
-            streams = [engine.submit(f"r{i}", [0] * 6, params(2)) for i in range(3)]
+            streams = [engine.enqueue(f"r{i}", [0] * 6, params(2)) for i in range(3)]
             for stream in streams:
                 await collect(stream)
     prefills = [c[2] for c in model.calls if c[1] == "prefill"]
@@ -215,9 +215,9 @@ async def test_a_prompt_that_can_never_fit_is_refused_at_submit() -> None:
         model, max_running_requests=4, max_total_tokens=32, max_prefill_tokens=6
     ) as engine:
         with pytest.raises(RequestError, match=r"9 cache positions.*a cache slot holds 8"):
-            engine.submit("long", [0] * 9, params(1))
+            engine.enqueue("long", [0] * 9, params(1))
         with pytest.raises(RequestError, match=r"engine\.max_prefill_tokens is 6"):
-            engine.submit("wide", [0] * 7, params(1))
+            engine.enqueue("wide", [0] * 7, params(1))
         assert engine.num_waiting == 0
         assert model.calls == []
 
@@ -226,10 +226,10 @@ async def test_bad_sampling_and_duplicate_ids_are_refused_at_submit() -> None:
     model = FakeModel()
     async with engine_with(model, max_running_requests=2, max_total_tokens=64) as engine:
         with pytest.raises(RequestError, match="top_p must be in"):
-            engine.submit("x", [1], SamplingParams(top_p=0.0))
-        engine.submit("a", [1], params(2))
+            engine.enqueue("x", [1], SamplingParams(top_p=0.0))
+        engine.enqueue("a", [1], params(2))
         with pytest.raises(RequestError, match="already in the engine"):
-            engine.submit("a", [1], params(2))
+            engine.enqueue("a", [1], params(2))
 
 
 async def test_abort_stops_output_and_frees_the_slot_for_the_next_request() -> None:
@@ -237,8 +237,8 @@ async def test_abort_stops_output_and_frees_the_slot_for_the_next_request() -> N
     model.delay = 0.005
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=1, max_total_tokens=64) as engine:
-            first = engine.submit("a", [1], params(1000))
-            waiting = engine.submit("b", [2], params(3))
+            first = engine.enqueue("a", [1], params(1000))
+            waiting = engine.enqueue("b", [2], params(3))
             got = [await first.__anext__() for _ in range(3)]
             assert engine.abort("a")
             rest = await collect(first)
@@ -256,14 +256,14 @@ async def test_aborting_a_waiting_request_and_closing_a_stream() -> None:
     model.delay = 0.005
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=1, max_total_tokens=64) as engine:
-            running = engine.submit("a", [1], params(1000))
-            queued = engine.submit("b", [2], params(5))
+            running = engine.enqueue("a", [1], params(1000))
+            queued = engine.enqueue("b", [2], params(5))
             assert engine.abort("b")
             assert await collect(queued) == []
             await running.__anext__()
             await running.aclose()  # the consumer leaves: the request is aborted
             assert running.finish_reason == "abort"
-            third = engine.submit("c", [3], params(2))
+            third = engine.enqueue("c", [3], params(2))
             assert await collect(third) == [("c", 0), ("c", 1)]
     assert all("b" not in c[2] for c in model.calls)
 
@@ -273,16 +273,16 @@ async def test_cancelling_the_consumer_aborts_its_request() -> None:
     model.delay = 0.005
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=1, max_total_tokens=64) as engine:
-            stream = engine.submit("a", [1], params(1000))
+            stream = engine.enqueue("a", [1], params(1000))
             with anyio.move_on_after(0.05):
                 await collect(stream)
             assert stream.finish_reason == "abort"
-            assert await collect(engine.submit("b", [1], params(2))) == [("b", 0), ("b", 1)]
+            assert await collect(engine.enqueue("b", [1], params(2))) == [("b", 0), ("b", 1)]
 
 
 def test_submitting_without_an_event_loop_is_refused() -> None:
     with pytest.raises(EngineError, match="needs a running event loop"):
-        engine_with(FakeModel(), max_total_tokens=64).submit("a", [1], params(1))
+        engine_with(FakeModel(), max_total_tokens=64).enqueue("a", [1], params(1))
 
 
 async def test_a_failing_prefill_fails_only_the_request_it_belongs_to() -> None:
@@ -290,7 +290,7 @@ async def test_a_failing_prefill_fails_only_the_request_it_belongs_to() -> None:
     model.bad_prompts.add("bad")
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=4, max_total_tokens=64) as engine:
-            streams = {n: engine.submit(n, [1], params(3)) for n in ("ok1", "bad", "ok2")}
+            streams = {n: engine.enqueue(n, [1], params(3)) for n in ("ok1", "bad", "ok2")}
             assert await collect(streams["ok1"]) == [("ok1", i) for i in range(3)]
             assert await collect(streams["ok2"]) == [("ok2", i) for i in range(3)]
             with pytest.raises(EngineError, match=r"'bad'.*prefill.*cannot read the prompt"):
@@ -309,14 +309,14 @@ async def test_an_unattributed_decode_error_fails_every_running_request() -> Non
     model = FakeModel()
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=4, max_total_tokens=64) as engine:
-            streams = [engine.submit(n, [1], params(5)) for n in ("a", "b")]
+            streams = [engine.enqueue(n, [1], params(5)) for n in ("a", "b")]
             model.decode_error = RuntimeError("device lost")
             for stream in streams:
                 with pytest.raises(EngineError, match="decode step failed: RuntimeError: device"):
                     await collect(stream)
             assert engine.free_slots == 4  # both slots freed
             model.decode_error = None
-            again = engine.submit("c", [1], params(2))
+            again = engine.enqueue("c", [1], params(2))
             assert await collect(again) == [("c", 0), ("c", 1)]  # the engine goes on
             assert engine.free_slots == 4
 
@@ -325,8 +325,8 @@ async def test_an_attributed_decode_error_fails_only_the_named_request() -> None
     model = FakeModel()
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=4, max_total_tokens=64) as engine:
-            a = engine.submit("a", [1], params(4))
-            b = engine.submit("b", [1], params(4))
+            a = engine.enqueue("a", [1], params(4))
+            b = engine.enqueue("b", [1], params(4))
             model.decode_error = SequenceError(["b"], "nan in b's logits")
             assert await collect(a) == [("a", i) for i in range(4)]
             with pytest.raises(EngineError, match="nan in b's logits"):
@@ -338,7 +338,7 @@ async def test_a_row_error_fails_only_that_row() -> None:
     model.row_errors.add("b")
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=4, max_total_tokens=64) as engine:
-            a, b = engine.submit("a", [1], params(3)), engine.submit("b", [1], params(3))
+            a, b = engine.enqueue("a", [1], params(3)), engine.enqueue("b", [1], params(3))
             assert await collect(a) == [("a", i) for i in range(3)]
             with pytest.raises(EngineError, match="row b broke"):
                 await collect(b)
@@ -349,15 +349,15 @@ async def test_aclose_fails_pending_requests_and_refuses_new_ones() -> None:
     model.delay = 0.005
     with anyio.fail_after(10):
         engine = engine_with(model, max_running_requests=1, max_total_tokens=64)
-        running = engine.submit("a", [1], params(1000))
-        queued = engine.submit("b", [1], params(1000))
+        running = engine.enqueue("a", [1], params(1000))
+        queued = engine.enqueue("b", [1], params(1000))
         await running.__anext__()
         await engine.aclose()
         for stream in (running, queued):
             with pytest.raises(EngineClosed):
                 await collect(stream)
         with pytest.raises(EngineClosed):
-            engine.submit("c", [1], params(1))
+            engine.enqueue("c", [1], params(1))
 
 
 async def test_the_event_loop_keeps_running_while_a_step_computes() -> None:
@@ -366,7 +366,7 @@ async def test_the_event_loop_keeps_running_while_a_step_computes() -> None:
     ticks = 0
     with anyio.fail_after(10):
         async with engine_with(model, max_running_requests=1, max_total_tokens=64) as engine:
-            stream = engine.submit("a", [1], params(1))
+            stream = engine.enqueue("a", [1], params(1))
 
             async def tick() -> None:
                 nonlocal ticks
@@ -421,14 +421,14 @@ async def test_eight_concurrent_requests_equal_eight_sequential_ones() -> None:
     with anyio.fail_after(15):
         async with TorchEngine(model, settings) as engine:
             sequential = [
-                await collect(engine.submit(f"s{i}", p, s))
+                await collect(engine.enqueue(f"s{i}", p, s))
                 for i, (p, s) in enumerate(zip(prompts(), SAMPLINGS, strict=True))
             ]
             solo_steps = engine.steps
             concurrent: dict[int, list[int]] = {}
 
             async def one(i: int) -> None:
-                concurrent[i] = await collect(engine.submit(f"c{i}", prompts()[i], SAMPLINGS[i]))
+                concurrent[i] = await collect(engine.enqueue(f"c{i}", prompts()[i], SAMPLINGS[i]))
 
             async with anyio.create_task_group() as tg:
                 for i in range(8):
@@ -443,11 +443,11 @@ async def test_the_real_decoder_stops_at_its_eos_token() -> None:
     with anyio.fail_after(10):
         async with TorchEngine(model, EngineSettings(max_total_tokens=512)) as engine:
             probe = SamplingParams(0.0, max_new_tokens=20)
-            tokens = await collect(engine.submit("probe", [1, 2, 3], probe))
+            tokens = await collect(engine.enqueue("probe", [1, 2, 3], probe))
     eos_model = TinyDecoder(seed=0, eos_id=tokens[2])
     with anyio.fail_after(10):
         async with TorchEngine(eos_model, EngineSettings(max_total_tokens=512)) as engine:
-            stream = engine.submit("x", [1, 2, 3], SamplingParams(0.0, max_new_tokens=50))
+            stream = engine.enqueue("x", [1, 2, 3], SamplingParams(0.0, max_new_tokens=50))
             ended = await collect(stream)
     assert ended == tokens[: tokens.index(tokens[2]) + 1]
     assert stream.finish_reason == "stop"
@@ -475,8 +475,8 @@ async def test_sequences_waiting_for_input_sleep_and_the_ready_ones_go_on():
     engine = engine_with(model, max_running_requests=4)
     async with engine:
         fed, starved = (
-            engine.submit("fed", [1, 2], params(4)),
-            engine.submit("starved", [1], params(3)),
+            engine.enqueue("fed", [1, 2], params(4)),
+            engine.enqueue("starved", [1], params(3)),
         )
         model.inputs["fed"] = 3
         assert await collect(fed) == [("fed", 0), ("fed", 1), ("fed", 2), ("fed", 3)]

@@ -57,7 +57,7 @@ async def drive(runtime: Any, rng: random.Random, count: int, concurrency: int) 
                 if action == "timeout":  # the server gives up: runtime.run aborts everywhere
                     with contextlib.suppress(TimeoutError):  # unless it finished in time
                         await runtime.run({"plan": plan}, timeout=wait)
-                handle = await runtime.submit({"plan": plan})
+                handle = await runtime.dispatch({"plan": plan})
                 if action == "complete":
                     await handle.result()
                 elif action == "abort":

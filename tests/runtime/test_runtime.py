@@ -50,7 +50,7 @@ async def test_fan_in_waits_for_the_routed_sources_only(deployment):
 
 async def test_stream_to_delivers_chunks_before_the_upstream_finishes(deployment):
     async with deployment("t-stream") as runtime:
-        handle = await runtime.submit({"n": 5})
+        handle = await runtime.dispatch({"n": 5})
         events = [event async for event in handle.stream()]
     chunks = [e.data for e in events if not e.final]
     finals = [e for e in events if e.final]
@@ -93,10 +93,10 @@ async def test_a_route_function_may_only_choose_declared_targets(deployment):
 async def test_admission_is_bounded(deployment):
     async with deployment("t-linear", "--runtime.max_inflight", "2") as runtime:
         slow = {"delay": {"a": 0.5}}
-        first = await runtime.submit(slow)
-        second = await runtime.submit(slow)
+        first = await runtime.dispatch(slow)
+        second = await runtime.dispatch(slow)
         with pytest.raises(Overloaded):
-            await runtime.submit(slow)
+            await runtime.dispatch(slow)
         await first.result()
         await second.result()
 
@@ -104,7 +104,7 @@ async def test_admission_is_bounded(deployment):
 async def test_killed_child_fails_its_requests_restarts_and_serves_again(deployment):
     async with deployment("t-two-process", "--runtime.restart_backoff", "0.1") as runtime:
         victim = runtime.children["second"]
-        handles = [await runtime.submit({"delay": {"b": 30}}) for _ in range(3)]
+        handles = [await runtime.dispatch({"delay": {"b": 30}}) for _ in range(3)]
         await anyio.sleep(0.3)
         os.kill(victim.proc.pid, signal.SIGKILL)
         started = time.monotonic()
@@ -260,13 +260,13 @@ async def test_exhausted_restarts_leave_the_deployment_unhealthy_with_clear_erro
                 await anyio.sleep(0.05)
         assert runtime.health()["processes"]["second"]["state"] == "failed"
         with pytest.raises(Unavailable, match="process second was killed by SIGKILL"):
-            await runtime.submit({})
+            await runtime.dispatch({})
 
 
 @pytest.mark.parametrize("transport", ["socket", "shm"])
 async def test_every_edge_between_processes_can_use_another_transport(deployment, transport):
     async with deployment("t-stream", "--runtime.transport", transport) as runtime:
-        handle = await runtime.submit({"n": 4})
+        handle = await runtime.dispatch({"n": 4})
         chunks = [e.data async for e in handle.stream() if not e.final]
     assert chunks == [0, 2, 4, 6]
     assert {name for name, _ in runtime.links.listens(None)} == {transport}
@@ -279,7 +279,7 @@ async def test_health_reports_each_stages_queue_depth(deployment):
             return runtime.health()["processes"]
 
         slow = {"images": [1], "delay": {"images": 3.0}}
-        handles = [await runtime.submit(slow) for _ in range(3)]
+        handles = [await runtime.dispatch(slow) for _ in range(3)]
         with anyio.fail_after(10):
             while queue()["enc"]["queue"].get("images", {}).get("running") != 3:
                 await anyio.sleep(0.05)

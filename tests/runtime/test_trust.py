@@ -107,7 +107,7 @@ async def test_a_hung_process_is_declared_unresponsive_failed_and_restarted(depl
     async with deployment("t-two-process", *flags) as runtime:
         victim = runtime.children["second"]
         old_pid = victim.proc.pid
-        handle = await runtime.submit({"delay": {"b": 60}})
+        handle = await runtime.dispatch({"delay": {"b": 60}})
         await anyio.sleep(0.3)  # the request is now in stage b, in process "second"
         os.kill(old_pid, signal.SIGSTOP)
         stopped = time.monotonic()

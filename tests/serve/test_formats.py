@@ -27,10 +27,10 @@ import pytest
 import soundfile
 from omni_test_speech import CHUNK_SAMPLES, SAMPLE_RATE, VOICES, sine
 
-from omni_core.serve.audio import to_pcm16
-from omni_core.serve.encoders import StreamEncoder, atempo_factors, encode_whole
-from omni_core.serve.errors import APIError
-from omni_core.serve.speech import _events
+from omni_core.serve.audio.encoders import StreamEncoder, atempo_factors, encode_whole
+from omni_core.serve.audio.pcm import to_pcm16
+from omni_core.serve.common.errors import APIError
+from omni_core.serve.speech.routes import _events
 
 av = pytest.importorskip("av")
 

@@ -26,7 +26,7 @@ from serve_helpers import OmniServe, raw
 from websockets.asyncio.client import connect
 
 from omni_core.serve.service import public_model_name
-from omni_core.serve.ws_speech import PATH as STREAM_PATH
+from omni_core.serve.speech.stream import PATH as STREAM_PATH
 
 LAUNCH = [sys.executable, str(Path(__file__).parent / "omni_launch.py")]
 

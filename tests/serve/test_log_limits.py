@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from omni_core.serve.log_limits import RepeatLimiter, limit_repeats
+from omni_core.serve.common.log_limits import RepeatLimiter, limit_repeats
 
 COUNT = re.compile(r"\[(\d+) more like this suppressed in the last [\d.]+ s\]")
 
@@ -146,8 +146,8 @@ def test_a_stream_cut_mid_body_is_one_warning_and_its_traceback_is_dropped(logge
     cut connection (an exception to the server), the log one line, not uvicorn's traceback."""
     import anyio
 
-    from omni_core.serve.bodies import OwnedStreamingResponse, StreamCut
-    from omni_core.serve.errors import APIError
+    from omni_core.serve.common.bodies import OwnedStreamingResponse, StreamCut
+    from omni_core.serve.common.errors import APIError
 
     async def body():
         yield b"RIFF"

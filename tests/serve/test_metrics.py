@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import parse_wav, raw
 
 from omni_core.plugins import OmniPlugins
-from omni_core.serve.metrics import METHODS
-from omni_core.serve.playback import Playback
-from omni_core.serve.runtime_metrics import PROCESS_STATES
+from omni_core.serve.audio.playback import Playback
+from omni_core.serve.common.metrics import METHODS
+from omni_core.serve.common.runtime_metrics import PROCESS_STATES
 from omni_core.testing import LiveServer, plan_on_cpu
 
 SPEECH, CHAT = "/v1/audio/speech", "/v1/chat/completions"

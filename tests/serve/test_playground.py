@@ -23,7 +23,7 @@ except ImportError:  # Python 3.10
 
 from omni_core.config import load_deployment
 from omni_core.schema.deployment import ServerConfig
-from omni_core.serve.playground import CSP, WEB
+from omni_core.serve.views.playground import CSP, WEB
 
 ROOT = Path(__file__).parents[2]
 SVG = "{http://www.w3.org/2000/svg}"
@@ -156,6 +156,6 @@ def test_the_page_files_are_package_data():
     ]["omni_core"]
     package = ROOT / "omni_core"
     files = [p.relative_to(package).as_posix() for p in WEB.rglob("*") if p.is_file()]
-    assert "serve/web/index.html" in files
+    assert "serve/views/web/index.html" in files
     for name in files:
         assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name

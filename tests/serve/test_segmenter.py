@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from omni_core.serve.segmenter import Segmenter
+from omni_core.serve.speech.segmenter import Segmenter
 
 S, C = "sentence", "clause"
 

@@ -225,7 +225,7 @@ def test_an_internal_error_is_a_500_with_a_request_id_and_no_details(caplog):
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    from omni_core.serve.app import _guarded
+    from omni_core.serve.common.app import _guarded
 
     async def broken(request):
         raise RuntimeError("secret detail: /home/operator/key.pem")

@@ -29,9 +29,9 @@ import pytest
 from serve_helpers import OmniServe
 
 from omni_core.errors import ConfigError
-from omni_core.serve import voice_store
-from omni_core.serve.voice_store import VoiceExists, VoiceStorageError, VoiceStore
-from omni_core.serve.voices import store_error
+from omni_core.serve.voices import store as voice_store
+from omni_core.serve.voices.routes import store_error
+from omni_core.serve.voices.store import VoiceExists, VoiceStorageError, VoiceStore
 
 ROOT = os.geteuid() == 0
 HERE = Path(__file__).parent

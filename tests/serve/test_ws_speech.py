@@ -30,7 +30,7 @@ import omni_test_ws as tw  # noqa: E402
 
 from omni_core.plugins import OmniPlugins  # noqa: E402
 from omni_core.schema.deployment import ServerConfig  # noqa: E402
-from omni_core.serve.ws_speech import MAX_IN_FLIGHT, PATH, SUBPROTOCOL  # noqa: E402
+from omni_core.serve.speech.stream import MAX_IN_FLIGHT, PATH, SUBPROTOCOL  # noqa: E402
 from omni_core.testing import LiveServer, plan_on_cpu, short_private_dir  # noqa: E402
 
 KEY = "sekret"

@@ -265,7 +265,7 @@ class TTSEngine:
         prompt = await anyio.to_thread.run_sync(self._prompt, data)
         submitted = RequestPrompt(prompt, data["text_sampling"])
         frames, finish = 0, None
-        async with self.engine.submit(request.request_id, submitted, data["sampling"]) as stream:
+        async with self.engine.enqueue(request.request_id, submitted, data["sampling"]) as stream:
             async for step in stream:
                 if step.context.shape[0]:
                     # A continuation's reference frames: the codec's context, never played.

@@ -90,7 +90,7 @@ def run_engine(model, requests, max_running=8):
     async def one(engine, rid, prompt, sampling):
         frames: list = []
         reason = None
-        async with engine.submit(rid, prompt, sampling) as stream:
+        async with engine.enqueue(rid, prompt, sampling) as stream:
             async for step in stream:
                 assert isinstance(step, StepOutput)
                 frames.extend(step.frames)
@@ -148,14 +148,14 @@ def test_an_aborted_request_frees_its_slot_and_the_others_finish(model: MossTTSM
         sampling = model.audio_sampling(seed=1)
         sampling.max_new_tokens = 500
         got = []
-        async with engine.submit("long", long_prompt, sampling) as stream:
+        async with engine.enqueue("long", long_prompt, sampling) as stream:
             async for step in stream:
                 got.extend(step.frames)
                 if len(got) >= 3:
                     break  # leaving the stream aborts the request
         short = model.request(model.prompts.build("Short.", max_frames=4))
         frames = []
-        async with engine.submit("short", short, model.audio_sampling(seed=2)) as stream:
+        async with engine.enqueue("short", short, model.audio_sampling(seed=2)) as stream:
             async for step in stream:
                 frames.extend(step.frames)
         assert len(engine.cache.free) == engine.cache.num_slots

@@ -172,7 +172,7 @@ class Thinker:
         await request.emit(header)
         tokens = 0
         try:
-            async with self.engine.submit(request.request_id, prompt, sampling) as stream:
+            async with self.engine.enqueue(request.request_id, prompt, sampling) as stream:
                 async for out in stream:
                     if isinstance(out, dict):  # a spoken request: the talker's rows too
                         layer0, accept = out["rows"]
@@ -343,7 +343,7 @@ class TalkerStage:
 
         async def speak() -> None:
             nonlocal frames
-            async with self.engine.submit(request.request_id, prompt, sampling) as stream:
+            async with self.engine.enqueue(request.request_id, prompt, sampling) as stream:
                 async for frame in stream:
                     if frame is not None:
                         await request.emit(frame)

@@ -385,7 +385,7 @@ def _generate(parts: dict, prompts: dict[str, EmbeddedPrompt]) -> dict[str, list
 
     async def one(engine: Any, name: str) -> None:
         sampling = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)
-        async with engine.submit(name, prompts[name], sampling) as stream:
+        async with engine.enqueue(name, prompts[name], sampling) as stream:
             async for token in stream:
                 tokens[name].append(int(token))
         reasons[name] = stream.finish_reason

@@ -49,7 +49,7 @@ REQUESTS = {
 
 
 async def _answer(runtime: Any, data: dict) -> tuple[str, list, dict]:
-    handle = await runtime.submit(data)
+    handle = await runtime.dispatch(data)
     text, audio, final = [], [], {}
     async for event in handle.stream():
         if event.stage == "decode":
@@ -155,7 +155,7 @@ async def test_stop_strings_and_aborts_leave_nothing_running_in_sglang(short_tmp
         assert cut == text[: text.index(stop)]
         assert final["finish_reason"] == "stop"
         assert final["usage"]["completion_tokens"] < 10
-        handle = await runtime.submit(_request(user(image_part(), audio_part()), max_tokens=4000))
+        handle = await runtime.dispatch(_request(user(image_part(), audio_part()), max_tokens=4000))
         async for event in handle.stream():
             if event.stage == "decode" and not event.final:
                 break  # the thinker is generating on SGLang

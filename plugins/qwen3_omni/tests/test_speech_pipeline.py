@@ -64,7 +64,7 @@ def _written(messages: list[dict]) -> dict:
 
 async def _answer(runtime: Any, data: dict) -> dict[str, Any]:
     """Text, audio and the arrival time of every text delta and audio chunk."""
-    handle = await runtime.submit(data)
+    handle = await runtime.dispatch(data)
     text, audio, times = [], [], {"decode": [], "code2wav": []}
     async for event in handle.stream():
         if event.final:
@@ -139,7 +139,7 @@ async def test_text_only_requests_never_need_the_talker_even_when_it_dies(short_
         before = await _answer(runtime, written)
         assert before["text"] and before["audio"].size == 0
         spoken = [
-            await runtime.submit(_spoken([{"role": "user", "content": "Hi"}], max_tokens=200))
+            await runtime.dispatch(_spoken([{"role": "user", "content": "Hi"}], max_tokens=200))
         ]
         await anyio.sleep(1.0)
         victim = runtime.children["talker_ar"]

@@ -226,7 +226,7 @@ def _flags(ckpt: Path) -> list[str]:
 
 async def _speak(runtime: Any, data: dict) -> dict[str, Any]:
     """The decode stage's text and trailer, the code2wav stage's chunks and trailer."""
-    handle = await runtime.submit(data)
+    handle = await runtime.dispatch(data)
     text, chunks, finals = [], [], {}
     async for event in handle.stream():
         if event.final:
@@ -340,7 +340,7 @@ def _speak_in_process(ckpt: Path, manifest: dict, parts: dict[str, Any], prompts
         talker_prompt = TalkerPrompt(talker_cfg, manifest["by_name"][name]["speaker"])
         thinker.capture(name, talker_cfg.accept_hidden_layer)
         sampling = SamplingParams(temperature=0.0, max_new_tokens=THINKER_TOKENS)
-        async with engine.submit(name, prompt, sampling) as stream:
+        async with engine.enqueue(name, prompt, sampling) as stream:
             async for out in stream:
                 layer0, accept = out["rows"]
                 if not tokens[name]:
@@ -361,7 +361,7 @@ def _speak_in_process(ckpt: Path, manifest: dict, parts: dict[str, Any], prompts
     async def speak(engine: Any, name: str) -> None:
         greedy = {**TALKER_SAMPLING, "temperature": 0.0}
         sampling = SamplingParams(**greedy, max_new_tokens=FRAMES)
-        async with engine.submit(name, talker_prompts[name], sampling) as stream:
+        async with engine.enqueue(name, talker_prompts[name], sampling) as stream:
             async for frame in stream:
                 if frame is not None:
                     frames[name].append(frame)

@@ -532,7 +532,7 @@ async def test_the_engine_runs_streamed_prompts_as_their_rows_arrive(talker):
     prompts = [f.prompt(s, tokens=1, finish=False) for f, s in feeds]
     with anyio.fail_after(30):
         async with TorchEngine(model, settings) as engine:
-            streams = [engine.submit(f"r{i}", p, params) for i, p in enumerate(prompts)]
+            streams = [engine.enqueue(f"r{i}", p, params) for i, p in enumerate(prompts)]
 
             async def feed_slowly() -> None:
                 for (feed, _), prompt in zip(feeds, prompts, strict=True):

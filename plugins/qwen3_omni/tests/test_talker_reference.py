@@ -178,13 +178,13 @@ async def test_engine_batch_with_the_thinker_rows_streaming_in(reference: Path, 
                     await anyio.sleep(0.02)
                     prompt.add_token(int(d["generated_ids"][k]), rows[k])
                     if stream is None and prompt.prefill_ready:
-                        stream = engine.submit(name, prompt, sampling(manifest[name]))
+                        stream = engine.enqueue(name, prompt, sampling(manifest[name]))
                         tg.start_soon(collect, name, stream)
                     engine.wake()
                 prompt.finish()
                 if stream is None:
                     tg.start_soon(
-                        collect, name, engine.submit(name, prompt, sampling(manifest[name]))
+                        collect, name, engine.enqueue(name, prompt, sampling(manifest[name]))
                     )
                 engine.wake()
 

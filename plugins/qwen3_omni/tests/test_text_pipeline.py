@@ -50,7 +50,7 @@ REQUESTS = {
 
 
 async def _answer(runtime: Any, data: dict) -> tuple[str, dict]:
-    handle = await runtime.submit(data)
+    handle = await runtime.dispatch(data)
     text, final = [], {}
     async for event in handle.stream():
         if event.stage != "decode":
@@ -118,7 +118,7 @@ async def test_an_aborted_request_stops_in_every_stage(short_tmp):
     flags = ["--preprocessing.factory.max_tokens", "4000", *SPLIT]
     async with _planned(short_tmp / "abort", *flags).runtime() as runtime:
         data = _request(user(image_part(), audio_part()), max_tokens=4000)
-        handle = await runtime.submit(data)
+        handle = await runtime.dispatch(data)
         async for event in handle.stream():
             if event.stage == "decode" and not event.final:
                 break  # the first text delta: the thinker is generating

@@ -32,9 +32,11 @@ async def test_rows_streamed_step_by_step_equal_a_full_forward_pass():
     tokens, layer0, hidden = [], [], []
     async with create_engine(model, settings, device="cpu") as engine:
         plain = [
-            t async for t in engine.submit("plain", prompt, SamplingParams(0.0, max_new_tokens=5))
+            t async for t in engine.enqueue("plain", prompt, SamplingParams(0.0, max_new_tokens=5))
         ]
-        async with engine.submit("spoken", prompt, SamplingParams(0.0, max_new_tokens=5)) as stream:
+        async with engine.enqueue(
+            "spoken", prompt, SamplingParams(0.0, max_new_tokens=5)
+        ) as stream:
             async for out in stream:
                 tokens.append(out["token"])
                 layer0.append(out["rows"][0])

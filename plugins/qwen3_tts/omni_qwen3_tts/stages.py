@@ -251,7 +251,7 @@ class TTSEngine:
                 # so the codec starts from the reference voice, not from silence.
                 await request.emit({"reference": torch.as_tensor(prompt.ref_codes).long()})
         frames = 0
-        async with self.engine.submit(request.request_id, prompt, sampling) as stream:
+        async with self.engine.enqueue(request.request_id, prompt, sampling) as stream:
             async for codes in stream:
                 if codes is None:  # the EOS step has no frame
                     continue

@@ -79,7 +79,7 @@ async def started(base: Path, *flags: str) -> AsyncIterator[Runtime]:
 
 
 async def speak(runtime: Runtime, body: dict[str, Any]) -> Spoken:
-    handle = await runtime.submit(body)
+    handle = await runtime.dispatch(body)
     chunks: list[np.ndarray] = []
     final: dict[str, Any] = {}
     with anyio.fail_after(120):
@@ -389,7 +389,7 @@ async def test_bad_clone_input_is_the_client_s_error(base, body, message):
 async def enroll(runtime: Runtime, wav_bytes: bytes) -> dict[str, Any]:
     """The voices contract's enrollment: the vocoder's final output carries the clone prompt."""
     body = {"voice_enroll": True, "ref_audio": base64.b64encode(wav_bytes).decode()}
-    handle = await runtime.submit(body, {"api": "voice"})
+    handle = await runtime.dispatch(body, {"api": "voice"})
     with anyio.fail_after(120):
         outputs = await handle.result()
     return outputs["vocoder"]["voice_prompt"]

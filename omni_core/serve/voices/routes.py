@@ -1,7 +1,7 @@
 """Voices: which names a speech request may use, and ``/v1/audio/voices`` to list, upload, delete.
 
 A request's ``voice`` is resolved here, once, for every speech API (HTTP,
-WebSocket, batch) through :meth:`Voices.apply`, which ``Service.submit``
+WebSocket, batch) through :meth:`Voices.apply`, which ``Service.admit``
 calls:
 
 1. an alias (``server.voice_aliases``, e.g. OpenAI's ``alloy``) becomes the
@@ -46,13 +46,13 @@ from typing import Any
 
 import anyio
 
-from ..media import AudioLimits
-from ..media.audio_input import decode_audio
-from ..media.errors import MediaError
-from ..runtime.coordinator import RequestFailed
-from . import openai_compat
-from .errors import APIError
-from .voice_store import Voice, VoiceStore, VoiceStoreError
+from ...media import AudioLimits
+from ...media.audio_input import decode_audio
+from ...media.errors import MediaError
+from ...runtime.coordinator import RequestFailed
+from ..common import openai_compat
+from ..common.errors import APIError
+from .store import Voice, VoiceStore, VoiceStoreError
 
 log = logging.getLogger("omni.serve")
 PATH = "/v1/audio/voices"
@@ -269,7 +269,7 @@ class Voices:
             "ref_audio": base64.b64encode(raw).decode("ascii"),
             "ref_text": transcript,
         }
-        handle = await service.submit(data, {"api": "voice"})
+        handle = await service.admit(data, {"api": "voice"})
         try:
             with anyio.fail_after(ENROLL_TIMEOUT):
                 outputs = await handle.result()

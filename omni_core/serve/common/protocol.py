@@ -58,7 +58,7 @@ class SpeechRequest(BaseModel):
     """``POST /v1/audio/speech``.
 
     ``speed`` (time-stretched, pitch kept) and ``sample_rate`` (resampled) are
-    the server's work on the audio the pipeline made (:mod:`.encoders`), so
+    the server's work on the audio the pipeline made (:mod:`..audio.encoders`), so
     they are excluded from ``model_dump``, what the pipeline receives: every
     pipeline gets them, none has to implement them.
     """
@@ -88,7 +88,7 @@ class SpeechRequest(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One message; its content parts are checked part by part in :mod:`.content`."""
+    """One message; its content parts are checked part by part in :mod:`..chat.content`."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -89,7 +89,7 @@ class DeploymentPages:
 
     async def svg(self, request: Request) -> Response:
         if self._svg is None:
-            from ..plan.picture import plan_svg
+            from ...plan.picture import plan_svg
 
             self._svg = plan_svg(self.plan, model=self.service.model_id)
         return Response(

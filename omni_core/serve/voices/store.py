@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import re
-import stat
 import time
 import uuid
 import weakref
@@ -44,8 +43,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from ..schema.deployment import unsafe_voices_dir
+from ...errors import ConfigError
+from ...schema.deployment import unsafe_voices_dir
+from .files import DIR_FLAGS as _DIR_FLAGS
+from .files import Skipped as _Skipped
+from .files import fsync as _fsync
+from .files import lexists as _lexists
+from .files import open_entry as _open_entry
+from .files import read_regular as _read_regular
+from .files import remove_tree as _remove_tree
+from .files import write_file as _write_file
 
 log = logging.getLogger("omni.serve")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -55,8 +62,6 @@ MAX_META_BYTES = 1024 * 1024  # voice.json: a name, a transcript, a few numbers
 MAX_PROMPT_BYTES = 64 * 1024 * 1024  # prompt.npz: an x-vector and reference codes
 # A full disk, a quota or a read-only mount: the operator's to fix, not a bug (507).
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
-_NOFOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
 
 
 class VoiceStoreError(ValueError):
@@ -278,10 +283,6 @@ class VoiceStore:
         return True
 
 
-class _Skipped(Exception):
-    """An entry that is not what a voice is made of (a link, a FIFO, a device …)."""
-
-
 def _open_root(path: Path) -> int:
     """The voices directory, created if missing, opened only if it is safe (else ConfigError)."""
     _refuse(unsafe_voices_dir(str(path)))
@@ -344,119 +345,3 @@ def _raise_storage(exc: BaseException, doing: str, root: Path) -> None:
             f"{doing} failed: the voices directory has no room or is read-only ({reason}); "
             "nothing was stored, tell the server's operator"
         ) from None
-
-
-def _write_file(dir_fd: int, name: str, data: bytes) -> None:
-    """Create ``name`` (0600, never through a link, never over a file) and flush it."""
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=dir_fd)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _open_entry(dir_fd: int, name: str) -> int:
-    """A directory below ``dir_fd``; _Skipped if it is a link or not a directory."""
-    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    if not stat.S_ISDIR(info.st_mode):
-        raise _Skipped(f"{_kind(info.st_mode)}, not a voice directory")
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped since the stat
-            raise _Skipped("not a voice directory (it changed while being read)") from None
-        raise
-
-
-def _read_regular(dir_fd: int, name: str, limit: int) -> bytes:
-    """The bytes of a regular file below ``dir_fd``; _Skipped for anything else.
-
-    Why stat, then open non-blocking, then fstat: a FIFO or a device must
-    never be opened in a way that blocks start-up, and a file swapped
-    between the two looks is caught by the second.
-    """
-    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    if not stat.S_ISREG(info.st_mode):
-        raise _Skipped(f"{name} is {_kind(info.st_mode)}, not a regular file")
-    if info.st_size > limit:
-        raise _Skipped(f"{name} holds {info.st_size} bytes, over the {limit}-byte limit")
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _Skipped(f"{name} is a symbolic link, not a regular file") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _Skipped(f"{name} is not a regular file (it changed while being read)")
-        data = _read_at_most(fd, limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise _Skipped(f"{name} is over the {limit}-byte limit")
-    return data
-
-
-def _read_at_most(fd: int, count: int) -> bytes:
-    chunks: list[bytes] = []
-    while count > 0:
-        chunk = os.read(fd, min(count, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        count -= len(chunk)
-    return b"".join(chunks)
-
-
-def _remove_tree(dir_fd: int, name: str) -> None:
-    """Remove ``name`` below ``dir_fd`` and everything in it, never following a link.
-
-    A link is unlinked (its target untouched); a directory is entered only
-    through ``O_NOFOLLOW``, so one swapped for a link meanwhile fails instead
-    of being followed. (``shutil.rmtree(dir_fd=)`` needs Python 3.11.)
-    """
-    try:
-        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(info.st_mode):
-        os.unlink(name, dir_fd=dir_fd)
-        return
-    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    try:
-        with os.scandir(fd) as entries:
-            children = [entry.name for entry in entries]
-        for child in children:
-            _remove_tree(fd, child)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dir_fd)
-
-
-def _lexists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _kind(mode: int) -> str:
-    kinds = [
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISREG, "a regular file"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ]
-    return next((what for test, what in kinds if test(mode)), "not a file")
-
-
-def _fsync(fd: int) -> None:
-    with contextlib.suppress(OSError):  # some filesystems cannot sync a directory
-        os.fsync(fd)

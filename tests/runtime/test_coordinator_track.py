@@ -28,7 +28,7 @@ async def test_a_submit_cancelled_while_sending_still_hands_back_its_handle() ->
     coordinator.send = slow_send
     handle = None
     with anyio.move_on_after(0.05):  # the client goes away mid-submit
-        handle = await coordinator.submit({"input": "hi"})
+        handle = await coordinator.track({"input": "hi"})
     # The send finished (shielded) and the caller got the handle, so it can abort it;
     # before, the cancellation left the request registered, holding an admission slot.
     assert handle is not None and len(sent) == 1

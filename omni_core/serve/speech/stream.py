@@ -5,7 +5,7 @@ client sends the text in pieces as they come; the server cuts it into
 sentences (:mod:`.segmenter`) and submits each one as soon as it is certainly
 complete, as its own speech request, exactly what ``POST /v1/audio/speech``
 would submit for that sentence (same fields, same voice resolution through
-:meth:`.service.Service.submit`). Audio goes back in sentence order.
+:meth:`..service.Service.admit`). Audio goes back in sentence order.
 
 The protocol (JSON text messages; audio in binary frames unless asked
 otherwise), client to server:
@@ -47,7 +47,7 @@ server reading the socket until segments finish. A client that leaves audio
 unread for ``server.ws_send_timeout`` is disconnected (1008), and its
 requests aborted.
 
-Authentication is the HTTP routes' (:mod:`.auth`): the Bearer header, or for
+Authentication is the HTTP routes' (:mod:`..common.auth`): the Bearer header, or for
 browsers the subprotocol ``bearer.<key>`` next to :data:`SUBPROTOCOL`,
 which the server selects when it is offered.
 """
@@ -60,23 +60,23 @@ import logging
 import math
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 from anyio.abc import TaskGroup
-from pydantic import BaseModel, ConfigDict
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .auth import deny_websocket
-from .encoders import StreamEncoder
-from .errors import APIError
-from .protocol import MAX_JSON_DEPTH, SpeechRequest, json_depth, validate_data
+from ..common.auth import deny_websocket
+from ..common.errors import APIError
+from ..common.protocol import MAX_JSON_DEPTH, json_depth
+from ..service import Service, later_reason
 from .segmenter import MAX_CHARS, Segmenter
-from .service import Service, later_reason
+from .stream_buffer import AudioBuffer, Segment
+from .stream_config import StreamConfig, parse_config
 
 log = logging.getLogger("omni.serve")
 PATH = "/v1/audio/speech/stream"
@@ -86,142 +86,6 @@ BUFFER_SECONDS = 2.0  # audio held per segment before its request is no longer r
 MAX_TEXT_CHARS = 64 * 1024  # one input.text
 MAX_WAITING_CHARS = 64 * 1024  # received, not yet spoken: past it the socket is not read
 CLIENT_TYPES = ("session.config", "input.text", "input.done", "session.close")
-REFUSED = {
-    "input": "send the text in input.text messages, not in session.config",
-    "stream": "the audio is always streamed here; omit stream",
-    "stream_format": "the audio is always streamed here (audio_transport picks how); "
-    "omit stream_format",
-}
-
-
-class StreamSettings(BaseModel):
-    """The fields of ``session.config`` that are this endpoint's own, not the pipeline's."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    audio_transport: Literal["binary", "base64"] = "binary"
-    split: Literal["sentence", "clause"] = "sentence"
-
-
-@dataclass(frozen=True)
-class StreamConfig:
-    """A session's validated settings."""
-
-    fields: dict[str, Any]  # speech-request fields for every segment (no input)
-    audio_transport: str
-    split: str
-    response_format: str
-    speed: float
-    sample_rate: int | None  # asked for; None: the pipeline's
-    out_rate: int  # what the client gets
-
-    def request_data(self, text: str) -> dict[str, Any]:
-        """What ``POST /v1/audio/speech`` with this text and these fields would submit."""
-        return validate_data({**self.fields, "input": text}, SpeechRequest).model_dump(mode="json")
-
-    def encoder(self, in_rate: int) -> StreamEncoder:
-        return StreamEncoder(self.response_format, in_rate, self.sample_rate, self.speed)
-
-    def echo(self, model: str) -> dict[str, Any]:
-        return {
-            "type": "session.created",
-            **self.fields,
-            "model": self.fields.get("model") or model,
-            "audio_transport": self.audio_transport,
-            "split": self.split,
-            "sample_rate": self.out_rate,
-            "max_segment_chars": MAX_CHARS,
-        }
-
-
-def parse_config(message: dict[str, Any], service: Service) -> StreamConfig:
-    """``session.config`` checked as far as it can be without text; APIError(400) names a field."""
-    fields = {key: value for key, value in message.items() if key != "type"}
-    for name, why in REFUSED.items():
-        if name in fields:
-            raise APIError(400, why, param=name)
-    own = {key: fields.pop(key) for key in ("audio_transport", "split") if key in fields}
-    settings = validate_data(own, StreamSettings)
-    fields.setdefault("response_format", "pcm")
-    request = validate_data({**fields, "input": "-"}, SpeechRequest)
-    service.check_model(request.model)
-    in_rate = service.serving.sample_rate or 0
-    probe = StreamEncoder(request.response_format, in_rate, request.sample_rate, request.speed)
-    probe.close()
-    return StreamConfig(
-        fields,
-        settings.audio_transport,
-        settings.split,
-        request.response_format,
-        request.speed,
-        request.sample_rate,
-        probe.out_rate,
-    )
-
-
-class AudioBuffer:
-    """One segment's PCM between its request and the socket: ``put`` waits past ``limit`` bytes.
-
-    A chunk bigger than the limit still goes in when the buffer is empty, so
-    the buffer never blocks a segment for good.
-    """
-
-    def __init__(self, limit: int, on_change: Any):
-        self.limit, self.on_change = limit, on_change  # on_change(delta_bytes)
-        self.chunks: deque[bytes] = deque()
-        self.size = 0
-        self.closed = False
-        self.started = anyio.Event()  # the first chunk came, or the request ended
-        self._wake = anyio.Event()
-
-    async def put(self, pcm: bytes) -> None:
-        while self.size and self.size + len(pcm) > self.limit:
-            await self._changed()
-        self.chunks.append(pcm)
-        self.size += len(pcm)
-        self.on_change(len(pcm))
-        self.started.set()
-        self._notify()
-
-    async def get(self) -> bytes | None:
-        """The next chunk; None once the request ended and everything was taken."""
-        while not self.chunks:
-            if self.closed:
-                return None
-            await self._changed()
-        pcm = self.chunks.popleft()
-        self.size -= len(pcm)
-        self.on_change(-len(pcm))
-        self._notify()
-        return pcm
-
-    def close(self) -> None:
-        self.closed = True
-        self.started.set()
-        self._notify()
-
-    def drop(self) -> None:
-        """Forget what is held (the session ended); the counters go back down."""
-        self.on_change(-self.size)
-        self.chunks.clear()
-        self.size = 0
-        self.close()
-
-    async def _changed(self) -> None:
-        await self._wake.wait()
-
-    def _notify(self) -> None:
-        self._wake.set()
-        self._wake = anyio.Event()
-
-
-@dataclass
-class Segment:
-    index: int
-    text: str
-    audio: AudioBuffer
-    finish_reason: str = "stop"
-    error: APIError | None = None
 
 
 class SpeechStreams:
@@ -447,7 +311,7 @@ class StreamSession:
         service, handle = self.service, None
         started = time.perf_counter()
         try:
-            handle = await service.submit(self.config.request_data(segment.text), {"api": "speech"})
+            handle = await service.admit(self.config.request_data(segment.text), {"api": "speech"})
             async with aclosing(service.pieces(handle, path=PATH, started=started)) as pieces:
                 async for piece in pieces:
                     if piece.kind == "audio":

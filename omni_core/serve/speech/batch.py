@@ -27,12 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .bodies import read_body
-from .encoders import StreamEncoder
-from .errors import APIError
-from .protocol import SpeechRequest, parse_body, validate_data
-from .service import Service, later_reason
-from .speech import with_format
+from ..audio.encoders import StreamEncoder
+from ..common.bodies import read_body
+from ..common.errors import APIError
+from ..common.protocol import SpeechRequest, parse_body, validate_data
+from ..service import Service, later_reason
+from .routes import with_format
 
 PATH = "/v1/audio/speech/batch"
 MAX_ITEMS = 32
@@ -93,7 +93,7 @@ async def _speak(
     )
     heard, finish = False, "stop"
     try:
-        handle = await service.submit(speech.model_dump(mode="json"), {"api": "speech"})
+        handle = await service.admit(speech.model_dump(mode="json"), {"api": "speech"})
         try:
             async for piece in service.pieces(handle, path=PATH, started=started):
                 if piece.kind == "audio":

@@ -40,11 +40,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .bodies import OwnedStreamingResponse, read_body, unless_disconnected
-from .encoders import StreamEncoder
-from .errors import APIError
-from .protocol import SpeechRequest, parse_body
-from .service import Piece, Service, later_reason
+from ..audio.encoders import StreamEncoder
+from ..common.bodies import OwnedStreamingResponse, read_body, unless_disconnected
+from ..common.errors import APIError
+from ..common.protocol import SpeechRequest, parse_body
+from ..service import Piece, Service, later_reason
 
 PATH = "/v1/audio/speech"
 FINISH_HEADER = "X-Omni-Finish-Reason"  # stop, or length when the frame cap ended the speech
@@ -66,7 +66,7 @@ async def create_speech(
         streaming=body.streaming,
     )
     try:
-        handle = await service.submit(body.model_dump(mode="json"), {"api": "speech"})
+        handle = await service.admit(body.model_dump(mode="json"), {"api": "speech"})
     except BaseException:
         encoder.close()
         raise

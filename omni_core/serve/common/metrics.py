@@ -34,7 +34,7 @@ Metrics (type; labels): meaning
   between consecutive audio chunks of one request.
 - ``omni_audio_underruns_total`` (counter; endpoint): audio chunks that
   arrived after the audio delivered before them had played out, for a client
-  playing from the first chunk (see :mod:`.playback`). Measured for every
+  playing from the first chunk (see :mod:`..audio.playback`). Measured for every
   request, streamed or not: it says whether the pipeline keeps up with real
   time for this request.
 - ``omni_inflight_requests`` (gauge): requests admitted and not finished.
@@ -69,7 +69,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import choose_encoder
 
-from .playback import Playback
+from ..audio.playback import Playback
 from .runtime_metrics import RuntimeCollector
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ..media.errors import MediaError
-from ..media.remote import SCHEMES as REMOTE_SCHEMES
-from ..media.remote import check_remote_url
+from ...media.errors import MediaError
+from ...media.remote import SCHEMES as REMOTE_SCHEMES
+from ...media.remote import check_remote_url
+from ..common.errors import APIError
 from .content import Reference, check_base64, media_references
-from .errors import APIError
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 

@@ -9,7 +9,7 @@ the last heartbeat (at most a second old) and nothing is counted twice:
 every series belongs to exactly one OS process (``process`` is its name in
 the plan, ``front``, ``front@r1`` or ``front@r1_tp0``), or, for in-flight
 requests, to one replica of a logical process. The metrics are listed in
-:mod:`omni_core.serve.metrics`.
+:mod:`omni_core.serve.common.metrics`.
 """
 
 from __future__ import annotations

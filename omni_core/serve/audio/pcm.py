@@ -57,22 +57,3 @@ def wav_header(sample_rate: int, data_bytes: int | None, channels: int = 1) -> b
         + b"data"
         + struct.pack("<I", data)
     )
-
-
-def encode(
-    pcm: bytes, fmt: str, sample_rate: int, out_rate: int | None = None, speed: float = 1.0
-) -> bytes:
-    """A whole signal (PCM16 bytes at ``sample_rate``) as one body in ``fmt``, exact sizes.
-
-    ``out_rate`` and ``speed``: what the client asked for (see :mod:`.encoders`).
-    """
-    from .encoders import encode_whole
-
-    return encode_whole(pcm, fmt, sample_rate, out_rate, speed)
-
-
-def check_encoder(fmt: str, param: str = "response_format") -> None:
-    """Refuse a format this server cannot encode before any work is done."""
-    from .encoders import check_format
-
-    check_format(fmt, param)

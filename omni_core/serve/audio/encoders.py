@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from .audio import MEDIA_TYPES, to_pcm16, wav_header
-from .errors import APIError
+from ..common.errors import APIError
+from .pcm import MEDIA_TYPES, to_pcm16, wav_header
 
 SPEED_RANGE = (0.25, 4.0)  # what OpenAI accepts
 ATEMPO_RANGE = (0.5, 2.0)  # one atempo instance; past 2 it drops samples instead of blending

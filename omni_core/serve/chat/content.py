@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import APIError
+from ..common.errors import APIError
 
 TEXT_PARTS = ("text", "refusal")
 URL_PARTS = {"image_url": "image", "audio_url": "audio", "video_url": "video"}

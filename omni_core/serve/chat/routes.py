@@ -25,12 +25,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .audio import check_encoder, encode
-from .bodies import OwnedStreamingResponse, read_body, unless_disconnected
-from .errors import APIError
+from ..audio.encoders import check_format, encode_whole
+from ..common.bodies import OwnedStreamingResponse, read_body, unless_disconnected
+from ..common.errors import APIError
+from ..common.protocol import ChatRequest, parse_body
+from ..service import Piece, Service, later_reason
 from .media import MediaPolicy, check_media
-from .protocol import ChatRequest, parse_body
-from .service import Piece, Service, later_reason
 
 PATH = "/v1/chat/completions"
 AUDIO_LIFETIME = 3600  # seconds; we keep nothing, but clients expect expires_at
@@ -75,11 +75,11 @@ async def create_chat(
             )
         audio_format = "pcm16"
     if "audio" in modalities:
-        check_encoder(audio_format, param="audio.format")
+        check_format(audio_format, param="audio.format")
     data = body.payload(modalities)
     service.budget.check(data, "chat")  # counting characters first: it costs nothing
     await check_media(data["messages"], media)
-    handle = await service.submit(data, {"api": "chat"})
+    handle = await service.admit(data, {"api": "chat"})
     pieces = service.pieces(handle, path=PATH, started=started)
     ids = {
         "id": f"chatcmpl-{handle.request_id}",
@@ -122,7 +122,7 @@ async def create_chat(
             rate = service.serving.sample_rate or 0
             message["audio"] = {
                 "id": audio_id,
-                "data": base64.b64encode(encode(pcm, audio_format, rate)).decode(),
+                "data": base64.b64encode(encode_whole(pcm, audio_format, rate)).decode(),
                 "expires_at": int(time.time()) + AUDIO_LIFETIME,
                 "transcript": text,
             }

@@ -23,26 +23,26 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from ..chat.media import MediaPolicy
+from ..chat.routes import PATH as CHAT_PATH
+from ..chat.routes import create_chat
+from ..service import Service
+from ..speech.batch import PATH as BATCH_PATH
+from ..speech.batch import create_batch
+from ..speech.routes import PATH as SPEECH_PATH
+from ..speech.routes import create_speech
+from ..speech.stream import PATH as SPEECH_STREAM_PATH
+from ..speech.stream import SpeechStreams
+from ..views.deployment import PATH as DEPLOYMENT_PATH
+from ..views.deployment import SVG_PATH as DEPLOYMENT_SVG_PATH
+from ..views.deployment import DeploymentPages
+from ..views.playground import open_paths, playground_routes
+from ..voices.routes import PATH as VOICES_PATH
+from ..voices.routes import Voices
 from .auth import APIKeyMiddleware, deny_websocket
-from .batch import PATH as BATCH_PATH
-from .batch import create_batch
 from .bodies import ClientGone, read_form
-from .chat import PATH as CHAT_PATH
-from .chat import create_chat
-from .deployment import PATH as DEPLOYMENT_PATH
-from .deployment import SVG_PATH as DEPLOYMENT_SVG_PATH
-from .deployment import DeploymentPages
 from .errors import APIError, error_response
-from .media import MediaPolicy
 from .metrics import Metrics, MetricsMiddleware
-from .playground import open_paths, playground_routes
-from .service import Service
-from .speech import PATH as SPEECH_PATH
-from .speech import create_speech
-from .voices import PATH as VOICES_PATH
-from .voices import Voices
-from .ws_speech import PATH as SPEECH_STREAM_PATH
-from .ws_speech import SpeechStreams
 
 log = logging.getLogger("omni.serve")
 CLIENT_CLOSED = 499  # nginx's "client closed request": only ever seen in the metrics
