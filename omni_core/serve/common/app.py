@@ -26,6 +26,8 @@ from starlette.websockets import WebSocket
 from ..chat.media import MediaPolicy
 from ..chat.routes import PATH as CHAT_PATH
 from ..chat.routes import create_chat
+from ..realtime.response import PATH as REALTIME_PATH
+from ..realtime.routes import RealtimeEndpoint
 from ..service import Service
 from ..speech.batch import PATH as BATCH_PATH
 from ..speech.batch import create_batch
@@ -118,6 +120,7 @@ def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> 
         return Response(body, headers={"Content-Type": content_type})
 
     speech_streams = SpeechStreams(service, server.ws_send_timeout)  # denies if no speech
+    realtime = RealtimeEndpoint(service, server.ws_send_timeout)  # denies if no chat
     routes = [
         Route(SPEECH_PATH, _guarded(speech), methods=["POST"]),
         Route(BATCH_PATH, _guarded(speech_batch), methods=["POST"]),
@@ -129,6 +132,7 @@ def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> 
         Route("/health", _guarded(health), methods=["GET"]),
         Route("/metrics", _guarded(prometheus), methods=["GET"]),
         WebSocketRoute(SPEECH_STREAM_PATH, speech_streams.serve),
+        WebSocketRoute(REALTIME_PATH, realtime.serve),
     ]
     deployment = DeploymentPages(runtime.plan, service)
     routes += [

@@ -29,6 +29,8 @@ from .errors import APIError, error_response
 log = logging.getLogger("omni.serve")
 OPEN_PATHS = frozenset({"/health"})
 BEARER_SUBPROTOCOL = "bearer."
+# OpenAI's browser clients put the key in this subprotocol for /v1/realtime.
+OPENAI_SUBPROTOCOL = "openai-insecure-api-key."
 
 
 class APIKeyMiddleware:
@@ -76,8 +78,9 @@ class APIKeyMiddleware:
 def _subprotocol_key(scope: Any) -> bytes | None:
     """``bearer.<key>`` among the offered subprotocols, as the header's ``Bearer <key>``."""
     for offered in scope.get("subprotocols", ()):
-        if offered.startswith(BEARER_SUBPROTOCOL):
-            return f"Bearer {offered[len(BEARER_SUBPROTOCOL) :]}".encode()
+        for prefix in (BEARER_SUBPROTOCOL, OPENAI_SUBPROTOCOL):
+            if offered.startswith(prefix):
+                return f"Bearer {offered[len(prefix) :]}".encode()
     return None
 
 

@@ -1,0 +1,62 @@
+"""Input audio transcription: what the user said, as text, next to the audio item.
+
+With ``audio.input.transcription`` set (beta: ``input_audio_transcription``),
+each committed user audio item is transcribed by the same pipeline, as its
+own text-only chat request (the audio and an instruction to write down what
+is said), in the background: the answer does not wait for it. The result
+arrives as ``conversation.item.input_audio_transcription.completed`` (or
+``…failed``) and is kept on the item.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..common.errors import APIError
+from .conversation import Conversation, Item
+from .events import event
+
+INSTRUCTION = "Transcribe the audio into text. Reply with the transcript only."
+MAX_TRANSCRIPT_TOKENS = 256
+
+
+async def transcribe(session: Any, item: Item) -> None:
+    from .response import ResponsePlan, chat_data
+
+    scratch = Conversation()
+    scratch.add(item)
+    messages = scratch.messages(INSTRUCTION)
+    plan = ResponsePlan(INSTRUCTION, ("text",), None, MAX_TRANSCRIPT_TOKENS)
+    service, handle, text = session.service, None, []
+    try:
+        data = chat_data(service, messages, plan)
+        data["sampling"]["temperature"] = 0
+        handle = await service.admit(data, {"api": "chat"})
+        async for piece in service.pieces(handle, path="/v1/realtime"):
+            if piece.kind == "text":
+                text.append(piece.data)
+    except APIError as exc:
+        await session._send(
+            event(
+                "conversation.item.input_audio_transcription.failed",
+                item_id=item.id,
+                content_index=0,
+                error={"type": "transcription_error", "code": exc.code, "message": exc.message},
+            ),
+            quietly=True,
+        )
+        return
+    finally:
+        if handle is not None:
+            await service.finish(handle, "transcription ended")
+    transcript = "".join(text).strip()
+    item.parts[0]["transcript"] = transcript
+    await session._send(
+        event(
+            "conversation.item.input_audio_transcription.completed",
+            item_id=item.id,
+            content_index=0,
+            transcript=transcript,
+        ),
+        quietly=True,
+    )
