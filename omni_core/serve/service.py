@@ -49,6 +49,11 @@ def public_model_name(model_path: str) -> str:
     return model_path
 
 
+# What a pipeline class may list in ``api``: speech (text in, audio out), chat (messages in),
+# transcription (audio in, its text out: /v1/audio/transcriptions and /translations).
+APIS = ("speech", "chat", "transcription")
+
+
 @dataclass(frozen=True)
 class Serving:
     """A pipeline class's serving attributes, checked once at start-up."""
@@ -69,15 +74,15 @@ class Serving:
             pipeline_cls.sample_rate,
         )
         where = f"pipeline {serving.pipeline!r} ({pipeline_cls.__module__}.{pipeline_cls.__name__})"
-        unknown = set(serving.api) - {"speech", "chat"}
+        unknown = set(serving.api) - set(APIS)
         if unknown:
             raise ConfigError(
-                f"{where} declares unknown api {sorted(unknown)}; known: speech, chat"
+                f"{where} declares unknown api {sorted(unknown)}; known: {', '.join(APIS)}"
             )
         if not serving.api:
             raise ConfigError(
                 f"{where} declares no api, so there is nothing to serve",
-                hint='set api = ("speech",) and/or ("chat",) on the class',
+                hint='set api = ("speech",), ("chat",) and/or ("transcription",) on the class',
             )
         if "speech" in serving.api and not (serving.audio_stage and serving.sample_rate):
             raise ConfigError(
@@ -88,6 +93,10 @@ class Serving:
         if "chat" in serving.api and not (serving.text_stage or serving.audio_stage):
             raise ConfigError(
                 f"{where} serves chat but declares neither text_stage nor audio_stage"
+            )
+        if "transcription" in serving.api and not serving.text_stage:
+            raise ConfigError(
+                f"{where} serves transcription but declares no text_stage (the transcript)"
             )
         return serving
 

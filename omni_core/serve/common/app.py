@@ -35,6 +35,7 @@ from ..speech.routes import PATH as SPEECH_PATH
 from ..speech.routes import create_speech
 from ..speech.stream import PATH as SPEECH_STREAM_PATH
 from ..speech.stream import SpeechStreams
+from ..transcribe.routes import TRANSCRIPTIONS_PATH, TRANSLATIONS_PATH, create_transcription
 from ..views.deployment import PATH as DEPLOYMENT_PATH
 from ..views.deployment import SVG_PATH as DEPLOYMENT_SVG_PATH
 from ..views.deployment import DeploymentPages
@@ -73,6 +74,11 @@ def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> 
     async def chat(request: Request) -> Response:
         return await create_chat(
             request, service, server.max_body_bytes, media, server.body_timeout
+        )
+
+    async def transcribe(request: Request) -> Response:  # and translate: by the path
+        return await create_transcription(
+            request, service, request.url.path, server.max_body_bytes, server.body_timeout
         )
 
     async def list_voices(request: Request) -> Response:
@@ -128,6 +134,8 @@ def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> 
         Route(VOICES_PATH, _guarded(upload_voice), methods=["POST"]),
         Route(VOICES_PATH + "/{name}", _guarded(delete_voice), methods=["DELETE"]),
         Route(CHAT_PATH, _guarded(chat), methods=["POST"]),
+        Route(TRANSCRIPTIONS_PATH, _guarded(transcribe), methods=["POST"]),
+        Route(TRANSLATIONS_PATH, _guarded(transcribe), methods=["POST"]),
         Route("/v1/models", _guarded(models), methods=["GET"]),
         Route("/health", _guarded(health), methods=["GET"]),
         Route("/metrics", _guarded(prometheus), methods=["GET"]),

@@ -7,9 +7,9 @@ The preset makes all three work without the operator listing them:
 
 - :func:`model_names`: OpenAI's names of the APIs the pipeline serves (speech
   names for a speech pipeline, chat names for chat) become aliases of the
-  served model. Names of APIs omni does not serve (``whisper-1``:
-  transcription; ``gpt-4o-realtime-preview``: the Realtime API) are left out:
-  accepting them would only move the client's error somewhere less clear.
+  served model (``whisper-1``, ``gpt-4o-transcribe`` … for a pipeline that
+  serves transcription). Names of APIs the pipeline does not serve are left
+  out: accepting them would only move the client's error somewhere less clear.
 - :func:`voice_aliases`: OpenAI's eleven voices map onto the model's own
   voices in order (``alloy`` the first, ``ash`` the second..., wrapping
   around), or onto :data:`.voices.CLONE_VOICE` for a cloning model that has
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 SPEECH_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 CHAT_MODELS = ("gpt-4o-audio-preview", "gpt-4o-mini-audio-preview")
+TRANSCRIPTION_MODELS = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
 VOICES = (
     "alloy",
     "ash",
@@ -49,6 +50,8 @@ def model_names(api: tuple[str, ...] | list[str]) -> list[str]:
         names += SPEECH_MODELS
     if "chat" in api:
         names += CHAT_MODELS
+    if "transcription" in api:
+        names += TRANSCRIPTION_MODELS
     return names
 
 

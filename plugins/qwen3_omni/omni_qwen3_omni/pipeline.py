@@ -205,7 +205,7 @@ class Qwen3OmniSpeechPipeline(_Qwen3OmniSource, PipelineConfig):
     )
     entry_stage: ClassVar[str] = "preprocessing"
     default_model_path: ClassVar[str] = MODEL
-    api: ClassVar[tuple[str, ...]] = ("chat", "speech")
+    api: ClassVar[tuple[str, ...]] = ("chat", "speech", "transcription")
     text_stage: ClassVar[str | None] = "decode"
     audio_stage: ClassVar[str | None] = "code2wav"
     sample_rate: ClassVar[int | None] = 24000
@@ -224,7 +224,7 @@ class Qwen3OmniColocatedPipeline(_Qwen3OmniSource, PipelineConfig):
     )
     entry_stage: ClassVar[str] = "preprocessing"
     default_model_path: ClassVar[str] = MODEL
-    api: ClassVar[tuple[str, ...]] = ("chat", "speech")
+    api: ClassVar[tuple[str, ...]] = ("chat", "speech", "transcription")
     text_stage: ClassVar[str | None] = "decode"
     audio_stage: ClassVar[str | None] = "code2wav"
     sample_rate: ClassVar[int | None] = 24000
@@ -248,7 +248,7 @@ class Qwen3OmniTextPipeline(_Qwen3OmniSource, PipelineConfig):
     )
     entry_stage: ClassVar[str] = "preprocessing"
     default_model_path: ClassVar[str] = MODEL
-    api: ClassVar[tuple[str, ...]] = ("chat",)
+    api: ClassVar[tuple[str, ...]] = ("chat", "transcription")
     text_stage: ClassVar[str | None] = "decode"
 
     @classmethod
