@@ -123,4 +123,5 @@ def test_the_openai_voice_mapping_is_in_order_and_leaves_model_voices_alone():
     assert openai_compat.voice_aliases(None, "default") == {}  # not known before a download
     assert openai_compat.model_names(("speech",)) == ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
     assert "gpt-4o-audio-preview" in openai_compat.model_names(("chat",))
+    assert "gpt-realtime" in openai_compat.model_names(("chat",))  # /v1/realtime: a chat api
     assert "tts-1" not in openai_compat.model_names(("chat",))

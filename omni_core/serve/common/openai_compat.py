@@ -8,8 +8,9 @@ The preset makes all three work without the operator listing them:
 - :func:`model_names`: OpenAI's names of the APIs the pipeline serves (speech
   names for a speech pipeline, chat names for chat) become aliases of the
   served model (``whisper-1``, ``gpt-4o-transcribe`` … for a pipeline that
-  serves transcription). Names of APIs the pipeline does not serve are left
-  out: accepting them would only move the client's error somewhere less clear.
+  serves transcription; ``gpt-realtime`` … for ``/v1/realtime`` on a chat
+  pipeline). Names of APIs the pipeline does not serve are left out:
+  accepting them would only move the client's error somewhere less clear.
 - :func:`voice_aliases`: OpenAI's eleven voices map onto the model's own
   voices in order (``alloy`` the first, ``ash`` the second..., wrapping
   around), or onto :data:`.voices.CLONE_VOICE` for a cloning model that has
@@ -25,6 +26,13 @@ from __future__ import annotations
 
 SPEECH_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 CHAT_MODELS = ("gpt-4o-audio-preview", "gpt-4o-mini-audio-preview")
+# /v1/realtime runs on a chat pipeline: the SDK's realtime client names one of these.
+REALTIME_MODELS = (
+    "gpt-realtime",
+    "gpt-realtime-mini",
+    "gpt-4o-realtime-preview",
+    "gpt-4o-mini-realtime-preview",
+)
 TRANSCRIPTION_MODELS = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
 VOICES = (
     "alloy",
@@ -49,7 +57,7 @@ def model_names(api: tuple[str, ...] | list[str]) -> list[str]:
     if "speech" in api:
         names += SPEECH_MODELS
     if "chat" in api:
-        names += CHAT_MODELS
+        names += CHAT_MODELS + REALTIME_MODELS
     if "transcription" in api:
         names += TRANSCRIPTION_MODELS
     return names

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -65,6 +65,9 @@ class Response:
 def chat_data(service: Service, messages: list[dict[str, Any]], plan: ResponsePlan) -> dict:
     """The chat request a response is, validated as ``POST /v1/chat/completions`` would be."""
     speaks = "audio" in plan.modalities
+    voices = getattr(service, "voices", None)
+    if plan.voice and voices is not None:  # server.voice_aliases (the OpenAI preset's too)
+        plan = replace(plan, voice=voices.aliases.get(plan.voice, plan.voice))
     body: dict[str, Any] = {"messages": messages}
     if plan.max_tokens is not None:
         body["max_tokens"] = plan.max_tokens
