@@ -159,3 +159,19 @@ def test_the_page_files_are_package_data():
     assert "serve/views/web/index.html" in files
     for name in files:
         assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
+
+
+def test_the_talk_panel_is_on_the_page_hidden_until_chat_is_known(speech_server):
+    """The Talk panel's parts are in the page (hidden: app.js shows it for a chat pipeline), and
+    its module opens /v1/realtime with the key as a subprotocol, never in the URL."""
+    page = raw("GET", f"{speech_server.url}/playground").text
+    assert re.search(r'<section id="talk-panel" class="panel"[^>]* hidden>', page)
+    for part in ("talk-toggle", "talk-status", "talk-latency", "talk-log", "talk-error"):
+        assert f'id="{part}"' in page, part
+    app = raw("GET", f"{speech_server.url}/playground/static/app.js").text
+    assert 'import { TalkPanel } from "./talk.js";' in app
+    talk = raw("GET", f"{speech_server.url}/playground/static/talk.js")
+    assert talk.status_code == 200 and "javascript" in talk.headers["Content-Type"]
+    assert 'new URL("v1/realtime", document.baseURI)' in talk.text
+    assert "protocols.push(`bearer.${this.api.key}`)" in talk.text
+    assert "?key" not in talk.text and "api_key=" not in talk.text

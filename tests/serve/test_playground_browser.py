@@ -16,11 +16,13 @@ it, or without the ``playwright`` package, these tests skip and say why.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import re
 import shutil
+import subprocess
 import threading
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -471,3 +473,128 @@ def test_a_voice_recorded_from_the_microphone_is_cloned_with_consent_and_spoken(
         assert tab.problems == []
         page.screenshot(path=str(tmp_path / "clone.png"), full_page=True)
         tab.close()
+
+
+def test_talk_opens_the_realtime_socket_with_the_key_and_says_why_a_wrong_key_fails(
+    browser, guarded_server
+):
+    """t-speech serves chat, so the Talk panel shows; starting it opens /v1/realtime with the
+    tab's key as a subprotocol (the route is guarded: a connection proves the key went along),
+    sends its session settings, then the microphone in 100 ms appends; a wrong key is said."""
+    tab = Tab(browser, guarded_server.url)
+    page = tab.page
+    page.wait_for_selector("#key-panel:not([hidden])")
+    page.fill("#key-input", "sekret")
+    page.click("#key-submit")
+    page.wait_for_selector(READY, timeout=30_000)
+    assert page.is_visible("#talk-panel") and page.is_visible("#chat-panel")
+    sent: list[dict[str, Any]] = []
+    sockets: list[Any] = []
+
+    def opened(ws: Any) -> None:
+        sockets.append(ws)
+        ws.on("framesent", lambda payload: sent.append(json.loads(payload)))
+
+    page.on("websocket", opened)
+    page.click("#talk-toggle")
+    page.wait_for_selector('#talk-status[data-state="listening"][data-session="updated"]')
+    assert page.get_attribute("#talk-toggle", "aria-pressed") == "true"
+    assert page.inner_text("#talk-toggle") == "Stop talking"
+    page.wait_for_timeout(500)  # a few appends go out
+    assert [ws.url.split("/", 3)[-1] for ws in sockets] == ["v1/realtime"]
+    update = sent[0]
+    assert update["type"] == "session.update"
+    audio = update["session"]["audio"]
+    assert audio["input"]["turn_detection"] == {"type": "server_vad"}
+    assert audio["input"]["transcription"] and audio["input"]["format"]["rate"] == 24000
+    appends = [e for e in sent if e["type"] == "input_audio_buffer.append"]
+    assert len(appends) >= 3
+    assert {len(base64.b64decode(e["audio"])) for e in appends} == {4800}  # 100 ms at 24 kHz
+    assert page.is_hidden("#talk-error")
+
+    page.click("#talk-toggle")
+    page.wait_for_selector('#talk-status[data-state="idle"]')
+    assert page.inner_text("#talk-toggle") == "Start talking"
+    assert sockets[0].is_closed()
+
+    page.evaluate("sessionStorage.setItem('omni.apiKey', 'not-the-key')")
+    page.click("#talk-toggle")
+    page.wait_for_selector('#talk-status[data-state="error"]')
+    error = page.inner_text("#talk-error")
+    assert error.startswith("The server did not take the connection (code 1006)")
+    assert "the API key was refused" in error
+    assert page.get_attribute("#talk-toggle", "aria-pressed") == "false"
+    assert page.is_enabled("#talk-toggle")
+    # the browser logs the refused handshake, and the live view's polls with the wrong key
+    expected = ("WebSocket connection", "status of 401 (Unauthorized)")
+    assert [p for p in tab.problems if not any(e in p for e in expected)] == []
+
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    tab.close()
+
+
+def _spoken_wav(text: str, path: Path) -> Path:
+    """``text`` said by espeak-ng, with 1 s of silence before and 20 s after (Chromium loops the
+    file: the silence keeps the person from speaking again while the test watches)."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
+    np = pytest.importorskip("numpy")
+    sf = pytest.importorskip("soundfile")
+    raw_path = path.with_suffix(".raw.wav")
+    subprocess.run(["espeak-ng", "-w", str(raw_path), text], check=True)
+    speech, rate = sf.read(raw_path, dtype="int16")
+    padded = np.concatenate([np.zeros(rate, np.int16), speech, np.zeros(20 * rate, np.int16)])
+    sf.write(path, padded, rate, subtype="PCM_16")
+    return path
+
+
+@pytest.mark.slow
+def test_talking_to_qwen3_omni_shows_both_turns_the_latency_and_plays_the_answer(
+    chromium, tmp_path
+):
+    """The seven-process Qwen3-Omni demo, spoken to through Chromium's fake microphone (a WAV
+    of espeak-ng speech): the server's VAD finds the turn, the page shows the user's words as
+    transcribed, the answer's transcript, the turn latency, and the answer's audio is played
+    by the AudioContext's clock."""
+    wav = _spoken_wav("Hello there, tell me a story.", tmp_path / "hello.wav")
+    args = [*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={wav}"]
+    with _serve(EXAMPLES / "qwen3_omni_demo.toml") as live:
+        # a browser of its own: the fake microphone's file is a launch flag
+        talker = chromium.browser_type.launch(executable_path=CHROMIUM, args=args)
+        try:
+            tab = Tab(talker.new_context(), live.url)
+            page = tab.page
+            page.wait_for_selector(READY, timeout=30_000)
+            page.click("#talk-panel summary")
+            page.fill("#talk-max-tokens", "8")
+            page.click("#talk-toggle")
+            page.wait_for_selector('#talk-status[data-session="updated"]', timeout=30_000)
+            user = '#talk-log li[data-role="user"]'
+            page.wait_for_selector(f'{user}[data-transcript="done"]', timeout=60_000)
+            assert page.locator(user).count() == 1  # one turn heard, not a turn per word
+            assert page.locator(f"{user} .text").inner_text().strip()
+            answer = '#talk-log li[data-role="assistant"]'
+            page.wait_for_selector(f"{answer}[data-latency-ms]", timeout=60_000)
+            page.wait_for_function(
+                "() => Number(document.querySelector('#talk-status').dataset.answers) >= 1"
+                " && Number(document.querySelector('#talk-status').dataset.heardMs) > 0",
+                timeout=60_000,
+            )
+            status = tab.dataset("#talk-status")
+            latency = int(status["latencyMs"])
+            assert 0 < latency < 30_000
+            assert page.inner_text("#talk-latency") == f"{latency} ms"
+            assert page.locator(f"{answer} .text").first.inner_text().strip()
+            assert int(status["audioDeltas"]) >= 1 and int(status["audioMs"]) > 0
+            assert 0 < int(status["heardMs"]) <= int(status["audioMs"]) + 1
+            assert status["audioContext"] == "running"
+            assert status["bargeIns"] == "0"
+            assert page.is_hidden("#talk-error")
+            assert tab.problems == []
+            page.screenshot(path=str(tmp_path / "talk.png"), full_page=True)
+            page.click("#talk-toggle")
+            page.wait_for_selector('#talk-status[data-state="idle"]')
+            tab.close()
+        finally:
+            talker.close()

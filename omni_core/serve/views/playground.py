@@ -9,7 +9,9 @@ is a small page linking to it and to the API.
 
 The page uses only the public API, as its user could: ``/v1/deployment``
 (and its SVG), ``/v1/audio/voices``, ``/v1/audio/speech``,
-``/v1/chat/completions``, ``/health`` and ``/metrics``. So these pages hold
+``/v1/chat/completions``, the ``/v1/realtime`` WebSocket (the Talk panel:
+microphone in, spoken answers out, with the key as a ``bearer.<key>``
+subprotocol), ``/health`` and ``/metrics``. So these pages hold
 no secret and are open without the API key (the browser must load the page
 before it can ask for the key); everything the page then calls is checked
 as usual. ``server.playground = false`` removes the page, its files and

@@ -1,5 +1,6 @@
 // The playground's entry point: ask the server what it deploys (GET /v1/deployment), then
-// show the panels its pipeline serves (speech, chat) and the live deployment view. When the
+// show the panels its pipeline serves (speech; chat, and talk over /v1/realtime, which a
+// chat pipeline serves too) and the live deployment view. When the
 // server wants an API key, ask for it once and keep it in this tab's session storage.
 
 import { Api, describe } from "./api.js";
@@ -7,6 +8,7 @@ import { ChatPanel } from "./chat.js";
 import { DeploymentView } from "./deployment.js";
 import { PcmPlayer } from "./player.js";
 import { SpeechPanel } from "./speech.js";
+import { TalkPanel } from "./talk.js";
 
 const $ = (id) => document.getElementById(id);
 let started = false;
@@ -48,15 +50,18 @@ async function start() {
     `${deployment.pipeline} · model ${deployment.model} · ${count} process${count === 1 ? "" : "es"}` +
     ` · serves ${deployment.api.join(" and ")}`;
   document.title = `omni playground: ${deployment.pipeline}`;
-  document.body.dataset.panels = String(
-    ["speech", "chat"].filter((name) => deployment.api.includes(name)).length,
-  );
+  // speech, chat, and talk (which comes with chat)
+  const panels = ["speech", "chat", "chat"].filter((name) => deployment.api.includes(name));
+  document.body.dataset.panels = String(panels.length);
   const player = new PcmPlayer();
   let voices = null;
   if (deployment.api.includes("speech")) {
     voices = await new SpeechPanel(api, deployment, player).init();
   }
-  if (deployment.api.includes("chat")) new ChatPanel(api, deployment, player, voices).init();
+  if (deployment.api.includes("chat")) {
+    new ChatPanel(api, deployment, player, voices).init();
+    new TalkPanel(api, deployment, voices).init();
+  }
   await new DeploymentView(api, deployment).init();
   document.body.dataset.ready = "true";
 }

@@ -30,6 +30,7 @@ export class PcmPlayer extends EventTarget {
     this.samples = 0;
     this.firstStart = null; // AudioContext time of the first sample
     this.underruns = 0;
+    this.pieces = []; // [AudioContext time it starts, seconds] of each piece of this stream
   }
 
   get state() {
@@ -71,6 +72,7 @@ export class PcmPlayer extends EventTarget {
       if (!this.sources.size) this.dispatchEvent(new Event("idle"));
     };
     this.next = at + buffer.duration;
+    this.pieces.push([at, buffer.duration]);
     this.samples += samples.length;
     if (this.firstStart === null) this.firstStart = at;
     return at - now;
@@ -79,6 +81,15 @@ export class PcmPlayer extends EventTarget {
   /** Seconds of audio queued so far. */
   get seconds() {
     return this.samples / this.rate;
+  }
+
+  /** Seconds of this stream heard so far, by the AudioContext's clock (gaps not counted). */
+  played() {
+    if (!this.context) return 0;
+    const now = this.context.currentTime;
+    let heard = 0;
+    for (const [at, seconds] of this.pieces) heard += Math.min(seconds, Math.max(0, now - at));
+    return heard;
   }
 
   stop() {
@@ -91,5 +102,10 @@ export class PcmPlayer extends EventTarget {
     }
     this.sources.clear();
     this.next = 0;
+    if (this.context) {
+      // what was cut off was never heard: played() stays what it was at this moment
+      const now = this.context.currentTime;
+      this.pieces = this.pieces.map(([at, seconds]) => [at, Math.min(seconds, Math.max(0, now - at))]);
+    }
   }
 }
