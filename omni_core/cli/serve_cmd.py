@@ -71,6 +71,8 @@ def serve_command(
 
 
 async def _serve(resolution: Any, sock: Any, key: str | None, signals: Any) -> None:
+    import anyio
+
     from ..serve.common.app import create_app
     from ..serve.launch import build_runtime, say
     from ..serve.server import make_server, serve_runtime
@@ -86,36 +88,59 @@ async def _serve(resolution: Any, sock: Any, key: str | None, signals: Any) -> N
         say(f"model {config.model_path} (clients see {model!r})")
     say(f"runtime directory {runtime.plan.endpoints.runtime_dir}")
     say(f"process logs in {runtime.log_dir}: {_log_names(runtime)}")
-    async with runtime:
-        server = make_server(
-            create_app(runtime, resolution, api_key=key),
-            "",
-            0,
-            grace=grace,
-            header_timeout=config.server.header_timeout,
-            body_timeout=config.server.body_timeout,
+    # HTTP listens from the first moment: while the processes load, /health answers
+    # "starting" (503, each process's state) and requests a 503 that says so.
+    server = make_server(
+        create_app(runtime, resolution, api_key=key),
+        "",
+        0,
+        grace=grace,
+        header_timeout=config.server.header_timeout,
+        body_timeout=config.server.body_timeout,
+    )
+
+    def on_signal(count: int) -> None:
+        runtime.coordinator.accepting = False
+        server.should_exit = True
+        if count == 1:
+            say(f"received {signals.received}: stopping (grace {grace:g} s; again to force)")
+        else:
+            server.force_exit = True
+
+    def started(urls: list[str]) -> None:
+        api = ", ".join(resolution.pipeline_cls.api)
+        print(
+            f"omni: serving {pipeline} on {urls[0]} (api: {api}; "
+            f"auth: {'on' if key else 'off'}); loading the processes",
+            flush=True,
         )
 
-        def on_signal(count: int) -> None:
-            runtime.coordinator.accepting = False
+    http_done = anyio.Event()
+    failure: BaseException | None = None
+
+    async def http() -> None:
+        try:
+            await serve_runtime(server, [sock], on_started=started)
+        finally:
+            http_done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(http)
+        try:
+            # While the processes load a signal cancels the start (on_signal is unset);
+            # once they are up, it stops the server gracefully.
+            async with runtime:
+                # on stdout, after the address line: what scripts wait for
+                print(f"omni: ready: every process of {pipeline} is up", flush=True)
+                signals.on_signal = on_signal
+                await http_done.wait()
+                signals.on_signal = None  # from here a signal cancels the grace period
+                say("server stopped; stopping the processes")
+        except BaseException as exc:  # the load failed or was cancelled: stop listening too
+            failure = exc
             server.should_exit = True
-            if count == 1:
-                say(f"received {signals.received}: stopping (grace {grace:g} s; again to force)")
-            else:
-                server.force_exit = True
-
-        def started(urls: list[str]) -> None:
-            api = ", ".join(resolution.pipeline_cls.api)
-            print(
-                f"omni: serving {pipeline} on {urls[0]} (api: {api}; "
-                f"auth: {'on' if key else 'off'})",
-                flush=True,
-            )
-
-        signals.on_signal = on_signal
-        await serve_runtime(server, [sock], on_started=started)
-        signals.on_signal = None  # from here a signal cancels the runtime's grace period
-        say("server stopped; stopping the processes")
+    if failure is not None:
+        raise failure
     say(f"stopped; the process logs stay in {runtime.log_dir} (omni logs DEPLOY shows them)")
 
 

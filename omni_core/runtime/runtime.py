@@ -90,6 +90,9 @@ class Runtime:
         self._tg: Any = None
         self._stack: Any = None
         self.started_at = 0.0
+        # Every process started and ready: until then /health says "starting" and requests
+        # are refused with a 503 that says so (the HTTP server listens during start-up).
+        self.ready = False
         self.mps: dict[int, MpsDaemon] = {}
         self._owns_dir = False
         self._heard_floor = 0.0  # see _monitor: no child is blamed for the parent's stall
@@ -133,6 +136,7 @@ class Runtime:
             for wave in self.plan.start_waves:
                 await self._start_wave([self.children[name] for name in wave])
             self._tg.start_soon(self._monitor)
+            self.ready = True
         except BaseException:
             await self.aclose(grace=0)
             raise
@@ -387,6 +391,8 @@ class Runtime:
         states = {g["state"] for g in groups.values()}
         if not self.coordinator.accepting:
             status = "stopping"
+        elif not self.ready:
+            status = "starting"
         elif states <= {"healthy"}:
             status = "healthy"
         elif "failed" in states:

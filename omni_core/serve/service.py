@@ -210,6 +210,7 @@ class Service:
 
     async def admit(self, data: dict[str, Any], params: dict[str, Any]) -> RequestHandle:
         """Admit one API request: its text budgets, its voice, then into the runtime."""
+        self.require_ready()
         self.budget.check(data, params.get("api"))
         if params.get("api") == "speech" and self.voices is not None:
             data = self.voices.apply(data)  # every speech API: aliases, uploaded voices
@@ -221,6 +222,20 @@ class Service:
             raise APIError(503, exc.render()) from None
         except RequestFailed as exc:
             raise APIError(503, exc.render()) from None
+
+    def require_ready(self) -> None:
+        """503 while the runtime starts (the HTTP server listens from the first moment)."""
+        if getattr(self.runtime, "ready", True):
+            return
+        children = getattr(self.runtime, "children", {})
+        ready = sum(1 for child in children.values() if child.state == "healthy")
+        raise APIError(
+            503,
+            f"the server is starting: {ready} of {len(children)} processes ready "
+            "(GET /health shows each one); retry shortly",
+            code="starting",
+            headers={"Retry-After": "2"},
+        )
 
     async def finish(self, handle: RequestHandle, reason: str) -> None:
         """Abort ``handle`` everywhere unless it already ended (safe to call twice)."""

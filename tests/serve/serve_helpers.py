@@ -122,6 +122,21 @@ def _die_with_parent() -> None:
 OMNI = (sys.executable, "-m", "omni_core")
 
 
+def wait_ready(proc: subprocess.Popen, timeout: float, stderr: Any = lambda: "") -> None:
+    """Wait for ``omni serve``'s "ready" line: it listens (and prints its address) at once,
+    and says on stdout when every process is up (before that, requests get a 503)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([proc.stdout], [], [], max(left, 0))
+        line = proc.stdout.readline() if ready else ""
+        if line.startswith("omni: ready"):
+            return
+        if not line:
+            raise AssertionError(f"omni serve did not get ready in {timeout:g} s\n{stderr()}")
+
+
 class OmniServe:
     """``omni serve DEPLOY --port 0 FLAGS``: up once it printed its address.
 
@@ -174,7 +189,9 @@ class OmniServe:
         if " on http" not in line:  # "omni: serving qwen3-tts on http://127.0.0.1:PORT (…)"
             self.stop()
             raise AssertionError(f"omni serve did not start: {line!r}\n{self.stderr()}")
-        return line.split(" on ")[1].split()[0]
+        url = line.split(" on ")[1].split()[0]
+        wait_ready(self.proc, timeout, self.stderr)
+        return url
 
     def stderr(self) -> str:
         if not self.log.closed:

@@ -10,10 +10,11 @@ import sys
 import time
 import wave
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
-from serve_helpers import alive, descendants
+from serve_helpers import alive, descendants, wait_ready
 
 LAUNCH = [sys.executable, str(Path(__file__).parent / "omni_launch.py")]
 
@@ -129,6 +130,7 @@ class Served:
             self.proc.kill()
             raise AssertionError(f"omni serve did not start: {line!r}\n{self.stderr()}")
         self.url = line.split(" on ")[1].split()[0]
+        wait_ready(self.proc, 60, self.stderr)
 
     def stderr(self) -> str:
         self.log.flush()
@@ -219,3 +221,62 @@ def test_sigterm_during_start_up_tears_down_what_started(short_tmp):
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_the_server_listens_at_once_and_says_it_is_starting_until_ready(short_tmp):
+    """While a stage loads, /health is a 503 "starting" with each process's state, and a
+    request is a 503 that says how many processes are ready (code "starting", Retry-After)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    log = (short_tmp / "serve.err").open("w")
+    proc = subprocess.Popen(
+        [
+            *LAUNCH,
+            "serve",
+            "--pipeline",
+            "t-speech",
+            "--port",
+            "0",
+            "--endpoints.base_path",
+            str(short_tmp / "run"),
+            "--audio.factory.start_delay",
+            "6",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        url = line.split(" on ")[1].split()[0]
+        assert "loading the processes" in line
+
+        def get(path: str, body: bytes | None = None) -> tuple[int, dict, Any]:
+            request = urllib.request.Request(
+                url + path,
+                data=body,
+                method="POST" if body else "GET",
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    return answer.status, json.load(answer), answer.headers
+            except urllib.error.HTTPError as refused:
+                return refused.code, json.load(refused), refused.headers
+
+        status, health, _ = get("/health")
+        assert status == 503 and health["status"] == "starting"
+        states = {name: info["state"] for name, info in health["processes"].items()}
+        assert set(states) == {"front", "back"} and "starting" in states.values()
+        status, body, headers = get("/v1/audio/speech", json.dumps({"input": "hi"}).encode())
+        assert status == 503 and body["error"]["code"] == "starting"
+        assert "processes ready" in body["error"]["message"] and headers.get("Retry-After") == "2"
+        wait_ready(proc, 60)
+        status, health, _ = get("/health")
+        assert status == 200 and health["status"] == "healthy"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        log.close()

@@ -49,7 +49,7 @@ from .metrics import Metrics, MetricsMiddleware
 
 log = logging.getLogger("omni.serve")
 CLIENT_CLOSED = 499  # nginx's "client closed request": only ever seen in the metrics
-UNHEALTHY = {"unhealthy", "stopping"}
+UNHEALTHY = {"unhealthy", "stopping", "starting"}
 
 
 def create_app(runtime: Any, resolution: Any, *, api_key: str | None = None) -> Starlette:
