@@ -162,6 +162,33 @@ test-sglang: $(SGLANG_STAMP)
 	$(SGLANG_ENV) OMNI_TEST_SGLANG=1 $(SGLANG_VENV)/bin/pytest -q -p no:cacheprovider \
 	  tests/engine/test_sglang_settings.py plugins/qwen3_omni/tests/test_sglang_thinker.py
 
+# Opt-in check that an agent framework nobody here wrote holds a spoken turn with omni's
+# /v1/realtime: pipecat's OpenAI Realtime service, unchanged, in its own environment,
+# .venv-agents (pipecat pins its own openai, websockets, numpy and pydantic ranges, which
+# may drift from omni's). omni and its plugins go in exactly as $(STAMP) installs them,
+# after torch==2.13.0 (the CPU build on this machine's disk: a bare torch requirement
+# would pull the registry's multi-GB CUDA build); pipecat last, at an exact version.
+AGENTS_VENV ?= .venv-agents
+AGENTS_STAMP := $(AGENTS_VENV)/.omni-agents
+PIPECAT_VERSION ?= 1.14.0
+.PHONY: agents-env test-agents
+$(AGENTS_STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
+	rm -rf $(AGENTS_VENV)
+	$(PYTHON) -m venv $(AGENTS_VENV)
+	$(AGENTS_VENV)/bin/pip install $(PIP_QUIET) --upgrade pip
+	$(AGENTS_VENV)/bin/pip install $(PIP_QUIET) torch==2.13.0
+	$(AGENTS_VENV)/bin/pip install $(PIP_QUIET) -e ".[test,gpu,audio,ray]" $(addprefix -e ,$(PLUGINS)) openai
+	$(AGENTS_VENV)/bin/pip install $(PIP_QUIET) "pipecat-ai[openai]==$(PIPECAT_VERSION)"
+	$(AGENTS_VENV)/bin/python -c "import pipecat.services.openai.realtime.llm"
+	touch $(AGENTS_STAMP)
+	@echo "installed: pipecat-ai $(PIPECAT_VERSION) in $(AGENTS_VENV)"
+
+agents-env: $(AGENTS_STAMP)
+
+# One spoken turn through a pipecat Pipeline against the qwen3-omni CPU demo server.
+test-agents: $(AGENTS_STAMP)
+	$(AGENTS_VENV)/bin/pytest -q -p no:cacheprovider plugins/qwen3_omni/tests/test_agent_framework.py
+
 bench: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(BIN)/python $$script || exit 1; done
 

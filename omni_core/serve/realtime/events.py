@@ -13,6 +13,7 @@ from typing import Any
 
 # GA name -> beta name, for the events whose names changed.
 BETA_NAMES = {
+    "conversation.item.added": "conversation.item.created",
     "response.output_audio.delta": "response.audio.delta",
     "response.output_audio.done": "response.audio.done",
     "response.output_audio_transcript.delta": "response.audio_transcript.delta",

@@ -111,7 +111,7 @@ async def run_response(
                 )
             )
             await send(
-                event("conversation.item.created", previous_item_id=None, item=item.describe())
+                event("conversation.item.added", previous_item_id=None, item=item.describe())
             )
             await send(
                 event(

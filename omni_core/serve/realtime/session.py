@@ -52,6 +52,7 @@ class RealtimeSession:
         self.buffer_start_ms = 0.0  # where self.buffer starts in the input audio
         self.vad: ServerVad | None = None
         self.speech_start_ms: float | None = None
+        self.speech_item_id: str | None = None  # the user item the detected speech becomes
         self.response: Response | None = None
         self.beta = False
         self.outcome: str | None = None
@@ -209,31 +210,42 @@ class RealtimeSession:
         found = await anyio.to_thread.run_sync(vad.feed, pcm, limiter=self._vad_limiter)
         detection = self.config.turn_detection
         for change in found:
+            # Both events name the user item the speech will become (a string: the
+            # Realtime API documents item_id as one, and strict clients such as
+            # pipecat's refuse a null); committing the turn creates it under that id.
             if change.kind == "started":
                 self.speech_start_ms = change.ms
+                self.speech_item_id = new_id("item")
                 if self.response is not None and detection and detection.interrupt_response:
                     self.response.cancel("turn_detected")  # barge-in
                 await self._send(
                     event(
-                        "input_audio_buffer.speech_started", audio_start_ms=change.ms, item_id=None
+                        "input_audio_buffer.speech_started",
+                        audio_start_ms=change.ms,
+                        item_id=self.speech_item_id,
                     )
                 )
             else:
+                item_id, self.speech_item_id = self.speech_item_id or new_id("item"), None
                 await self._send(
-                    event("input_audio_buffer.speech_stopped", audio_end_ms=change.ms, item_id=None)
+                    event(
+                        "input_audio_buffer.speech_stopped",
+                        audio_end_ms=change.ms,
+                        item_id=item_id,
+                    )
                 )
-                await self._commit_turn(self.speech_start_ms or 0.0, change.ms)
+                await self._commit_turn(self.speech_start_ms or 0.0, change.ms, item_id)
                 if detection and detection.create_response and self.response is None:
                     self._start(self._plan({}))
 
-    async def _commit_turn(self, start_ms: float, end_ms: float) -> None:
+    async def _commit_turn(self, start_ms: float, end_ms: float, item_id: str) -> None:
         """The detected turn's audio becomes a user item; what follows it stays buffered."""
         begin = max(0, int((start_ms - self.buffer_start_ms) * SESSION_RATE / 1000) * 2)
         end = max(begin, int((end_ms - self.buffer_start_ms) * SESSION_RATE / 1000) * 2)
         pcm = bytes(self.buffer[begin:end])
         del self.buffer[:end]
         self.buffer_start_ms += end / 2 / SESSION_RATE * 1000
-        await self._add_user_audio(pcm)
+        await self._add_user_audio(pcm, item_id)
 
     async def _commit(self, payload: dict[str, Any]) -> None:
         if len(self.buffer) < SESSION_RATE * 2 // 10:  # 100 ms, as OpenAI requires
@@ -247,16 +259,18 @@ class RealtimeSession:
         self.buffer.clear()
         await self._add_user_audio(pcm)
 
-    async def _add_user_audio(self, pcm: bytes) -> None:
+    async def _add_user_audio(self, pcm: bytes, item_id: str | None = None) -> None:
         item = Item(
-            new_id("item"), "user", [{"type": "input_audio", "pcm": pcm, "transcript": None}]
+            item_id or new_id("item"),
+            "user",
+            [{"type": "input_audio", "pcm": pcm, "transcript": None}],
         )
         previous = self.conversation.add(item)
         await self._send(
             event("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id)
         )
         await self._send(
-            event("conversation.item.created", previous_item_id=previous, item=item.describe())
+            event("conversation.item.added", previous_item_id=previous, item=item.describe())
         )
         if self.config.transcription and self._tg is not None:
             from .transcripts import transcribe
@@ -282,7 +296,7 @@ class RealtimeSession:
                 param="previous_item_id",
             ) from None
         await self._send(
-            event("conversation.item.created", previous_item_id=previous, item=item.describe())
+            event("conversation.item.added", previous_item_id=previous, item=item.describe())
         )
 
     async def _item_delete(self, payload: dict[str, Any]) -> None:

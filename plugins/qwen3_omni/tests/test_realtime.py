@@ -214,6 +214,12 @@ def test_server_vad_finds_the_turn_and_answers_by_itself(server, hello) -> None:
     )
     started = next(e for e in seen if e.type == "input_audio_buffer.speech_started")
     stopped = next(e for e in seen if e.type == "input_audio_buffer.speech_stopped")
+    committed = next(e for e in seen if e.type == "input_audio_buffer.committed")
+    # both name the user item the turn becomes (a string: strict clients refuse a null)
+    assert isinstance(started.item_id, str)
+    assert started.item_id == stopped.item_id == committed.item_id
+    # a GA client hears of each new item as conversation.item.added (beta: ...created)
+    assert kinds.count("conversation.item.added") == 2 and "conversation.item.created" not in kinds
     speech_ms = len(hello) / 2 / RATE * 1000
     assert 300 <= started.audio_start_ms <= 1100  # 1 s of silence, 300 ms prefix padding
     assert stopped.audio_end_ms - started.audio_start_ms >= speech_ms * 0.6
@@ -370,6 +376,8 @@ def test_a_beta_client_gets_the_beta_event_names(server) -> None:
     kinds = asyncio.run(beta())
     assert kinds["response.text.delta"] >= 1 and kinds["response.text.done"] == 1
     assert "response.output_text.delta" not in kinds
+    # the user's item and the answer's, under the beta name of conversation.item.added
+    assert kinds["conversation.item.created"] == 2 and "conversation.item.added" not in kinds
 
 
 @pytest.mark.slow
