@@ -299,6 +299,19 @@ class RealtimeSession:
             event("conversation.item.added", previous_item_id=previous, item=item.describe())
         )
 
+    async def _item_retrieve(self, payload: dict[str, Any]) -> None:
+        item_id = payload.get("item_id")
+        try:
+            item = self.conversation.get(str(item_id))
+        except KeyError:
+            raise APIError(
+                400,
+                f"no item {item_id!r} in this conversation",
+                code="item_not_found",
+                param="item_id",
+            ) from None
+        await self._send(event("conversation.item.retrieved", item=item.describe()))
+
     async def _item_delete(self, payload: dict[str, Any]) -> None:
         item_id = payload.get("item_id")
         try:
@@ -413,6 +426,7 @@ HANDLERS = {
     "input_audio_buffer.clear": RealtimeSession._clear,
     "conversation.item.create": RealtimeSession._item_create,
     "conversation.item.delete": RealtimeSession._item_delete,
+    "conversation.item.retrieve": RealtimeSession._item_retrieve,
     "conversation.item.truncate": RealtimeSession._item_truncate,
     "response.create": RealtimeSession._response_create,
     "response.cancel": RealtimeSession._response_cancel,

@@ -279,6 +279,8 @@ def test_client_mistakes_get_error_events_and_the_session_goes_on(server) -> Non
             errors.append(await _until(conn, "error"))
             await conn.send({"type": "response.cancel"})  # nothing to cancel
             errors.append(await _until(conn, "error"))
+            await conn.send({"type": "conversation.item.retrieve", "item_id": "item_none"})
+            errors.append(await _until(conn, "error"))
             await conn.session.update(
                 session={"type": "realtime", "audio": {"output": {"voice": "nobody-here"}}}
             )
@@ -302,16 +304,17 @@ def test_client_mistakes_get_error_events_and_the_session_goes_on(server) -> Non
 
     errors, (failed, still) = asyncio.run(mistakes())
     codes = [e.error.code for e in errors]
-    assert codes[:5] == [
+    assert codes[:6] == [
         "invalid_event_type",
         "invalid_base64",
         "invalid_value",
         "input_audio_buffer_commit_empty",
         "response_cancel_not_active",
+        "item_not_found",
     ]
     assert errors[0].error.event_id == "evt_1"
     assert errors[2].error.param == "session.bogus_setting"
-    assert "nobody-here" in errors[5].error.message
+    assert "nobody-here" in errors[6].error.message
     assert failed.status == "failed"
     assert still.status in ("completed", "incomplete")
 
