@@ -573,7 +573,7 @@ def _draw_legend(plan: DeploymentPlan, width: float, top: float) -> tuple[list[s
                 f'<rect x="{x:.1f}" y="{y - 11:.1f}" width="28" height="16" rx="8" fill="#ffffff"'
                 f' stroke="{INK}" stroke-width="0.8"/>'
             )
-            out.append(_text(x + 14, y + 1, "shm", 9, text_anchor="middle", fill=INK))
+            out.append(_text(x + 14, y + 1, "shm", 11, text_anchor="middle", fill=INK))
         else:
             dash = ' stroke-dasharray="7 5"' if kind == "dashed" else ""
             out.append(

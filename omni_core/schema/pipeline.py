@@ -53,6 +53,10 @@ class PipelineConfig(BaseModel):
     """The terminal stage whose chunks are text deltas (str)."""
     sample_rate: ClassVar[int | None] = None
     """Sample rate of the audio stage's output."""
+    speech_input: ClassVar[Literal["read", "answer"]] = "read"
+    """What a speech request's ``input`` is: ``"read"``, text the pipeline reads aloud
+    (a TTS model), or ``"answer"``, a message the model answers aloud (Qwen3-Omni: its
+    preprocessing turns ``input`` into a user turn). Clients (the playground) say which."""
     voice_cloning: ClassVar[bool] = False
     """Whether the pipeline can clone a voice from a clip (``POST /v1/audio/voices``).
 

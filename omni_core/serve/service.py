@@ -52,6 +52,9 @@ def public_model_name(model_path: str) -> str:
 # What a pipeline class may list in ``api``: speech (text in, audio out), chat (messages in),
 # transcription (audio in, its text out: /v1/audio/transcriptions and /translations).
 APIS = ("speech", "chat", "transcription")
+# What a speech request's ``input`` is to the pipeline: text to read aloud, or a message
+# the model answers aloud (PipelineConfig.speech_input).
+SPEECH_INPUTS = ("read", "answer")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class Serving:
     audio_stage: str | None
     text_stage: str | None
     sample_rate: int | None
+    speech_input: str = "read"
 
     @classmethod
     def of(cls, pipeline_cls: Any) -> Serving:
@@ -72,6 +76,7 @@ class Serving:
             pipeline_cls.audio_stage,
             pipeline_cls.text_stage,
             pipeline_cls.sample_rate,
+            getattr(pipeline_cls, "speech_input", "read"),
         )
         where = f"pipeline {serving.pipeline!r} ({pipeline_cls.__module__}.{pipeline_cls.__name__})"
         unknown = set(serving.api) - set(APIS)
@@ -83,6 +88,12 @@ class Serving:
             raise ConfigError(
                 f"{where} declares no api, so there is nothing to serve",
                 hint='set api = ("speech",), ("chat",) and/or ("transcription",) on the class',
+            )
+        if serving.speech_input not in SPEECH_INPUTS:
+            raise ConfigError(
+                f"{where} declares speech_input {serving.speech_input!r}; "
+                f"known: {', '.join(SPEECH_INPUTS)}",
+                hint='"read" (the input is read aloud) or "answer" (the model answers it aloud)',
             )
         if "speech" in serving.api and not (serving.audio_stage and serving.sample_rate):
             raise ConfigError(

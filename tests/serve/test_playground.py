@@ -86,6 +86,7 @@ def test_deployment_json_describes_the_plan_without_host_paths(speech_server):
     assert data["pipeline"] == "t-speech" and data["api"] == ["speech", "chat"]
     assert data["sample_rate"] == 24000
     assert data["outputs"] == {"text": False, "audio": True}
+    assert data["speech_input"] == "read"  # t-speech reads its input aloud
     assert [(p["name"], p["stages"], p["gpu"]) for p in data["processes"]] == [
         ("front", ["prep", "synth"], None),
         ("back", ["audio"], None),
@@ -108,6 +109,39 @@ def test_deployment_svg_is_the_plans_picture(speech_server):
         ("front", "prep"),
         ("front", "synth"),
     ]
+    # the page shows the picture at a scale that keeps its smallest text at 11 px: none
+    # smaller, so a picture that fits is never drawn larger than its own size for it
+    sizes = [float(t.get("font-size")) for t in root.iter(f"{SVG}text")]
+    assert sizes and min(sizes) >= 11
+
+
+def _serving(**attributes: object) -> type:
+    base = {
+        "pipeline_name": "talking",
+        "api": ("speech",),
+        "audio_stage": "audio",
+        "text_stage": None,
+        "sample_rate": 24000,
+    }
+    return type("Talking", (), {**base, **attributes})
+
+
+def test_speech_input_says_whether_speech_reads_or_answers_and_nothing_else():
+    """``speech_input`` (what ``/v1/deployment`` tells the playground's Speech card) is
+    "read" unless a pipeline says "answer"; any other value stops the server naming the class."""
+    from omni_core.errors import ConfigError
+    from omni_core.schema.pipeline import PipelineConfig
+    from omni_core.serve.service import Serving
+
+    assert PipelineConfig.speech_input == "read"
+    assert Serving.of(_serving()).speech_input == "read"  # a class without the attribute
+    assert Serving.of(_serving(speech_input="answer")).speech_input == "answer"
+    for wrong in ("reply", "Answer", None):
+        with pytest.raises(ConfigError) as caught:
+            Serving.of(_serving(speech_input=wrong))
+        message = str(caught.value)
+        assert f"{__name__}.Talking" in message and "'talking'" in message
+        assert f"speech_input {wrong!r}" in message and "known: read, answer" in message
 
 
 def test_with_a_key_the_pages_stay_open_and_the_api_is_guarded(guarded_server):

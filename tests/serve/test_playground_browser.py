@@ -6,8 +6,12 @@ without console errors; Speak plays audio before the request has finished
 voice changes the request; the deployment view names every stage with its
 process and shows queue depth moving while a burst of requests runs; a wrong
 API key gets a clear message; Qwen3-Omni answers an image and a question as
-a stream. Screenshots of the playground and of the plan picture are written
-under each test's ``tmp_path`` for a person to look at.
+a stream; at a phone's 390 px the seven-process deployment keeps its text at
+11 px or more and its table's words whole; the Speech card says whether the
+model reads the text or answers it; every chat answer with audio carries a
+player and an "answer.wav" download. Screenshots of the playground and of
+the plan picture are written under each test's ``tmp_path`` for a person to
+look at.
 
 The browser is Debian's ``chromium`` (``make browser`` installs it;
 ``$OMNI_CHROMIUM`` names another), never one Playwright downloads. Without
@@ -106,6 +110,13 @@ def _serve(deploy: Path, flags: list[str] | None = None) -> Iterator[Any]:
 def tts_demo() -> Iterator[Any]:
     """The built-in default: tiny Qwen3-TTS, random weights, one CPU process."""
     with _serve(EXAMPLES / "qwen3_tts_demo.toml") as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def qwen3_omni_demo() -> Iterator[Any]:
+    """The seven-process Qwen3-Omni demo (tiny, random weights, CPU), for the slow tests."""
+    with _serve(EXAMPLES / "qwen3_omni_demo.toml") as live:
         yield live
 
 
@@ -345,6 +356,88 @@ def test_a_chat_answer_streams_word_by_word_with_its_audio(browser, chat_server)
     tab.close()
 
 
+# The WAV behind an answer's player, read back from its blob URL: its rate and seconds.
+READ_WAV = """async (url) => {
+    const bytes = new Uint8Array(await (await fetch(url)).arrayBuffer());
+    const view = new DataView(bytes.buffer);
+    const tag = (at) => String.fromCharCode(...bytes.subarray(at, at + 4));
+    return {riff: tag(0), wave: tag(8), data: tag(36), rate: view.getUint32(24, true),
+            bytes: view.getUint32(40, true), length: bytes.length};
+}"""
+
+
+def _answer_audio(tab: Tab, answer: Any) -> tuple[dict[str, Any], float]:
+    """The answer's <audio> and download: one blob URL, and what the WAV there holds."""
+    audio = answer.locator("audio")
+    assert audio.count() == 1
+    assert audio.evaluate("a => a.controls") is True
+    src = audio.get_attribute("src")
+    assert src.startswith("blob:")
+    link = answer.locator("a[download]")
+    assert link.get_attribute("download") == "answer.wav"
+    assert link.get_attribute("href") == src
+    assert link.is_visible() and audio.is_visible()
+    wav = tab.page.evaluate(READ_WAV, src)
+    assert (wav["riff"], wav["wave"], wav["data"]) == ("RIFF", "WAVE", "data")
+    assert wav["length"] == 44 + wav["bytes"]
+    audio.evaluate(
+        "a => a.readyState >= 1 || new Promise(r => a.addEventListener('loadedmetadata', r))"
+    )
+    return wav, audio.evaluate("a => a.duration")
+
+
+def test_every_chat_answer_with_audio_gets_a_player_and_a_wav_download(browser, chat_server):
+    """The status's "N s of audio" is there to hear again and to keep: each answer that had
+    audio carries an <audio> over a WAV blob of exactly that audio, and "answer.wav"."""
+    tab = Tab(browser, chat_server.url)
+    page = tab.page
+    page.wait_for_selector(READY, timeout=30_000)
+    rate = raw("GET", f"{chat_server.url}/v1/deployment").json()["sample_rate"]
+    answers = page.locator('#chat-log li[data-role="assistant"]')
+    page.check("#chat-speak")
+    for turn, text in enumerate(["hello there friend", "and once more, with feeling"]):
+        page.fill("#chat-text", text)
+        page.click("#chat-send")
+        page.wait_for_function(
+            f"() => document.querySelectorAll('#chat-log li[data-role=assistant]').length"
+            f" === {turn + 1} && document.querySelector('#chat-status').dataset.state === 'done'",
+            timeout=30_000,
+        )
+        said = float(re.search(r"([\d.]+) s of audio$", page.inner_text("#chat-status"))[1])
+        assert said > 0
+        wav, duration = _answer_audio(tab, answers.nth(turn))
+        assert wav["rate"] == rate
+        assert wav["bytes"] / (2 * rate) == pytest.approx(said, abs=0.006)
+        assert duration == pytest.approx(said, abs=0.02)
+    first, second = (answers.nth(i).locator("audio").get_attribute("src") for i in (0, 1))
+    assert first != second  # each answer keeps its own audio
+    # an answer without audio gets no player
+    page.uncheck("#chat-speak")
+    page.fill("#chat-text", "quietly now")
+    page.click("#chat-send")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#chat-log li[data-role=assistant]').length === 3"
+        " && document.querySelector('#chat-status').dataset.state === 'done'",
+        timeout=30_000,
+    )
+    assert answers.nth(2).locator("audio, a[download]").count() == 0
+    assert tab.problems == []
+    tab.close()
+
+
+def test_the_speech_card_says_a_tts_pipeline_reads_the_text_aloud(browser, tts_demo):
+    tab = Tab(browser, tts_demo.url)
+    page = tab.page
+    page.wait_for_selector(READY, timeout=30_000)
+    assert raw("GET", f"{tts_demo.url}/v1/deployment").json()["speech_input"] == "read"
+    label = page.inner_text('label[for="speech-text"]')
+    assert "speak" in label.lower() and "answer" not in label.lower()
+    assert page.inner_text("#speak") == "Speak"
+    assert tab.dataset("#speech-panel")["speechInput"] == "read"
+    assert tab.problems == []
+    tab.close()
+
+
 def test_the_plan_picture_is_legible_in_a_browser(browser, tmp_path, capsys):
     """``omni plan --format svg`` of the seven-process, two-GPU Qwen3-Omni plan, rendered:
     every label fits inside its box with the browser's real fonts."""
@@ -412,28 +505,107 @@ def test_qwen3_omni_answers_an_image_and_a_question_as_a_stream(browser, tmp_pat
 
 @pytest.mark.slow
 def test_the_seven_process_qwen3_omni_demo_speaks_its_answer_and_shows_every_process(
-    browser, tmp_path
+    browser, qwen3_omni_demo, tmp_path
 ):
-    with _serve(EXAMPLES / "qwen3_omni_demo.toml") as live:
-        tab = Tab(browser, live.url)
-        page = tab.page
-        page.wait_for_selector(READY, timeout=30_000)
-        assert page.locator(".process").count() == 7
-        page.wait_for_function(
-            "() => document.querySelectorAll('.process[data-state=\"healthy\"]').length === 7"
-        )
-        page.fill("#chat-text", "Say something.")
-        page.fill("#chat-max-tokens", "8")
-        page.check("#chat-speak")
-        page.click("#chat-send")
-        page.wait_for_selector("#chat-status[data-state=done]", timeout=90_000)
-        assert "s of audio" in page.inner_text("#chat-status")
-        (body,) = [b for path, b in tab.posts if path == "v1/chat/completions"]
-        assert body["modalities"] == ["text", "audio"]
-        assert body["audio"]["format"] == "pcm16"
-        assert tab.problems == []
-        page.screenshot(path=str(tmp_path / "qwen3-omni.png"), full_page=True)
-        tab.close()
+    tab = Tab(browser, qwen3_omni_demo.url)
+    page = tab.page
+    page.wait_for_selector(READY, timeout=30_000)
+    assert page.locator(".process").count() == 7
+    page.wait_for_function(
+        "() => document.querySelectorAll('.process[data-state=\"healthy\"]').length === 7"
+    )
+    page.fill("#chat-text", "Say something.")
+    page.fill("#chat-max-tokens", "8")
+    page.check("#chat-speak")
+    page.click("#chat-send")
+    page.wait_for_selector("#chat-status[data-state=done]", timeout=90_000)
+    said = float(re.search(r"([\d.]+) s of audio$", page.inner_text("#chat-status"))[1])
+    (body,) = [b for path, b in tab.posts if path == "v1/chat/completions"]
+    assert body["modalities"] == ["text", "audio"]
+    assert body["audio"]["format"] == "pcm16"
+    # the answer's audio, to play again or download
+    wav, _ = _answer_audio(tab, page.locator('#chat-log li[data-role="assistant"]'))
+    assert wav["rate"] == 24000
+    assert wav["bytes"] / (2 * 24000) == pytest.approx(said, abs=0.006)
+    assert tab.problems == []
+    page.screenshot(path=str(tmp_path / "qwen3-omni.png"), full_page=True)
+    tab.close()
+
+
+# Every piece of text in the deployment view with the size it is drawn at: an SVG text's
+# font size times the picture's scale on screen; hidden ones (a column a phone drops) skipped.
+RENDERED_TEXT = """() => {
+    const panel = document.getElementById('deployment-panel');
+    const walker = document.createTreeWalker(panel, NodeFilter.SHOW_TEXT);
+    const out = [];
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        const el = node.parentElement;
+        if (!node.textContent.trim() || !el.getClientRects().length) continue;
+        let size = parseFloat(getComputedStyle(el).fontSize);
+        if (el instanceof SVGElement) size *= el.getScreenCTM().a;
+        out.push([node.textContent.trim(), size]);
+    }
+    return out;
+}"""
+
+# The words of the process table that a line break cuts in two, and the process names
+# wider than their cell.
+BROKEN_WORDS = r"""() => {
+    const broken = [];
+    for (const cell of document.querySelectorAll('#process-table tbody :is(th, td)')) {
+        if (!cell.getClientRects().length) continue;
+        if (cell.scope === 'row' && cell.scrollWidth > cell.clientWidth) {
+            broken.push(cell.textContent);
+        }
+        for (const node of cell.childNodes) {
+            if (node.nodeType !== Node.TEXT_NODE) continue;
+            for (const word of node.textContent.matchAll(/\S+/g)) {
+                const range = document.createRange();
+                range.setStart(node, word.index);
+                range.setEnd(node, word.index + word[0].length);
+                const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+                if (lines.size > 1) broken.push(word[0]);
+            }
+        }
+    }
+    return broken;
+}"""
+
+
+@pytest.mark.slow
+def test_on_a_phone_the_seven_process_deployment_stays_readable_and_speech_says_it_answers(
+    browser, qwen3_omni_demo, tmp_path
+):
+    """390 px wide: the picture scrolls sideways at a readable scale (no text under 11 px)
+    instead of shrinking to fit, the page itself does not scroll sideways, and no word of
+    the process table is broken. Qwen3-Omni's Speech card says the model answers the text."""
+    tab = Tab(browser, qwen3_omni_demo.url, width=390, height=844)
+    page = tab.page
+    page.wait_for_selector(READY, timeout=30_000)
+    page.wait_for_function(
+        "() => document.querySelectorAll('.process[data-state=\"healthy\"]').length === 7"
+        " && document.querySelectorAll('#process-table td[data-state=healthy]').length === 7"
+    )
+    texts = page.evaluate(RENDERED_TEXT)
+    names = {text for text, _ in texts}
+    assert {"preprocessing", "thinker", "talker_ar", "code2wav"} <= names
+    assert len(texts) > 40  # the picture's labels and the table's cells, all measured
+    assert [(text, round(size, 1)) for text, size in texts if size < 11] == []
+    assert page.evaluate(BROKEN_WORDS) == []
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    picture = page.locator("#deployment-picture")
+    assert picture.evaluate("e => e.scrollWidth > e.clientWidth")  # it scrolls instead
+    assert picture.evaluate("e => getComputedStyle(e).overflowX") == "auto"
+
+    assert raw("GET", f"{qwen3_omni_demo.url}/v1/deployment").json()["speech_input"] == "answer"
+    assert page.is_visible("#speech-panel")
+    label = page.inner_text('label[for="speech-text"]')
+    assert "answer" in label.lower() and label != "Text to speak"
+    assert page.inner_text("#speak") == "Ask"
+    assert tab.dataset("#speech-panel")["speechInput"] == "answer"
+    assert tab.problems == []
+    page.screenshot(path=str(tmp_path / "qwen3-omni-phone.png"), full_page=True)
+    tab.close()
 
 
 @pytest.mark.slow

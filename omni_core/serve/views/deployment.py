@@ -39,6 +39,8 @@ def deployment_view(plan: Any, service: Any) -> dict[str, Any]:
             "audio": serving.audio_stage is not None,
         },
         "sample_rate": serving.sample_rate,
+        # what /v1/audio/speech does with ``input``: "read" it aloud or "answer" it aloud
+        "speech_input": serving.speech_input,
         "policy": plan.policy,
         "inventory": plan.inventory.describe(),
         "processes": [

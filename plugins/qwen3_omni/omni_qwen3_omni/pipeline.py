@@ -12,7 +12,7 @@ memory share, so the processes cannot grab memory first-come-first-served.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -209,6 +209,8 @@ class Qwen3OmniSpeechPipeline(_Qwen3OmniSource, PipelineConfig):
     text_stage: ClassVar[str | None] = "decode"
     audio_stage: ClassVar[str | None] = "code2wav"
     sample_rate: ClassVar[int | None] = 24000
+    # /v1/audio/speech's input is the user's turn: the model answers it aloud (preprocessing)
+    speech_input: ClassVar[Literal["read", "answer"]] = "answer"
 
     @classmethod
     def default_stages(cls) -> list[StageConfig]:
@@ -228,6 +230,8 @@ class Qwen3OmniColocatedPipeline(_Qwen3OmniSource, PipelineConfig):
     text_stage: ClassVar[str | None] = "decode"
     audio_stage: ClassVar[str | None] = "code2wav"
     sample_rate: ClassVar[int | None] = 24000
+    # /v1/audio/speech's input is the user's turn: the model answers it aloud (preprocessing)
+    speech_input: ClassVar[Literal["read", "answer"]] = "answer"
     default_placement_policy: ClassVar[str] = "colocate"
 
     @classmethod

@@ -129,3 +129,20 @@ async def test_the_budget_estimate_never_falls_short_of_the_prompt_built():
         raise AssertionError("the estimate is more than 8 tokens above the prompt built")
     with pytest.raises(RequestError, match="max_prompt_tokens"):
         await _run(create_preprocessing("tiny", max_prompt_tokens=built - 1), messages)
+
+
+async def test_a_speech_input_is_the_users_turn_so_the_speech_pipelines_say_they_answer_it():
+    """``speech_input = "answer"`` (what the playground's Speech card reads) is true: the
+    preprocessing stage makes a speech request's ``input`` the user's turn, the same prompt
+    as a chat message saying it, so the model answers the text rather than reading it."""
+    from omni_core.serve.service import Serving
+    from omni_qwen3_omni.pipeline import Qwen3OmniColocatedPipeline, Qwen3OmniSpeechPipeline
+
+    for pipeline in (Qwen3OmniSpeechPipeline, Qwen3OmniColocatedPipeline):
+        assert "speech" in pipeline.api
+        assert Serving.of(pipeline).speech_input == "answer"
+    stage = create_preprocessing("tiny")
+    text = "What colour is the sea?"
+    spoken = await stage.run(StageRequest("r1", {"input": text, "sampling": {}}))
+    chat = await _run(stage, [{"role": "user", "content": text}])
+    assert spoken["prompt"]["token_ids"] == chat["prompt"]["token_ids"]

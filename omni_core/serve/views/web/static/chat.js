@@ -1,11 +1,12 @@
 // The chat panel: POST /v1/chat/completions with text, an image and a recorded clip, the
 // answer streamed (SSE) as text and, when asked and the pipeline speaks, as PCM16 audio
-// played as it arrives. The conversation is kept here and sent whole with each turn.
+// played as it arrives, then kept under the answer as a WAV to replay or download. The
+// conversation is kept here and sent whole with each turn.
 
 import { ApiError, describe } from "./api.js";
 import { microphoneProblem, record } from "./recorder.js";
 import { events } from "./sse.js";
-import { base64, fromBase64 } from "./wav.js";
+import { base64, concat, fromBase64, wavHeader } from "./wav.js";
 
 const $ = (id) => document.getElementById(id);
 const MAX_IMAGE_BYTES = 16 * 1024 * 1024;
@@ -30,6 +31,7 @@ export class ChatPanel {
     this.audio = null; // { data (base64 wav), seconds }
     this.recording = null;
     this.controller = null;
+    this.urls = []; // the answers' WAV blob URLs, revoked with the conversation
   }
 
   init() {
@@ -67,6 +69,8 @@ export class ChatPanel {
       this.stop();
       this.history = [];
       $("chat-log").replaceChildren();
+      for (const url of this.urls) URL.revokeObjectURL(url);
+      this.urls = [];
       this.status("", "idle");
     });
     const problem = microphoneProblem();
@@ -232,6 +236,7 @@ export class ChatPanel {
     let finish = null;
     let usage = null;
     let deltas = 0;
+    const pcm = []; // the answer's PCM16, for the player under it once it ends
     this.status("Thinking…", "requesting");
     $("chat-log").setAttribute("aria-busy", "true"); // read the answer once, when it is whole
     try {
@@ -252,7 +257,11 @@ export class ChatPanel {
             deltas += 1;
             $("chat-status").dataset.deltas = String(deltas);
           }
-          if (delta.audio && delta.audio.data) this.player.push(fromBase64(delta.audio.data));
+          if (delta.audio && delta.audio.data) {
+            const bytes = fromBase64(delta.audio.data);
+            pcm.push(bytes);
+            this.player.push(bytes);
+          }
           if ((piece || (delta.audio && delta.audio.data)) && first === null) {
             first = performance.now() - started;
             this.status("Answering…", "streaming", { firstTokenMs: String(Math.round(first)) });
@@ -268,6 +277,8 @@ export class ChatPanel {
       if (!reply) {
         answer.remove();
         this.history.pop();
+      } else {
+        this.offerAudio(answer, pcm); // a stopped answer keeps what it said
       }
       return;
     } finally {
@@ -282,7 +293,32 @@ export class ChatPanel {
     if (usage) figures.push(`${usage.completion_tokens} tokens`);
     if (finish) figures.push(`finish: ${finish}`);
     if (speak) figures.push(`${this.player.seconds.toFixed(2)} s of audio`);
+    this.offerAudio(answer, pcm);
     this.status(figures.join(" · "), "done", { doneMs: String(Math.round(elapsed)) });
+  }
+
+  /** Under an answer that had audio: a player with controls and an "answer.wav" download. */
+  offerAudio(answer, pcm) {
+    const bytes = concat(pcm);
+    if (bytes.length < 2 || !answer.isConnected) return; // none, or "New chat" took it away
+    const rate = this.deployment.sample_rate || 24000; // what the player was reset to
+    const data = bytes.subarray(0, bytes.length - (bytes.length % 2));
+    const wav = concat([wavHeader(rate, data.length), data]);
+    const url = URL.createObjectURL(new Blob([wav], { type: "audio/wav" }));
+    this.urls.push(url);
+    const box = document.createElement("span");
+    box.className = "answer-audio";
+    const audio = document.createElement("audio");
+    audio.controls = true;
+    audio.preload = "metadata";
+    audio.src = url;
+    audio.setAttribute("aria-label", "The answer's audio");
+    const link = document.createElement("a");
+    link.href = url;
+    link.download = "answer.wav";
+    link.textContent = "Download answer.wav";
+    box.append(audio, link);
+    answer.append(box);
   }
 
   stop() {

@@ -2,11 +2,15 @@
 // /v1/deployment.svg, inlined so it can be painted on), with every process's state and
 // restarts and every stage's running / waiting requests from GET /health, and requests in
 // flight per process from GET /metrics, once a second. A table says the same in words, for
-// screen readers and narrow screens.
+// screen readers and narrow screens. Neither squeezes its text: a picture wider than the
+// screen scrolls sideways in its own box at a scale where its smallest text is still 11 px
+// (a seven-process plan shrunk to a phone's 390 px drew 4 px text), and the table scrolls
+// rather than break a word.
 
 const $ = (id) => document.getElementById(id);
 const PERIOD_MS = 1000;
 const WIDE = 900; // px: a picture wider than this would be unreadable in half the page
+const LEGIBLE = 11; // px: no text of the picture is drawn smaller, whatever the screen
 const INFLIGHT = /^omni_process_inflight_requests\{([^}]*)\}\s+(\S+)$/gm;
 const LABEL = /(\w+)="((?:[^"\\]|\\.)*)"/g;
 
@@ -30,6 +34,16 @@ function writeLine(line, text) {
     line.setAttribute("textLength", String(room));
     line.setAttribute("lengthAdjust", "spacingAndGlyphs");
   }
+}
+
+/** The smallest font size (in the picture's own units) of any text in an SVG document. */
+function smallestFont(svg) {
+  let smallest = Infinity;
+  for (const text of svg.querySelectorAll("text, tspan")) {
+    const size = Number.parseFloat(text.getAttribute("font-size"));
+    if (size > 0) smallest = Math.min(smallest, size);
+  }
+  return Number.isFinite(smallest) ? smallest : 16; // 16: the browser's default size
 }
 
 function cssEscape(value) {
@@ -59,14 +73,16 @@ export class DeploymentView {
       const doc = new DOMParser().parseFromString(text, "image/svg+xml");
       const svg = doc.documentElement;
       if (svg.nodeName !== "svg") throw new Error("the picture is not an SVG document");
-      // Shrink a wide plan to the page, never grow a small one past its own size, and keep
-      // text legible on a phone (scroll sideways there): the viewBox keeps proportions.
+      // Fit the page's width, but never grow a small plan past its own size, and never shrink
+      // one so far that its smallest text drops under LEGIBLE px: past that the box scrolls
+      // sideways (a phone). The viewBox keeps proportions.
       const natural = Number.parseFloat(svg.getAttribute("width")) || 800;
+      const least = LEGIBLE / smallestFont(svg);
       svg.removeAttribute("height");
       svg.setAttribute("width", "100%");
       const picture = document.importNode(svg, true);
-      picture.style.maxWidth = `${natural}px`;
-      picture.style.minWidth = `${Math.min(natural, 560)}px`;
+      picture.style.minWidth = `${Math.ceil(natural * least)}px`;
+      picture.style.maxWidth = `${Math.ceil(natural * Math.max(1, least))}px`;
       holder.replaceChildren(picture);
       // A wide plan gets the page's whole width even beside a single panel.
       $("deployment-panel").classList.toggle("span", natural > WIDE);

@@ -49,6 +49,7 @@ export class SpeechPanel {
 
   async init() {
     $("speech-panel").hidden = false;
+    this.describeInput();
     $("speech-form").addEventListener("submit", (event) => {
       event.preventDefault();
       this.speak();
@@ -61,6 +62,18 @@ export class SpeechPanel {
     await this.loadVoices();
     this.initClone();
     return this.voices;
+  }
+
+  /** Say what the pipeline does with the text: read it aloud (TTS), or answer it aloud
+   * (Qwen3-Omni's speech API takes the text as the user's turn). */
+  describeInput() {
+    const answers = this.deployment.speech_input === "answer";
+    $("speech-panel").dataset.speechInput = answers ? "answer" : "read";
+    $("speech-text-label").textContent = answers
+      ? "Message for the model (it answers aloud)"
+      : "Text to speak";
+    $("speak").textContent = answers ? "Ask" : "Speak";
+    if (answers) $("speech-text").value = "Hello! Say one short sentence about the sea.";
   }
 
   // -- voices -------------------------------------------------------------------------------
