@@ -74,6 +74,7 @@ async def _serve(resolution: Any, sock: Any, key: str | None, signals: Any) -> N
     import anyio
 
     from ..serve.common.app import create_app
+    from ..serve.common.log_limits import limit_repeats
     from ..serve.launch import build_runtime, say
     from ..serve.server import make_server, serve_runtime
     from ..serve.service import public_model_name
@@ -124,21 +125,28 @@ async def _serve(resolution: Any, sock: Any, key: str | None, signals: Any) -> N
         finally:
             http_done.set()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(http)
-        try:
-            # While the processes load a signal cancels the start (on_signal is unset);
-            # once they are up, it stops the server gracefully.
-            async with runtime:
-                # on stdout, after the address line: what scripts wait for
-                print(f"omni: ready: every process of {pipeline} is up", flush=True)
-                signals.on_signal = on_signal
+    # Repeated log records (an accept loop out of file descriptors) are counted, not
+    # printed, until the loop ends: retries asyncio scheduled during a flood can still fire
+    # while the processes stop, after the HTTP server (and its own limiter) is gone.
+    with limit_repeats() as limiter:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(http)
+            tg.start_soon(limiter.flush_every_interval)
+            try:
+                # While the processes load a signal cancels the start (on_signal is unset);
+                # once they are up, it stops the server gracefully.
+                async with runtime:
+                    # on stdout, after the address line: what scripts wait for
+                    print(f"omni: ready: every process of {pipeline} is up", flush=True)
+                    signals.on_signal = on_signal
+                    await http_done.wait()
+                    signals.on_signal = None  # from here a signal cancels the grace period
+                    say("server stopped; stopping the processes")
+            except BaseException as exc:  # the load failed or was cancelled: stop listening
+                failure = exc
+                server.should_exit = True
                 await http_done.wait()
-                signals.on_signal = None  # from here a signal cancels the grace period
-                say("server stopped; stopping the processes")
-        except BaseException as exc:  # the load failed or was cancelled: stop listening too
-            failure = exc
-            server.should_exit = True
+            tg.cancel_scope.cancel()  # the limiter's flushing task
     if failure is not None:
         raise failure
     say(f"stopped; the process logs stay in {runtime.log_dir} (omni logs DEPLOY shows them)")
