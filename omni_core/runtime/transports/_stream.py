@@ -51,6 +51,7 @@ from ._segment import POOL_BYTES, RELEASE, Segment, SegmentPool
 from ._wire import FrameReader, ProtocolError, prepare, write
 
 log = logging.getLogger(__name__)
+ACCEPT_REPORT_INTERVAL = 10.0  # seconds between two reports of failing accepts
 
 BUFFER_BYTES = 4 << 20  # socket buffers: fewer wake-ups per large message
 CONNECT_TIMEOUT = 60.0  # how long a first send waits for its receiver to appear
@@ -222,6 +223,8 @@ class StreamReceiver(Channel):
         self._readers: list[FrameReader] = []
         self._handshakes: list[ReceiverHandshake] = []  # accepted, not yet authenticated
         self._turn = 0
+        self._accept_failures = 0  # since the last report (see _accept_failed)
+        self._accept_reported = -ACCEPT_REPORT_INTERVAL
         self._polls = 0
         self._pending_accept = True
         self._closed = False
@@ -299,7 +302,7 @@ class StreamReceiver(Channel):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # e.g. out of descriptors: try again on the next wake-up
-                log.warning("%s: accept failed at %s: %r", self._transport, self.address, exc)
+                self._accept_failed(exc)
                 return
             _tune(sock)
             try:
@@ -311,6 +314,26 @@ class StreamReceiver(Channel):
                 oldest = self._handshakes.pop(0)
                 self._refuse(oldest.sock, AuthError("too many connections authenticating"))
             self._handshakes.append(ReceiverHandshake(sock, self._secret, self._names, self._seen))
+
+    def _accept_failed(self, exc: OSError) -> None:
+        """Report a failed accept at most once per interval, with a count of the others.
+
+        Out of descriptors, every wake-up of the receiver fails again: a flood of
+        clients on the HTTP port printed one line per wake-up (2.5 MB of log).
+        """
+        self._accept_failures += 1
+        now = time.monotonic()
+        if now - self._accept_reported < ACCEPT_REPORT_INTERVAL:
+            return
+        more = self._accept_failures - 1
+        log.warning(
+            "%s: accept failed at %s: %r%s",
+            self._transport,
+            self.address,
+            exc,
+            f" ({more} more since the last report)" if more else "",
+        )
+        self._accept_failures, self._accept_reported = 0, now
 
     def _authenticate(self) -> None:
         """Advance every pending handshake; an authenticated peer's frames are read next."""
