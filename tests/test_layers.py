@@ -6,7 +6,8 @@ included: a cycle hidden in a function still ties two modules together.
 Imports under ``if TYPE_CHECKING:`` are left out (they never run).
 
 Layers, lowest first: ``schema``, ``config``, ``plan``, ``engine`` and
-``media`` describe and compute; ``runtime`` runs processes; ``serve`` is the
+``media`` describe and compute, and so does ``kit`` (the parts model
+plugins share); ``runtime`` runs processes; ``serve`` is the
 HTTP API over a runtime; ``cli`` drives them all. A module may import its
 own layer and those below it, never one above.
 """
@@ -25,6 +26,7 @@ ABOVE = {  # layer -> the layers it must never import
     "plan": ("runtime", "serve", "cli"),
     "engine": ("runtime", "serve", "cli"),
     "media": ("runtime", "serve", "cli"),
+    "kit": ("runtime", "serve", "cli"),  # model plugins' shared parts: plan-time and stage code
     "runtime": ("serve", "cli"),
     "serve": ("cli",),
 }

@@ -1,0 +1,31 @@
+"""The speech-pipeline kit: what every speech/omni model plugin would otherwise repeat.
+
+A model family should cost only its differences. The shapes the Qwen3-TTS,
+MOSS-TTS and Qwen3-Omni plugins each wrote for themselves live here once:
+
+- :mod:`.source` (torch-free): where a model's files come from, a preset
+  (configs only, for ``load_format = "dummy"``), a local checkpoint
+  directory or a hub id, and what the stages would refuse in it, said at
+  plan time (:class:`~.source.ModelSource`);
+- :mod:`.pipeline` (torch-free): the TTS-style topology (preprocessing ->
+  engine -> vocoder, :func:`~.pipeline.tts_stages`), the factory arguments
+  those stages share, and :class:`~.pipeline.SourceChecks`, the
+  ``PipelineConfig`` hooks that run a :class:`~.source.ModelSource`'s checks;
+- :mod:`.plugin` (torch-free): the entry-point module's hooks
+  (:class:`~.plugin.ModelPlugin`: pipelines by name, memory estimates,
+  wire types);
+- :mod:`.memory` (torch-free): estimates read from a stage's config;
+- :mod:`.weights` (torch, stage processes only): strict safetensors loading
+  by name or prefix, every mismatch named.
+
+Why in the core and not a package of its own: every plugin already depends
+on ``omni-core``, so the kit adds no distribution to install, version or
+keep in step, and it can follow the schema it builds on (``StageConfig``,
+``FactoryArgs``, ``SourceProblem``) in the same commit. The core's promise
+that ``omni config``/``omni plan``/``omni plugins list`` import no ML
+framework is kept by the split above: this package's ``__init__`` imports
+nothing, the torch-free modules import no torch or numpy, and the torch
+modules are imported only by stage factories, inside stage processes
+(``tests/test_kit.py`` checks both). The kit knows no plugin: model code
+(layers, codecs) stays with the families that share it.
+"""
