@@ -93,6 +93,8 @@ class ProcessPlan:
     weight_share: str = "none"
     node: str | None = None  # multi-node plans: the node's name, and the GPU's id there
     node_gpu: int | None = None
+    cpu_threads: int | None = None  # torch threads (plan/threads.py), and why that many
+    threads_source: str = ""
 
     @property
     def leader(self) -> bool:
@@ -118,6 +120,8 @@ class ProcessPlan:
             "weight_share": self.weight_share,
             "node": self.node,
             "node_gpu": self.node_gpu,
+            "cpu_threads": self.cpu_threads,
+            "threads_source": self.threads_source,
         }
 
 

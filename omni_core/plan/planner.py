@@ -35,7 +35,8 @@ from .inventory import inventory_from_cluster
 from .model import DeploymentPlan, GpuInventory, PlacementRequest, Refusal
 from .mps import plan_mps
 from .nodes import assign_nodes
-from .processes import build_processes, share_cpu_threads
+from .processes import build_processes
+from .threads import plan_cpu_threads
 from .transports import check_cross_node, check_transports, plan_edges
 from .usage import gpu_ledger
 from .weights import plan_weight_share, start_waves
@@ -124,7 +125,8 @@ def _plan(
     nodes = assign_nodes(config, processes, inventory, problems)
     edges = plan_edges(config, processes, stages)
     problems += check_cross_node(config, edges, plugins)
-    share_cpu_threads(processes, config.runtime.cpu_threads)
+    engines = {name for name, group in expansion.members.items() if any(s.is_engine for s in group)}
+    plan_cpu_threads(processes, engines, config.runtime.cpu_threads)
     weight_share = plan_weight_share(config.weight_share, processes, expansion.members, problems)
     mps = plan_mps(config.mps, ledger, inventory, problems)
     endpoints = plan_endpoints(config, processes, stages, problems)

@@ -9,7 +9,6 @@ environment, so its stages' ``env`` defaults must agree.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 from ..schema import StageConfig
@@ -45,25 +44,6 @@ def merged_env(process: str, stages: list[StageConfig], problems: list[Refusal])
             env[key] = value
             owner.setdefault(key, stage.name)
     return env
-
-
-THREADS_VAR = "OMP_NUM_THREADS"
-
-
-def share_cpu_threads(processes: list[ProcessPlan], threads: int | None) -> None:
-    """Give each process its share of the host's cores (``runtime.cpu_threads`` if set).
-
-    Why: torch starts one compute thread per core in every process, so seven
-    stage processes on a small host run seven times too many threads and
-    slow each other down. A stage's own ``env`` and the user's environment
-    (read when the child starts) still win.
-    """
-    if not processes:
-        return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    share = threads or max(1, (cores or 1) // len(processes))
-    for process in processes:
-        process.env.setdefault(THREADS_VAR, str(share))
 
 
 def build_processes(

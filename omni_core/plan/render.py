@@ -36,6 +36,14 @@ def _where(process: Any) -> str:
     return f"{process.node}: " + ("CPU" if process.gpu is None else f"GPU {process.node_gpu}")
 
 
+def _threads(plan: DeploymentPlan) -> str:
+    """Why each process got its torch thread count, grouped by reason."""
+    groups: dict[str, list[str]] = {}
+    for process in plan.processes:
+        groups.setdefault(process.threads_source or "unplanned", []).append(process.name)
+    return "; ".join(f"{source}: {', '.join(names)}" for source, names in groups.items())
+
+
 def render_plan(
     plan: DeploymentPlan, file: IO[str] | None = None, width: int | None = None
 ) -> None:
@@ -62,11 +70,13 @@ def render_plan(
             else _engine_share(plan, process.name),
             f"wave {process.start_wave}"
             + (f" ({process.weight_share})" if process.weight_share != "none" else ""),
+            "-" if process.cpu_threads is None else str(process.cpu_threads),
         ]
         for process in plan.processes
     ]
-    columns = ("process", "where", "stages", "replica", "tp rank", "share", "start")
+    columns = ("process", "where", "stages", "replica", "tp rank", "share", "start", "threads")
     say(box_table(columns, rows, width))
+    say("cpu threads: " + _threads(plan))
 
     if plan.gpus:
         rows = []

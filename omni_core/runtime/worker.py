@@ -30,6 +30,7 @@ from anyio.abc import TaskGroup
 from ..errors import OmniError, RequestError
 from ..factory import StageContext, import_object
 from ..plan.model import DeploymentPlan
+from ..plan.threads import apply_cpu_threads
 from ..plugins import OmniPlugins
 from ..schema import PipelineConfig
 from ..transport import ChannelClosed
@@ -107,6 +108,7 @@ async def _run_child(spec: ChildSpec, conn: Any) -> None:
     worker = Worker(spec)
     try:
         timings = await worker.build()
+        apply_cpu_threads(worker.process)  # the plan's core budget (plan/threads.py)
         await worker.listen()
     except BaseException:
         text = traceback.format_exc()
