@@ -18,33 +18,48 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from omni_qwen3_tts.source import (
+from omni_core.kit.source import (
+    WEIGHT_FILES,
+    ModelSource,
     ResolvedPath,
-    available_presets,
+    SourceProblem,
     download,
-    hub_id_problems,
-    resolve_model_path,
+    looks_like_hub_id,
 )
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 DEFAULT_CODEC = "OpenMOSS-Team/MOSS-Audio-Tokenizer"
-FAMILY = "MOSS-TTS"
 MODEL_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "vocab.json", "merges.txt", "*.txt"]
 CODEC_PATTERNS = ["*.json", "*.safetensors"]
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
-SourceProblem = tuple[tuple[tuple[str, ...], ...], str, str]
+
+class MossSource(ModelSource):
+    """The kit's checks for the model, and for the codec checkpoint each stage names."""
+
+    def directory_problems(
+        self, local: Path, real: list[str], factories: Mapping[str, Any]
+    ) -> list[SourceProblem]:
+        problems = super().directory_problems(local, real, factories)
+        for stage in real:
+            if hasattr(factories.get(stage), "codec_path"):
+                problems += _codec_problems(local, stage, factories[stage].codec_path)
+        return problems
+
+
+SOURCE = MossSource(
+    family="MOSS-TTS",
+    presets_dir=PRESETS_DIR,
+    example="OpenMOSS-Team/MOSS-TTS",
+    hub_patterns=MODEL_PATTERNS,
+    weights={"tts_engine": ""},
+    layout="config.json, model.safetensors, processor_config.json",
+)
 
 
 def resolve_model(name: str, allow_download: bool = True) -> ResolvedPath:
-    return resolve_model_path(
-        name,
-        allow_download,
-        presets_dir=PRESETS_DIR,
-        patterns=MODEL_PATTERNS,
-        family=FAMILY,
-    )
+    return SOURCE.resolve(name, allow_download)
 
 
 def codec_reference(model_root: Path, codec_path: str | None = None) -> tuple[str, str]:
@@ -78,7 +93,7 @@ def resolve_codec(
                     f"codec {name!r} (from {origin}) is {candidate}, which has no config.json"
                 )
             return candidate
-    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+    if not looks_like_hub_id(name):
         raise FileNotFoundError(
             f"codec {name!r} (from {origin}) is neither a directory nor a hub id owner/name; "
             "set factory.codec_path to the MOSS-Audio-Tokenizer checkpoint directory"
@@ -93,67 +108,6 @@ def resolve_codec(
         raise FileNotFoundError(
             f"{exc} (the codec was named by {origin}; set factory.codec_path to a local copy)"
         ) from None
-
-
-def source_problems(
-    model_path: str, load_formats: Mapping[str, str], codec_paths: Mapping[str, str | None]
-) -> list[SourceProblem]:
-    """What the stages would refuse about the model and codec paths, as (paths, message, fix)."""
-    dummy = {stage for stage, fmt in load_formats.items() if fmt == "dummy"}
-    real = [stage for stage in load_formats if stage not in dummy]
-    preset = model_path.removeprefix("preset:")
-    local = Path(model_path).expanduser()
-    if (PRESETS_DIR / preset / "config.json").is_file() and not local.exists():
-        return [
-            (
-                (("model_path",), ("stages", stage, "factory", "load_format")),
-                f"model_path {model_path!r} is a built-in preset of configs without weights, "
-                f'so stage {stage!r} needs factory.load_format = "dummy" '
-                f"(it is {load_formats[stage]!r})",
-                f"--{stage}.factory.load_format dummy, or a real checkpoint as model_path",
-            )
-            for stage in real
-        ]
-    if local.is_dir():
-        return _directory_problems(local, model_path, real, codec_paths)
-    if local.exists() or model_path.startswith((".", "/", "~")) or model_path.count("/") != 1:
-        return [
-            (
-                (("model_path",),),
-                f"model_path {model_path!r} is neither a directory, a preset "
-                f"({', '.join(available_presets(PRESETS_DIR))}) nor a hub id owner/name",
-                "give a MOSS-TTS checkpoint directory, a hub id such as OpenMOSS-Team/MOSS-TTS, "
-                "or tiny with load_format dummy",
-            )
-        ]
-    return hub_id_problems(model_path, "OpenMOSS-Team/MOSS-TTS")
-
-
-def _directory_problems(
-    local: Path, model_path: str, real: list[str], codec_paths: Mapping[str, str | None]
-) -> list[SourceProblem]:
-    if not (local / "config.json").is_file():
-        return [
-            (
-                (("model_path",),),
-                f"{model_path}: not a MOSS-TTS checkpoint (no config.json)",
-                "point model_path at the directory the release unpacks to",
-            )
-        ]
-    problems: list[SourceProblem] = []
-    for stage in real:
-        if stage == "tts_engine" and not any((local / f).is_file() for f in WEIGHT_FILES):
-            problems.append(
-                (
-                    (("model_path",), ("stages", stage, "factory", "load_format")),
-                    f"{local}: no model.safetensors or model.safetensors.index.json, "
-                    f"which stage {stage!r} loads",
-                    f"--{stage}.factory.load_format dummy for random weights",
-                )
-            )
-        if stage in codec_paths:
-            problems += _codec_problems(local, stage, codec_paths[stage])
-    return problems
 
 
 def _codec_problems(local: Path, stage: str, codec_path: str | None) -> list[SourceProblem]:
@@ -174,7 +128,7 @@ def _codec_problems(local: Path, stage: str, codec_path: str | None) -> list[Sou
                     )
                 ]
             return []
-    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+    if not looks_like_hub_id(name):
         return [
             (
                 where,

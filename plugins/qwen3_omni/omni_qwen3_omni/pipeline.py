@@ -12,14 +12,16 @@ memory share, so the processes cannot grab memory first-come-first-served.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfig
+from omni_core.kit.pipeline import SourceChecks
 from omni_core.schema import DType, LoadFormat
 
 from .plugin import CHECKPOINT_NAMES as ALIASES  # one list: the plugin registers them by name
+from .source import SOURCE  # torch-free
 
 STAGES = "omni_qwen3_omni.stages"
 PREPROCESSING = "omni_qwen3_omni.preprocessing"
@@ -165,32 +167,14 @@ SPEECH_PROCESSES = {
 COLOCATED_PROCESSES = {**SPEECH_PROCESSES, "code2wav": "talker_ar"}
 
 
-class _Qwen3OmniSource:
-    """Model-path checks at resolve time (torch-free): what the loading stages would refuse."""
+class _Qwen3OmniSource(SourceChecks):
+    """The kit's model-path checks at resolve time (torch-free), and the talker's voices."""
 
-    def model_source_problems(self) -> list[Any]:
-        from .source import source_problems
-
-        formats = {
-            stage.name: stage.factory.load_format
-            for stage in self.stages  # type: ignore[attr-defined]
-            if "load_format" in type(stage.factory).model_fields
-        }
-        return source_problems(self.model_path, formats)  # type: ignore[attr-defined]
-
-    def fetch_model_source(self) -> None:
-        """A hub id into the local cache (once, in the parent); presets and directories: as is."""
-        from .source import resolve_model_path
-
-        resolve_model_path(self.model_path)  # type: ignore[attr-defined]
+    model_source: ClassVar = SOURCE
 
     def builtin_voices(self) -> list[str] | None:
         """The talker's speakers (``talker_config.speaker_id``), read from a local config."""
-        from omni_qwen3_tts.source import local_config  # torch-free
-
-        from .source import PRESETS_DIR
-
-        config = local_config(self.model_path, PRESETS_DIR)  # type: ignore[attr-defined]
+        config = SOURCE.local_config(self.model_path)  # type: ignore[attr-defined]
         if config is None:
             return None
         speakers = (config.get("talker_config") or {}).get("speaker_id") or {}
