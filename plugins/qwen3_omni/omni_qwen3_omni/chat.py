@@ -98,6 +98,38 @@ def expand_placeholder_ids(ids: Iterable[int], counts: Mapping[int, Sequence[int
     return out
 
 
+def interleave_video_audio(
+    grid: Sequence[int],
+    seconds_per_grid: float,
+    position_id_per_seconds: float,
+    merge_size: int,
+    audio_tokens: int,
+) -> list[bool]:
+    """The order of one video's tokens and its sound track's: True for video, False for audio.
+
+    Each video token stands at ``t * seconds_per_grid * position_id_per_seconds``
+    (its temporal grid step ``t``; all the tokens of one step together), the
+    i-th audio token at ``i``; merged in time order, the video token first on
+    a tie, what is left of either appended: the reference processor's order.
+    """
+    frames, height, width = (int(v) for v in grid)
+    per_step = (height // merge_size) * (width // merge_size)
+    times = [t * float(seconds_per_grid) * float(position_id_per_seconds) for t in range(frames)]
+    video = [time for time in times for _ in range(per_step)]
+    order: list[bool] = []
+    v = a = 0
+    while v < len(video) and a < audio_tokens:
+        if video[v] <= a:
+            order.append(True)
+            v += 1
+        else:
+            order.append(False)
+            a += 1
+    order.extend([True] * (len(video) - v))
+    order.extend([False] * (audio_tokens - a))
+    return order
+
+
 @dataclass(frozen=True)
 class SpecialIds:
     """Token ids of the chat and media markers, read from the tokenizer."""
@@ -284,29 +316,57 @@ class ChatPrompter:
         audio_token_counts: Sequence[int] = (),
         video_token_counts: Sequence[int] = (),
         *,
-        use_audio_in_video: bool = False,
+        video_layouts: Sequence[Sequence[bool] | None] = (),
     ) -> list[int]:
         """Token ids of ``prompt`` (text or ids) with the k-th image / audio / video pad repeated.
 
         ``image_token_counts[k]`` is the number of embeddings the vision tower
         gives for the k-th image in prompt order (likewise for audio and
         video); the numbers of counts and placeholders must agree.
+        ``video_layouts[k]``, when given and not None, says that the k-th
+        video's sound track is interleaved with its frames
+        (``use_audio_in_video``): its ``<|video_pad|>`` becomes
+        ``<|audio_start|>``, one video (True) or audio (False) pad per entry
+        (see :func:`interleave_video_audio`), then ``<|audio_end|>``, inside
+        its vision markers, as the reference processor writes it. The audio
+        counts cover the audio parts only.
         """
-        if use_audio_in_video:
-            raise NotImplementedError(
-                "use_audio_in_video interleaves a video's audio and frame tokens by timestamp "
-                "inside one placeholder; it is not supported — pass the soundtrack as a "
-                "separate audio part instead"
-            )
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return expand_placeholder_ids(
-            ids,
-            {
-                self.ids.image_pad: image_token_counts,
-                self.ids.audio_pad: audio_token_counts,
-                self.ids.video_pad: video_token_counts,
-            },
+        ids = expand_placeholder_ids(
+            ids, {self.ids.image_pad: image_token_counts, self.ids.audio_pad: audio_token_counts}
         )
+        out: list[int] = []
+        counts, layouts = list(video_token_counts), list(video_layouts)
+        k = 0
+        for at, token in enumerate(ids):
+            if token != self.ids.video_pad:
+                out.append(token)
+                continue
+            if k >= len(counts):
+                raise ValueError(
+                    f"the prompt has more video placeholders than the {len(counts)} counts given"
+                )
+            layout = layouts[k] if k < len(layouts) else None
+            if layout is None:
+                out.extend([token] * int(counts[k]))
+            else:
+                framed = out[-1:] == [self.ids.vision_start] and ids[at + 1 : at + 2] == [
+                    self.ids.vision_end
+                ]
+                if not framed or sum(1 for v in layout if v) != int(counts[k]):
+                    raise ValueError(
+                        f"video {k}: an interleaved sound track needs the pad between vision "
+                        "markers and a layout holding its video count"
+                    )
+                out.append(self.ids.audio_start)
+                out.extend(self.ids.video_pad if v else self.ids.audio_pad for v in layout)
+                out.append(self.ids.audio_end)
+            k += 1
+        if k != len(counts):
+            raise ValueError(
+                f"{len(counts)} video counts given, but the prompt has {k} video placeholders"
+            )
+        return out
 
     def encode(
         self,
@@ -314,10 +374,16 @@ class ChatPrompter:
         image_token_counts: Sequence[int] = (),
         audio_token_counts: Sequence[int] = (),
         video_token_counts: Sequence[int] = (),
+        *,
+        video_layouts: Sequence[Sequence[bool] | None] = (),
         **template_kwargs: Any,
     ) -> list[int]:
         """Render ``messages`` (with the generation prompt) and expand every medium to its ids."""
         text = self.render(messages, **template_kwargs)
         return self.expand_placeholders(
-            text, image_token_counts, audio_token_counts, video_token_counts
+            text,
+            image_token_counts,
+            audio_token_counts,
+            video_token_counts,
+            video_layouts=video_layouts,
         )

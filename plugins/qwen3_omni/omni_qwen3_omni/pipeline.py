@@ -38,6 +38,12 @@ class PreprocessingArgs(FactoryArgs):
     max_image_pixels: int = Field(default=8192 * 8192, ge=1)  # one image, from its header
     max_request_pixels: int = Field(default=2 * 8192 * 8192, ge=1)  # all images of a request
     max_request_audio_seconds: float = Field(default=600.0, gt=0)  # all clips of a request
+    # video parts, each priced from its header before a frame is decoded (a sound track
+    # used as audio in video counts as a clip: max_audio_seconds and the request's total)
+    max_videos: int = Field(default=2, ge=0)
+    max_video_seconds: float = Field(default=600.0, gt=0)  # one video's declared duration
+    max_video_frames: int = Field(default=36_000, ge=1)  # frames one video declares
+    max_video_pixels: int = Field(default=4096 * 2160, ge=1)  # one frame: 4K; 8K is refused
     # the prompt's tokens (text and media placeholders), estimated from the text and
     # the media's headers before anything is decoded; the thinker's engine checks the
     # exact count against its own limits (engine.max_prefill_tokens, 8192 by default)

@@ -1,5 +1,14 @@
 """The preprocessing stage: chat messages in; token ids, positions, mel and image patches out.
 
+Video parts (``video_url`` / ``video``) are read with PyAV under
+:class:`~omni_core.media.VideoLimits` (priced from the header, frames decoded
+one at a time and only the sampled ones kept, :mod:`.vision.video` for the
+release's sampling and resizing); their patches join the images' (in prompt
+order) for the vision tower. With ``use_audio_in_video`` (a top-level
+request field; by default on when the video has a sound track, as the
+release's cookbook runs it) the track is decoded at 16 kHz under the audio
+limits and its tokens interleaved with the frames' in time.
+
 It is the only stage that reads what the client sent, so everything a
 client can get wrong is refused here with a 400 naming the field: unknown
 content, media that does not decode, too much media, bad sampling values.
@@ -25,20 +34,22 @@ import torch
 
 from omni_core import RequestError
 from omni_core.engine.interface import SamplingParams, check_sampling
-from omni_core.media import AudioLimits, decode_audio
+from omni_core.media import AudioLimits, VideoLimits, decode_audio
 
 from .audio.mel import SAMPLE_RATE as MEL_RATE
 from .audio.mel import audio_token_count, log_mel
-from .chat import ChatPrompter
+from .chat import ChatPrompter, interleave_video_audio
 from .config import ThinkerConfig
 from .loading import read_config
 from .source import resolve_model_path
 from .thinker.positions import MediaTokens, prompt_positions
 from .vision.processor import ImageProcessorConfig, image_to_patches, smart_resize
+from .vision.video import VideoPlan, VideoRefused, first_resize, plan_video, video_to_patches
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 IMAGE_PARTS = {"image_url", "image"}
 AUDIO_PARTS = {"input_audio", "audio_url", "audio"}
+VIDEO_PARTS = {"video_url", "video"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,29 @@ class Limits:
     max_request_pixels: int = 2 * 8192 * 8192
     max_request_audio_seconds: float = 600.0
     max_prompt_tokens: int = 8192
+    max_videos: int = 2
+    max_video_seconds: float = 600.0
+    max_video_frames: int = 36_000
+    max_video_pixels: int = 4096 * 2160
+
+    def video(self) -> VideoLimits:
+        return VideoLimits(
+            max_bytes=self.max_media_bytes,
+            max_seconds=self.max_video_seconds,
+            max_frames=self.max_video_frames,
+            max_pixels=self.max_video_pixels,
+        )
+
+    def audio(self) -> AudioLimits:
+        return AudioLimits(max_seconds=self.max_audio_seconds, max_bytes=self.max_media_bytes)
+
+
+@dataclass
+class _Video:
+    """One video part, as its header priced it."""
+
+    plan: VideoPlan
+    track_seconds: float | None  # the sound track's declared length, when it is interleaved
 
 
 class Preprocessing:
@@ -69,6 +103,14 @@ class Preprocessing:
         self.special = sorted(set(self.prompter.tokenizer.special_tokens().values()), key=len)
         self.images = ImageProcessorConfig.from_dict(_json(root / "preprocessor_config.json"))
         self.images.check_against(self.config.vision)
+        # The processor's video half reads its own file when the checkpoint has one.
+        video_file = root / "video_preprocessor_config.json"
+        self.videos = (
+            ImageProcessorConfig.from_dict(_json(video_file))
+            if video_file.is_file()
+            else self.images
+        )
+        self.videos.check_against(self.config.vision)
         self.generation = _json(root / "generation_config.json")
         raw = _json(root / "config.json")
         speakers = (raw.get("talker_config") or {}).get("speaker_id") or {}
@@ -107,37 +149,42 @@ class Preprocessing:
                     )
 
     def _check_counts(self, media: list[tuple[str, Any, str]]) -> None:
-        images = sum(1 for kind, _, _ in media if kind == "image")
-        audios = len(media) - images
-        if images > self.limits.max_images:
-            raise RequestError(
-                f"the messages hold {images} images; this server takes at most "
-                f"{self.limits.max_images} per request (factory.max_images)"
-            )
-        if audios > self.limits.max_audios:
-            raise RequestError(
-                f"the messages hold {audios} audio clips; this server takes at most "
-                f"{self.limits.max_audios} per request (factory.max_audios)"
-            )
+        for kind, plural, limit, name in (
+            ("image", "images", self.limits.max_images, "max_images"),
+            ("audio", "audio clips", self.limits.max_audios, "max_audios"),
+            ("video", "videos", self.limits.max_videos, "max_videos"),
+        ):
+            count = sum(1 for k, _, _ in media if k == kind)
+            if count > limit:
+                raise RequestError(
+                    f"the messages hold {count} {plural}; this server takes at most "
+                    f"{limit} per request (factory.{name} of the preprocessing stage)"
+                )
 
     def _check_budget(
         self,
         internal: list[dict[str, Any]],
         media: list[tuple[str, Any, str]],
         raw: list[Any],
-    ) -> None:
-        """Refuse, from headers and text alone, a request over its pixel, audio or token budget."""
-        from omni_core.media import ImageLimits, probe_audio, probe_image
+        audio_in_video: bool | None,
+    ) -> list[_Video | None]:
+        """Refuse, from headers and text alone, a request over its pixel, audio or token budget.
+
+        Returns each video's plan (None for the other media), for decoding.
+        """
+        from omni_core.media import ImageLimits, probe_audio, probe_image, probe_video
 
         image_limits = ImageLimits(
             max_bytes=self.limits.max_media_bytes, max_pixels=self.limits.max_image_pixels
         )
-        audio_limits = AudioLimits(
-            max_seconds=self.limits.max_audio_seconds, max_bytes=self.limits.max_media_bytes
-        )
+        audio_limits, video_limits = self.limits.audio(), self.limits.video()
         pixels, seconds, image_counts, audio_counts = 0, 0.0, [], []
+        video_counts: list[int] = []
+        layouts: list[list[bool] | None] = []
+        videos: list[_Video | None] = []
         merge, factor = self.images.merge_size, self.images.patch_size * self.images.merge_size
         for (kind, _, where), (payload, _mime) in zip(media, raw, strict=True):
+            videos.append(None)
             if kind == "image":
                 width, height = probe_image(payload, where, image_limits)
                 pixels += width * height
@@ -150,6 +197,35 @@ class Preprocessing:
                 image_counts.append(
                     (h // self.images.patch_size) * (w // self.images.patch_size) // (merge * merge)
                 )
+            elif kind == "video":
+                info = probe_video(payload, where, video_limits)
+                try:
+                    plan = plan_video(info.height, info.width, info.frames, info.fps, self.videos)
+                except VideoRefused as exc:
+                    raise RequestError(f"{where}: {exc}") from None
+                t, gh, gw = plan.grid
+                video_counts.append(t * gh * gw // (merge * merge))
+                interleave = bool(info.audio) if audio_in_video is None else audio_in_video
+                if interleave and info.audio is None:
+                    raise RequestError(
+                        f"{where}: use_audio_in_video is true but this video has no sound "
+                        "track; send it with use_audio_in_video: false"
+                    )
+                track = None
+                if interleave:
+                    track = min(info.audio.seconds, self.limits.max_audio_seconds)
+                    if info.audio.seconds > self.limits.max_audio_seconds:
+                        raise RequestError(
+                            f"{where}: its sound track is {info.audio.seconds:.1f} s long; the "
+                            f"limit is {self.limits.max_audio_seconds:g} s "
+                            "(factory.max_audio_seconds of the preprocessing stage)"
+                        )
+                    seconds += track
+                    estimate = audio_token_count(math.ceil(track * 100) + 1)
+                    layouts.append(self._layout(plan, estimate))
+                else:
+                    layouts.append(None)
+                videos[-1] = _Video(plan, track)
             else:
                 clip = probe_audio(payload, where, audio_limits)
                 seconds += clip
@@ -167,14 +243,28 @@ class Preprocessing:
                 f"{self.limits.max_request_audio_seconds:g} s per request "
                 "(factory.max_request_audio_seconds of the preprocessing stage)"
             )
-        tokens = len(self.prompter.encode(internal, image_counts, audio_counts))
+        tokens = len(
+            self.prompter.encode(
+                internal, image_counts, audio_counts, video_counts, video_layouts=layouts
+            )
+        )
         if tokens > self.limits.max_prompt_tokens:
             raise RequestError(
                 f"the prompt would take about {tokens} tokens (text and media placeholders); "
                 f"this server takes at most {self.limits.max_prompt_tokens} "
                 "(factory.max_prompt_tokens of the preprocessing stage)",
-                hint="send fewer or smaller images, shorter audio or less text",
+                hint="send fewer or smaller images, shorter audio or video, or less text",
             )
+        return videos
+
+    def _layout(self, plan: VideoPlan, audio_tokens: int) -> list[bool]:
+        return interleave_video_audio(
+            plan.grid,
+            plan.seconds_per_grid,
+            self.media_tokens.position_id_per_seconds,
+            self.images.merge_size,
+            audio_tokens,
+        )
 
     def _prepare(
         self,
@@ -184,23 +274,53 @@ class Preprocessing:
         raw: list[Any],
     ) -> dict[str, Any]:
         self._refuse_markers(internal)
-        self._check_budget(internal, media, raw)
-        images, audios, grids, mel_lengths = [], [], [], []
-        for (kind, _, where), payload in zip(media, raw, strict=True):
+        audio_in_video = data.get("use_audio_in_video")
+        if audio_in_video is not None and not isinstance(audio_in_video, bool):
+            raise RequestError("use_audio_in_video: must be true or false")
+        videos = self._check_budget(internal, media, raw, audio_in_video)
+        images, audios, image_grids, audio_counts = [], [], [], []
+        video_grids, video_seconds, video_counts, layouts = [], [], [], []
+        merge = self.images.merge_size
+        for (kind, _, where), payload, video in zip(media, raw, videos, strict=True):
             if kind == "image":
                 pixels, grid = self._image(payload, where)
                 images.append({"pixel_values": pixels, "grid_thw": list(grid)})
-                grids.append(tuple(grid))
+                image_grids.append(tuple(grid))
+            elif kind == "video":
+                assert video is not None
+                pixels, grid = self._video(payload, where, video.plan)
+                images.append({"pixel_values": pixels, "grid_thw": list(grid)})
+                video_grids.append(tuple(grid))
+                video_seconds.append(video.plan.seconds_per_grid)
+                video_counts.append(grid[0] * grid[1] * grid[2] // (merge * merge))
+                if video.track_seconds is None:
+                    layouts.append(None)
+                    continue
+                mel = self._video_track(payload, where)
+                audios.append(mel)
+                count = audio_token_count(int(mel.shape[-1]))
+                audio_counts.append(count)
+                layouts.append(self._layout(video.plan, count))
             else:
                 mel = self._audio(payload, where)
                 audios.append(mel)
-                mel_lengths.append(int(mel.shape[-1]))
-        merge = self.images.merge_size
-        image_counts = [t * h * w // (merge * merge) for t, h, w in grids]
-        audio_counts = [audio_token_count(n) for n in mel_lengths]
-        token_ids = self.prompter.encode(internal, image_counts, audio_counts)
+                audio_counts.append(audio_token_count(int(mel.shape[-1])))
+        sources = self._audio_sources(media, videos)
+        part_audio = [n for n, k in zip(audio_counts, sources, strict=True) if k]
+        token_ids = self.prompter.encode(
+            internal,
+            [t * h * w // (merge * merge) for t, h, w in image_grids],
+            part_audio,
+            video_counts,
+            video_layouts=layouts,
+        )
         placed = prompt_positions(
-            token_ids, self.media_tokens, image_grids=grids, audio_lengths=audio_counts
+            token_ids,
+            self.media_tokens,
+            image_grids=image_grids,
+            video_grids=video_grids,
+            video_seconds_per_grid=video_seconds,
+            audio_lengths=audio_counts,
         )
         positions, next_position = placed.positions, placed.next_position
         sampling = self._sampling(data.get("sampling") or _legacy_sampling(data))
@@ -217,6 +337,19 @@ class Preprocessing:
             "modalities": list(data.get("modalities") or ["text"]),
             "voice": self._voice(data),
         }
+
+    @staticmethod
+    def _audio_sources(
+        media: list[tuple[str, Any, str]], videos: list[_Video | None]
+    ) -> list[bool]:
+        """For each decoded clip in prompt order: True for an audio part, False for a track."""
+        out = []
+        for (kind, _, _), video in zip(media, videos, strict=True):
+            if kind == "audio":
+                out.append(True)
+            elif video is not None and video.track_seconds is not None:
+                out.append(False)
+        return out
 
     def _voice(self, data: dict[str, Any]) -> str | None:
         """The requested speaker, checked against the checkpoint's (a 400 lists them)."""
@@ -251,18 +384,27 @@ class Preprocessing:
 
     def _audio(self, payload: Any, where: str) -> torch.Tensor:
         raw, _mime = payload
-        limits = AudioLimits(
-            max_seconds=self.limits.max_audio_seconds, max_bytes=self.limits.max_media_bytes
-        )
-        clip = decode_audio(raw, where, limits)
-        mono = clip.samples.mean(axis=1).astype(np.float32)
-        if clip.rate != MEL_RATE:
-            import soxr
+        return _mel(decode_audio(raw, where, self.limits.audio()), where)
 
-            mono = soxr.resample(mono, clip.rate, MEL_RATE).astype(np.float32)
-        if mono.shape[0] < MEL_RATE // 100:
-            raise RequestError(f"{where}: the clip is shorter than 10 ms")
-        return log_mel(mono)
+    def _video(
+        self, payload: Any, where: str, plan: VideoPlan
+    ) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        from omni_core.media import decode_video_frames
+
+        raw, _mime = payload
+        frames = decode_video_frames(
+            raw, where, self.limits.video(), plan.indices, lambda px: first_resize(px, plan)
+        )
+        return video_to_patches(frames, plan, self.videos)
+
+    def _video_track(self, payload: Any, where: str) -> torch.Tensor:
+        from omni_core.media import decode_video_audio
+
+        raw, _mime = payload
+        clip = decode_video_audio(raw, where, self.limits.audio(), self.limits.video())
+        if clip is None:
+            raise RequestError(f"{where}: the video's sound track holds no samples")
+        return _mel(clip, where)
 
     def _sampling(self, given: dict[str, Any]) -> dict[str, Any]:
         g = self.generation
@@ -298,6 +440,18 @@ class Preprocessing:
             "seed": params.seed,
             "max_new_tokens": params.max_new_tokens,
         }
+
+
+def _mel(clip: Any, where: str) -> torch.Tensor:
+    """A decoded clip as the release hears it: mono (channel mean), 16 kHz (soxr HQ), log-mel."""
+    mono = clip.samples.mean(axis=1).astype(np.float32)
+    if clip.rate != MEL_RATE:
+        import soxr
+
+        mono = soxr.resample(mono, clip.rate, MEL_RATE).astype(np.float32)
+    if mono.shape[0] < MEL_RATE // 100:
+        raise RequestError(f"{where}: the clip is shorter than 10 ms")
+    return log_mel(mono)
 
 
 def _speech_request(data: dict[str, Any]) -> dict[str, Any]:
@@ -364,11 +518,12 @@ def _normalise(messages: list[Any]) -> tuple[list[dict[str, Any]], list[tuple[st
                 value = part[kind] if kind != "audio_url" else part[kind]["url"]
                 media.append(("audio", value, f"{at}.{kind}"))
                 parts.append({"type": "audio"})
-            elif kind in ("video_url", "video"):
-                raise RequestError(
-                    f"{at}.type: video input is not supported yet; send frames as images "
-                    "and the soundtrack as an audio part"
-                )
+            elif kind in VIDEO_PARTS:
+                if role != "user":
+                    raise RequestError(f"{at}: only user messages may hold video")
+                value = part[kind]["url"] if kind == "video_url" else part[kind]
+                media.append(("video", value, f"{at}.{kind}"))
+                parts.append({"type": "video"})
             else:
                 raise RequestError(f"{at}.type: qwen3-omni does not take {kind!r} parts")
         internal.append({"role": role, "content": parts})
@@ -405,6 +560,10 @@ def create_preprocessing(
     max_request_pixels: int = 2 * 8192 * 8192,
     max_request_audio_seconds: float = 600.0,
     max_prompt_tokens: int = 8192,
+    max_videos: int = 2,
+    max_video_seconds: float = 600.0,
+    max_video_frames: int = 36_000,
+    max_video_pixels: int = 4096 * 2160,
 ) -> Preprocessing:
     limits = Limits(
         max_images,
@@ -415,5 +574,9 @@ def create_preprocessing(
         max_request_pixels,
         max_request_audio_seconds,
         max_prompt_tokens,
+        max_videos,
+        max_video_seconds,
+        max_video_frames,
+        max_video_pixels,
     )
     return Preprocessing(resolve_model_path(model_path).path, limits, max_tokens)

@@ -18,6 +18,7 @@ from omni_qwen3_omni.chat import (
     ChatPrompter,
     ChatTemplateError,
     expand_placeholder_ids,
+    interleave_video_audio,
     load_chat_template,
 )
 from omni_qwen3_omni.config import ThinkerConfig
@@ -145,13 +146,25 @@ def test_expansion_repeats_each_pad_by_its_own_count(prompter):
     assert prompter.expand_placeholders(prompter.render(messages), [2, 3], [4]) == ids
 
 
-def test_video_expansion_and_use_audio_in_video_refused(prompter):
+def test_video_expansion_and_audio_in_video_interleaving(prompter):
     ids = prompter.encode([user({"type": "video"}, text("?"))], video_token_counts=[5])
     assert ids.count(VIDEO_PAD) == 5
-    with pytest.raises(NotImplementedError, match="use_audio_in_video"):
-        prompter.expand_placeholders(
-            "<|video_pad|>", video_token_counts=[5], use_audio_in_video=True
-        )
+    # grid (2, 2, 4): 2 tokens per temporal step; 1 s per step at 13 positions per second
+    layout = interleave_video_audio((2, 2, 4), 1.0, 13.0, 2, 15)
+    assert layout == [True] * 2 + [False] * 13 + [True] * 2 + [False] * 2
+    messages = [user({"type": "video"}, {"type": "audio"}, text("?"))]
+    ids = prompter.encode(messages, [], [3], [4], video_layouts=[layout])
+    start = ids.index(prompter.ids.vision_start)
+    assert ids[start + 1] == prompter.ids.audio_start
+    kinds = ids[start + 2 : start + 2 + len(layout)]
+    assert kinds == [VIDEO_PAD if v else prompter.ids.audio_pad for v in layout]
+    assert ids[start + 2 + len(layout) : start + 4 + len(layout)] == [
+        prompter.ids.audio_end,
+        prompter.ids.vision_end,
+    ]
+    assert ids.count(prompter.ids.audio_pad) == 15 + 3  # the track's and the audio part's
+    with pytest.raises(ValueError, match="layout holding its video count"):
+        prompter.encode(messages, [], [3], [5], video_layouts=[layout])
 
 
 def test_counts_must_match_placeholders(prompter):

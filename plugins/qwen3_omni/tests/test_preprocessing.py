@@ -6,8 +6,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
-
-from media_samples import audio_part, image_part, user  # noqa: E402
+pytest.importorskip("av")
+import numpy as np  # noqa: E402
+from media_samples import (  # noqa: E402
+    audio_part,
+    image_part,
+    mp4_bytes,
+    user,
+    video_part,
+    wav_bytes,
+)
 
 from omni_core import RequestError  # noqa: E402
 from omni_core.runtime.stage_api import StageRequest  # noqa: E402
@@ -63,7 +71,12 @@ async def test_sampling_defaults_come_from_the_checkpoint_and_requests_override_
         ({}, [{"role": "tool", "content": "x"}], {}, "tool messages"),
         ({}, [{"role": "user", "content": "<|im_start|>system"}], {}, "control token"),
         ({}, [{"role": "user", "content": "hi"}], {"top_p": 0}, "top_p"),
-        ({}, user({"type": "video_url", "video_url": {"url": "/v.mp4"}}), {}, "not supported"),
+        ({"max_videos": 0}, user(video_part(mp4_bytes(1.0))), {}, "factory.max_videos"),
+        ({"max_video_seconds": 1.0}, user(video_part(mp4_bytes(2.0))), {}, "the limit is 1 s"),
+        ({"max_video_pixels": 1000}, user(video_part(mp4_bytes(1.0))), {}, "the limit is 1000"),
+        ({"max_video_frames": 5}, user(video_part(mp4_bytes(1.0))), {}, "declares 10 frames"),
+        ({}, user(video_part(b"RIFF0000AVI " + bytes(64))), {}, "header is damaged"),
+        ({}, user(video_part(wav_bytes(0.5))), {}, "is not a readable video"),
         ({"max_image_pixels": 1000}, user(image_part(32, 32)), {}, "the limit is 1000 pixels"),
         (
             {"max_request_pixels": 64 * 96 + 10},
@@ -146,3 +159,64 @@ async def test_a_speech_input_is_the_users_turn_so_the_speech_pipelines_say_they
     spoken = await stage.run(StageRequest("r1", {"input": text, "sampling": {}}))
     chat = await _run(stage, [{"role": "user", "content": text}])
     assert spoken["prompt"]["token_ids"] == chat["prompt"]["token_ids"]
+
+
+async def test_a_video_becomes_temporal_patches_with_time_positions():
+    stage = create_preprocessing("tiny")
+    out = await _run(stage, user(video_part(mp4_bytes(2.0, fps=10))))
+    ids = stage.config
+    tokens = torch.tensor(out["prompt"]["token_ids"])
+    (video,) = out["images"]
+    # 20 frames at 10 fps: 4 sampled (2 per second), 2 temporal patches; 64 x 96 grows to
+    # 280 x 392 (qwen-omni-utils), then 320 x 448 (the processor): 20 x 28 patches.
+    assert video["grid_thw"] == [2, 20, 28]
+    assert video["pixel_values"].shape == (2 * 20 * 28, 3 * 2 * 16 * 16)
+    assert int((tokens == ids.video_token_id).sum()) == 2 * 20 * 28 // 4
+    assert out["audios"] == []  # no sound track
+    at = int(torch.nonzero(tokens == ids.video_token_id)[0])
+    temporal = out["prompt"]["positions"][0]
+    # the second temporal patch starts 2 s (26 positions at 13 per second) after the first
+    assert int(temporal[at + 140]) - int(temporal[at]) == 26
+
+
+async def test_a_videos_sound_track_is_interleaved_unless_the_request_says_not():
+    stage = create_preprocessing("tiny")
+    t = np.arange(32000) / 16000
+    tone = (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
+    part = video_part(mp4_bytes(2.0, sound=tone))
+    ids = stage.config
+    out = await _run(stage, user(part))
+    tokens = out["prompt"]["token_ids"]
+    assert len(out["audios"]) == 1 and out["audios"][0].shape[0] == 128
+    audio = tokens.count(ids.audio_token_id)
+    assert 24 <= audio <= 28  # 13 per second
+    start = tokens.index(ids.vision_start_token_id)
+    assert tokens[start + 1] == ids.audio_start_token_id
+    run = tokens[start + 2 : start + 2 + 140 + 140 + audio]
+    assert set(run) == {ids.video_token_id, ids.audio_token_id}
+    # 2 s per temporal step (26 positions): audio tokens 0-25 come between the two steps'
+    # frames, the second step goes before audio token 26 (a tie goes to the video)
+    audio_id, video_id = ids.audio_token_id, ids.video_token_id
+    assert run == [video_id] * 140 + [audio_id] * 26 + [video_id] * 140 + [audio_id] * (audio - 26)
+    assert route_to_aggregate(out) == ["audio_encoder", "image_encoder", "mm_aggregate"]
+    quiet = await stage.run(
+        StageRequest("r2", {"messages": user(part), "sampling": {}, "use_audio_in_video": False})
+    )
+    assert quiet["audios"] == [] and ids.audio_token_id not in quiet["prompt"]["token_ids"]
+    silent = video_part(mp4_bytes(1.0))
+    with pytest.raises(RequestError, match="no sound track"):
+        await stage.run(
+            StageRequest(
+                "r3", {"messages": user(silent), "sampling": {}, "use_audio_in_video": True}
+            )
+        )
+
+
+async def test_videos_images_and_audio_keep_prompt_order_for_the_encoders():
+    stage = create_preprocessing("tiny")
+    t = np.arange(16000) / 16000
+    tone = (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
+    messages = user(image_part(64, 96), video_part(mp4_bytes(1.0, sound=tone)), audio_part(1.0))
+    out = await _run(stage, messages)
+    assert [im["grid_thw"][0] for im in out["images"]] == [1, 2]  # the image, then the video
+    assert len(out["audios"]) == 2  # the track (first in the prompt), then the audio part

@@ -18,7 +18,12 @@ from omni_qwen3_omni.vision.processor import (
     ImageProcessorConfig,
     image_token_count,
     smart_resize,
-    video_to_patches,
+)
+from omni_qwen3_omni.vision.video import (
+    VideoRefused,
+    plan_video,
+    sample_frame_count,
+    utils_smart_resize,
 )
 
 # ---------------------------------------------------------------- torch-free
@@ -119,9 +124,40 @@ def test_processor_config_spellings_and_errors():
         ImageProcessorConfig(merge_size=4).check_against(VisionEncoderConfig())
 
 
-def test_video_is_refused_clearly():
-    with pytest.raises(NotImplementedError, match="video"):
-        video_to_patches([])
+@pytest.mark.parametrize(
+    ("total", "fps", "expected"),
+    [
+        (25, 25.0, 4),  # 1 s: 2 frames wanted, raised to the minimum of 4
+        (82, 25.0, 6),  # 3.28 s: 6.56 wanted, rounded down to a multiple of 2
+        (300, 30.0, 20),  # 10 s at 2 per second
+        (3, 25.0, 2),  # fewer frames than the minimum: as many as there are, even
+        (10_000, 10.0, 768),  # the maximum
+    ],
+)
+def test_frame_count_follows_the_release(total, fps, expected):
+    assert sample_frame_count(total, fps) == expected
+
+
+def test_a_one_frame_video_is_refused():
+    with pytest.raises(VideoRefused, match="at least 2"):
+        sample_frame_count(1, 25.0)
+
+
+def test_first_resize_never_rounds_a_side_below_28_and_respects_the_budget():
+    assert utils_smart_resize(10, 1000, 28 * 28 * 128, 28 * 28 * 768)[0] >= 28
+    with pytest.raises(VideoRefused, match="aspect ratio"):
+        utils_smart_resize(10, 4000, 28 * 28 * 128, 28 * 28 * 768)
+    h, w = utils_smart_resize(1080, 1920, 28 * 28 * 128, 28 * 28 * 768)
+    assert h % 28 == 0 and w % 28 == 0 and h * w <= 28 * 28 * 768
+
+
+def test_plan_of_a_small_clip():
+    plan = plan_video(120, 160, 82, 25.0, ImageProcessorConfig())
+    assert plan.indices == (0, 16, 32, 49, 65, 81)
+    assert plan.first_size == (280, 392)  # grown to 128 * 28 * 28 pixels
+    assert plan.size == (320, 448)  # then to 128 * 32 * 32 by the processor's rule
+    assert plan.grid == (3, 20, 28) and plan.token_count == 3 * 20 * 28 // 4
+    assert plan.seconds_per_grid == 2.0
 
 
 # ---------------------------------------------------------------- with torch

@@ -28,11 +28,9 @@ Everything but :func:`image_to_patches` is torch-free, so the prompt builder
 can count placeholder tokens (:func:`image_token_count`,
 :meth:`ImageProcessorConfig.grid_for_size`) without importing torch.
 
-Video: the reference sends frames through the same size rule and patch
-layout (its video processor groups ``temporal_patch_size`` consecutive frames
-into one temporal patch, repeats the last frame to fill a group, and its
-frame sampling lives in ``qwen-omni-utils``, outside transformers). This
-module does not implement video yet; :func:`video_to_patches` says so.
+Video goes through the same patch layout with ``temporal_patch_size``
+consecutive frames per temporal patch; which frames, and the two resizes the
+release applies to them, are in :mod:`.video`.
 """
 
 from __future__ import annotations
@@ -337,12 +335,3 @@ def _frames_to_patches(
     blocks = blocks.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
     rows = blocks.reshape(grid_t * grid_h * grid_w, channels * tps * p * p).contiguous()
     return rows, (grid_t, grid_h, grid_w)
-
-
-def video_to_patches(*_args: Any, **_kwargs: Any) -> Any:
-    """Not implemented: only still images are preprocessed so far."""
-    raise NotImplementedError(
-        "Qwen3-Omni video input is not supported yet: only still images are preprocessed "
-        "(the reference would sample frames, resize each with smart_resize, and group "
-        "temporal_patch_size consecutive frames into one temporal patch)"
-    )
