@@ -6,9 +6,10 @@ A TTS-style pipeline is three stages in one process by default:
 codec frames as it makes them) -> ``vocoder`` (codes to audio, terminal).
 :func:`tts_stages` declares it from the three factories' arguments;
 :func:`chain` declares any straight line of stages (an ASR pipeline's
-preprocessing -> asr -> decode, say). :class:`SourceChecks` gives a
-``PipelineConfig`` the plan-time model-path checks of its
-:class:`~omni_core.kit.source.ModelSource`.
+preprocessing -> asr -> decode, say). :class:`TTSPipeline` is a whole
+TTS pipeline class, wanting only the family's names and argument classes.
+:class:`SourceChecks` gives a ``PipelineConfig`` the plan-time model-path
+checks of its :class:`~omni_core.kit.source.ModelSource`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from ..schema import DType, EngineStageConfig, FactoryArgs, LoadFormat, StageConfig
+from ..schema import (
+    DType,
+    EngineStageConfig,
+    FactoryArgs,
+    LoadFormat,
+    PipelineConfig,
+    StageConfig,
+)
 from .source import ModelSource, SourceProblem
 
 
@@ -44,6 +52,14 @@ class ChunkArgs(FactoryArgs):
     max_chunk_frames: int | None = Field(default=48, ge=1)  # none: all chunks equal
     # chunks of concurrent requests decoded together (default: 16 GPU, 1 CPU)
     max_batch_size: int | None = Field(default=None, ge=1)
+
+
+class StreamingVocoderArgs(TypedWeightArgs, ChunkArgs):
+    """A codec decoder streamed chunk by chunk, with state or with re-decoded context."""
+
+    # none: stateful streaming, each frame decoded once, equal to a full decode;
+    # a number: re-decode that many frames before every chunk (Qwen's releases use 25)
+    left_context_frames: int | None = Field(default=None, ge=0)
 
 
 class TTSPreprocessingArgs(FactoryArgs):
@@ -146,3 +162,31 @@ class SourceChecks:
     def fetch_model_source(self) -> None:
         """A hub id into the local cache (once, in the parent); presets and directories: as is."""
         self.model_source.resolve(self.model_path)  # type: ignore[attr-defined]
+
+
+class TTSPipeline(SourceChecks, PipelineConfig):
+    """A TTS-style pipeline: text in, 24 kHz speech out of ``vocoder``, in one process.
+
+    A family names its ``pipeline_name``, ``aliases``, ``description``,
+    ``default_model_path``, ``model_source``, the module of its factories
+    (``stages_module``) and, where they differ from the kit's, the argument
+    classes of its three stages.
+    """
+
+    entry_stage: ClassVar[str] = "preprocessing"
+    api: ClassVar[tuple[str, ...]] = ("speech",)
+    audio_stage: ClassVar[str | None] = "vocoder"
+    sample_rate: ClassVar[int | None] = 24000
+    stages_module: ClassVar[str]
+    preprocessing_args: ClassVar[type[FactoryArgs]] = TTSPreprocessingArgs
+    engine_args: ClassVar[type[FactoryArgs]] = TypedWeightArgs
+    vocoder_args: ClassVar[type[FactoryArgs]] = StreamingVocoderArgs
+
+    @classmethod
+    def default_stages(cls) -> list[StageConfig]:
+        return tts_stages(
+            cls.stages_module,
+            preprocessing=cls.preprocessing_args(),
+            engine=cls.engine_args(),
+            vocoder=cls.vocoder_args(),
+        )

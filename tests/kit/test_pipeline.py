@@ -83,3 +83,24 @@ def test_source_checks_read_every_weight_loading_stage(tmp_path):
     (problem,) = pipeline.model_source_problems()  # the vocoder is already dummy
     assert problem[0][1] == ("stages", "tts_engine", "factory", "load_format")
     pipeline.fetch_model_source()  # a preset: nothing to fetch, no error
+
+
+def test_a_tts_pipeline_class_needs_only_the_familys_names_and_arguments(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    from omni_core.kit.pipeline import StreamingVocoderArgs, TTSPipeline
+
+    class Family(TTSPipeline):
+        pipeline_name: ClassVar[str] = "kit-family"
+        default_model_path: ClassVar[str] = "acme/family"
+        model_source: ClassVar = ModelSource(family="F", presets_dir=tmp_path, example="a/b")
+        stages_module: ClassVar[str] = "family.stages"
+        vocoder_args: ClassVar = VocoderArgs
+
+    pipeline = Family()
+    assert pipeline.stage_names == ["preprocessing", "tts_engine", "vocoder"]
+    assert Family.api == ("speech",) and Family.audio_stage == "vocoder"
+    assert pipeline.stage("tts_engine").factory_path == "family.stages:create_tts_engine"
+    assert isinstance(pipeline.stage("vocoder").factory, VocoderArgs)
+    assert isinstance(pipeline.stage("preprocessing").factory, TTSPreprocessingArgs)
+    assert StreamingVocoderArgs().left_context_frames is None
+    assert pipeline.model_source_problems() == []  # a well-formed hub id, online

@@ -10,23 +10,11 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from omni_core import PipelineConfig, StageConfig
-from omni_core.kit.pipeline import (
-    ChunkArgs,
-    SourceChecks,
-    TTSPreprocessingArgs,
-    TypedWeightArgs,
-    WeightArgs,
-    tts_stages,
-)
+from omni_core.kit.pipeline import ChunkArgs, TTSPipeline, TypedWeightArgs, WeightArgs
 
 from .source import SOURCE  # torch-free
 
-PACKAGE = "omni_moss_tts.stages"
 DEFAULT_VOICE = "default"  # the model's own voice: the release ships no named speakers
-
-# max_frames: audio frames, 12.5 per second; default: generation_config's
-PreprocessingArgs = TTSPreprocessingArgs
 
 
 class EngineFactoryArgs(TypedWeightArgs):
@@ -44,7 +32,7 @@ class VocoderArgs(WeightArgs, ChunkArgs):
     chunk_frames: int = Field(default=2, ge=1)
 
 
-class MossTTSPipeline(SourceChecks, PipelineConfig):
+class MossTTSPipeline(TTSPipeline):
     pipeline_name: ClassVar[str] = "moss-tts"
     aliases: ClassVar[tuple[str, ...]] = (
         "moss_tts",
@@ -55,22 +43,13 @@ class MossTTSPipeline(SourceChecks, PipelineConfig):
     description: ClassVar[str] = (
         "MOSS-TTS (Qwen3 backbone, 32-codebook delay pattern): text to 24 kHz speech"
     )
-    entry_stage: ClassVar[str] = "preprocessing"
     default_model_path: ClassVar[str] = "OpenMOSS-Team/MOSS-TTS"
-    api: ClassVar[tuple[str, ...]] = ("speech",)
-    audio_stage: ClassVar[str | None] = "vocoder"
-    sample_rate: ClassVar[int | None] = 24000
     voice_cloning: ClassVar[bool] = True
     model_source: ClassVar = SOURCE
-
-    @classmethod
-    def default_stages(cls) -> list[StageConfig]:
-        return tts_stages(
-            PACKAGE,
-            preprocessing=PreprocessingArgs(),
-            engine=EngineFactoryArgs(),
-            vocoder=VocoderArgs(),
-        )
+    stages_module: ClassVar[str] = "omni_moss_tts.stages"
+    # preprocessing: the kit's; max_frames counts audio frames, 12.5 per second
+    engine_args: ClassVar = EngineFactoryArgs
+    vocoder_args: ClassVar = VocoderArgs
 
     def builtin_voices(self) -> list[str] | None:
         return [DEFAULT_VOICE]

@@ -17,8 +17,8 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfig
-from omni_core.kit.pipeline import SourceChecks
-from omni_core.schema import DType, LoadFormat
+from omni_core.kit.pipeline import SourceChecks, StreamingVocoderArgs, TypedWeightArgs
+from omni_core.schema import DType
 
 from .plugin import CHECKPOINT_NAMES as ALIASES  # one list: the plugin registers them by name
 from .source import SOURCE  # torch-free
@@ -70,19 +70,11 @@ class TalkerArgs(EngineFactoryArgs):
     max_frames: int = Field(default=2048, ge=1)
 
 
-class Code2WavArgs(FactoryArgs):
+class Code2WavArgs(StreamingVocoderArgs):
+    # Each frame is 80 ms. Streaming is stateful: every frame is decoded once and
+    # the stream equals a full decode (the release re-decodes 25 frames of left
+    # context per chunk instead; left_context_frames = 25 does that).
     dtype: DType = "float32"
-    load_format: LoadFormat = "auto"
-    seed: int = Field(default=0, ge=0)  # dummy weights' seed
-    # frames in the first audio chunk (each frame is 80 ms); later chunks double
-    # up to max_chunk_frames. Streaming is stateful: every frame is decoded once
-    # and the stream equals a full decode (the release re-decodes 25 frames of
-    # left context per chunk instead; left_context_frames = 25 does that).
-    chunk_frames: int = Field(default=4, ge=1)
-    max_chunk_frames: int | None = Field(default=48, ge=1)
-    left_context_frames: int | None = Field(default=None, ge=0)
-    # chunks of concurrent requests decoded together (default: 16 GPU, 1 CPU)
-    max_batch_size: int | None = Field(default=None, ge=1)
 
 
 def _front(fan_in: str, route_fn: str, process: dict[str, str]) -> list[StageConfig]:

@@ -9,23 +9,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
-
-from omni_core import PipelineConfig, StageConfig
-from omni_core.kit.pipeline import (
-    ChunkArgs,
-    SourceChecks,
-    TTSPreprocessingArgs,
-    TypedWeightArgs,
-    tts_stages,
-)
+from omni_core.kit.pipeline import TTSPipeline, TypedWeightArgs
 
 from .source import SOURCE  # torch-free
-
-PACKAGE = "omni_qwen3_tts.stages"
-
-
-PreprocessingArgs = TTSPreprocessingArgs  # max_frames' default: generation_config's
 
 
 class EngineFactoryArgs(TypedWeightArgs):
@@ -34,16 +20,7 @@ class EngineFactoryArgs(TypedWeightArgs):
     pack_weights: bool = True
 
 
-class VocoderArgs(TypedWeightArgs, ChunkArgs):
-    # chunk_frames (4 frames = 0.32 s of audio): stateful decoding re-decodes
-    # nothing, so a short first chunk costs ~5% more codec work in all and brings
-    # the first audio 8 frames earlier than the release's 12.
-    # none: stateful streaming, each frame decoded once, equal to a full decode;
-    # a number: re-decode that many frames before every chunk (the release uses 25)
-    left_context_frames: int | None = Field(default=None, ge=0)
-
-
-class Qwen3TTSPipeline(SourceChecks, PipelineConfig):
+class Qwen3TTSPipeline(TTSPipeline):
     pipeline_name: ClassVar[str] = "qwen3-tts"
     aliases: ClassVar[tuple[str, ...]] = (
         "qwen3_tts",
@@ -53,22 +30,14 @@ class Qwen3TTSPipeline(SourceChecks, PipelineConfig):
     description: ClassVar[str] = (
         "Qwen3-TTS 12 Hz (Base / CustomVoice / VoiceDesign): text to 24 kHz speech, streamed"
     )
-    entry_stage: ClassVar[str] = "preprocessing"
     default_model_path: ClassVar[str] = "Qwen/Qwen3-TTS-12Hz-0.6B-Base"
-    api: ClassVar[tuple[str, ...]] = ("speech",)
-    audio_stage: ClassVar[str | None] = "vocoder"
-    sample_rate: ClassVar[int | None] = 24000
     voice_cloning: ClassVar[bool] = True  # Base checkpoints; the others refuse the upload
     model_source: ClassVar = SOURCE
-
-    @classmethod
-    def default_stages(cls) -> list[StageConfig]:
-        return tts_stages(
-            PACKAGE,
-            preprocessing=PreprocessingArgs(),
-            engine=EngineFactoryArgs(),
-            vocoder=VocoderArgs(),
-        )
+    stages_module: ClassVar[str] = "omni_qwen3_tts.stages"
+    engine_args: ClassVar = EngineFactoryArgs
+    # the kit's StreamingVocoderArgs: chunk_frames 4 (0.32 s of audio); stateful
+    # decoding re-decodes nothing, so a short first chunk costs ~5% more codec work
+    # in all and brings the first audio 8 frames earlier than the release's 12
 
     def builtin_voices(self) -> list[str] | None:
         """CustomVoice's named speakers (``talker_config.spk_id``); the others have none."""
