@@ -96,6 +96,7 @@ class Runtime:
         self.mps: dict[int, MpsDaemon] = {}
         self._owns_dir = False
         self._heard_floor = 0.0  # see _monitor: no child is blamed for the parent's stall
+        self._tp_generations: dict[tuple[str, int], int] = {}  # see _tp_store
         # Every connection between this deployment's processes proves it knows this.
         self.secret = new_secret()
         allow_wire_types(self.plugins.wire_types())
@@ -147,6 +148,8 @@ class Runtime:
             await self._spawn(child)
         errors: list[str] = []
 
+        stopped: dict[str, str] = {}  # TP ranks stopped because another rank failed: why
+
         async def wait(child: Child) -> None:
             try:
                 await child.wait_ready(self.config.runtime.startup_timeout)
@@ -154,7 +157,18 @@ class Runtime:
                     "ready", child.name, {"seconds": child.ready_seconds, "stages": child.timings}
                 )
             except StartupError as exc:
+                if child.name in stopped:
+                    errors.append(f"process {child.name} was stopped: {stopped[child.name]}")
+                    return
                 errors.append(exc.render())
+                # Its group's other ranks would wait at the rendezvous until they time out.
+                for sibling in self._tp_siblings(child):
+                    if sibling.name not in stopped and sibling.state == "starting":
+                        stopped[sibling.name] = (
+                            f"rank {child.plan.tp_rank} ({child.name}) of its tensor-parallel "
+                            "group failed to start"
+                        )
+                        await sibling.stop(kill=True)
 
         async with anyio.create_task_group() as tg:
             for child in children:
@@ -177,7 +191,36 @@ class Runtime:
             extra_env=daemon.client_env() if daemon else {},
             secret=self.secret,
             addresses=dict(self.links.addresses),
+            tp_store=self._tp_store(child),
         )
+
+    def _tp_siblings(self, child: Child) -> list[Child]:
+        """The other ranks of ``child``'s tensor-parallel group (none for other processes)."""
+        if child.plan.tp_rank is None:
+            return []
+        key = (child.plan.logical, child.plan.replica)
+        return [
+            c
+            for c in self.children.values()
+            if c is not child and (c.plan.logical, c.plan.replica) == key
+        ]
+
+    def _tp_store(self, child: Child) -> str:
+        """The rendezvous file of this start of ``child``'s TP group ('' outside one).
+
+        Rank 0 is spawned first (plan order, at start and at every restart) and
+        opens a new generation, so a rank left over from an earlier start can
+        never meet the new group.
+        """
+        plan = child.plan
+        if plan.tp_rank is None:
+            return ""
+        key = (plan.logical, plan.replica)
+        if plan.tp_rank == 0:
+            self._tp_generations[key] = self._tp_generations.get(key, 0) + 1
+        generation = self._tp_generations.get(key, 1)
+        name = f"tp-{plan.logical}-r{plan.replica}-g{generation}.store"
+        return os.path.join(self.plan.endpoints.runtime_dir, name)
 
     async def aclose(self, grace: float | None = None) -> None:
         """Stop admitting, let in-flight requests finish (grace), stop children, clean up."""
@@ -296,6 +339,10 @@ class Runtime:
                 if not child.proc.is_alive():
                     reason = f"process {child.name} {describe_exit(child.proc.exitcode)}"
                     child.state = "restarting"
+                    for sibling in self._tp_siblings(child):
+                        # Its ranks restart with it: a rank that the break made exit
+                        # must not start a second restart (or be named instead of it).
+                        sibling.state = "restarting"
                     self._tg.start_soon(self._restart, child, reason, "died")
                     continue
                 silent = now - self.last_heartbeat(child)

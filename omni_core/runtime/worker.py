@@ -73,6 +73,9 @@ class ChildSpec:
     # "coordinator"), and cluster GPU ids renumbered as this process sees them.
     addresses: dict[str, str] = field(default_factory=dict)
     gpu_map: dict[int, int] = field(default_factory=dict)
+    # A tensor-parallel rank: the rendezvous file of this start of its group (private to
+    # the run's directory, fresh for each restart), see omni_core.engine.tp.group.
+    tp_store: str = ""
 
 
 def _engine_counts(stage: Any) -> dict[str, int]:
@@ -168,6 +171,10 @@ class Worker:
     async def build(self) -> dict[str, float]:
         """Build the stages in declaration order; construction on a GPU holds its lock."""
         timings: dict[str, float] = {}
+        if self.process.tp_rank is not None:
+            started = time.perf_counter()
+            await anyio.to_thread.run_sync(self._join_tp_group)
+            timings["tp_rendezvous"] = round(time.perf_counter() - started, 4)
         for instance in self.process.stages:
             placement = self.plan.stage(instance)
             stage = self.config.stage(placement.stage)
@@ -193,6 +200,39 @@ class Worker:
             timings[stage.name] = round(time.perf_counter() - started, 4)
             self.stages[stage.name] = obj
         return timings
+
+    def _join_tp_group(self) -> None:
+        """Form this rank's tensor-parallel group before any stage is built (blocking).
+
+        gloo on the CPU (its sockets on the loopback interface: the ranks share a
+        host), NCCL when the ranks have GPUs; the factories find the group through
+        ``omni_core.engine.tp.current_group()``.
+        """
+        from ..engine.tp import init_group
+
+        process = self.process
+        ranks = sorted(
+            (p for p in self.plan.processes if _same_group(p, process)),
+            key=lambda p: p.tp_rank or 0,
+        )
+        if process.gpu is None:
+            backend, device = "gloo", "cpu"
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        else:
+            backend, device = "nccl", f"cuda:{self.spec.gpu_map.get(process.gpu, process.gpu)}"
+        name = process.logical
+        if process.num_replicas > 1:
+            name = f"{name}@r{process.replica}"
+        init_group(
+            name=name,
+            rank=process.tp_rank or 0,
+            size=process.tp_size,
+            store_path=self.spec.tp_store,
+            backend=backend,
+            device=device,
+            timeout=self.config.runtime.startup_timeout,
+            ranks=[p.name for p in ranks],
+        )
 
     async def listen(self) -> None:
         for name, address in self.links.listens(self.process.name, list(self.stages)):
@@ -518,6 +558,15 @@ class Worker:
         for channel in self.inboxes:
             with anyio.CancelScope(shield=True):
                 await channel.aclose()
+        if self.process.tp_rank is not None:
+            from ..engine.tp import leave_group
+
+            leave_group()  # torch's process group must not outlive the interpreter
+
+
+def _same_group(a: Any, b: Any) -> bool:
+    """Two processes are ranks of one tensor-parallel group."""
+    return a.tp_rank is not None and (a.logical, a.replica) == (b.logical, b.replica)
 
 
 class Remembered:

@@ -196,6 +196,9 @@ class Thinker:
 
     async def aclose(self) -> None:
         await self.engine.aclose()
+        close = getattr(self.model, "close", None)
+        if close is not None:  # the torch step model of a tensor-parallel rank 0
+            close()
 
 
 @dataclass(frozen=True)
@@ -225,20 +228,27 @@ def create_thinker(
     from .loading import read_raw_config
     from .thinker.step import ThinkerStepModel
 
-    if tp_size != 1:
-        raise NotImplementedYet(
-            "omni-qwen3-omni: the thinker runs on one device (tensor parallelism is not "
-            "implemented)",
-            hint="set tp_size = 1 for the thinker",
-        )
     settings = engine_settings or EngineSettings()
     if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
         settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
     device = torch_device(gpu_id, "thinker")
     if settings.backend == "sglang":
+        if tp_size != 1:
+            raise NotImplementedYet(
+                "omni-qwen3-omni: the thinker on SGLang with tp_size > 1 needs SGLang's own "
+                "scheduler ranks, which this build does not start yet",
+                hint="set tp_size = 1 for the thinker on SGLang, or use engine.backend = torch",
+            )
         return _sglang_thinker(model_path, settings, device, load_format, dtype, seed, talker_stage)
     lm, config, root = load_part(model_path, "thinker", load_format, dtype, device, seed)
     model_dtype = lm.model.embed_tokens.weight.dtype
+    group = _tp_group(tp_rank, tp_size)
+    if group is not None:
+        from .thinker.tensor_parallel import shard_thinker
+
+        shard_thinker(lm, config.text, group)
+        if not group.leader:
+            return _thinker_follower(lm, config.text, group, device, model_dtype, pack_weights)
     speech = None
     if talker_stage is not None:
         from .talker.config import TalkerConfig
@@ -254,10 +264,62 @@ def create_thinker(
         # Not the experts: each sees a row or two per step, where MKL beats oneDNN.
         pack_linear_weights(lm, skip=lambda name: ".experts." in name)
     eos = ChatPrompter.from_dir(root).eos_token_ids
+    mirror = None
+    if group is not None:
+        from omni_core.engine.tp import Mirror
+
+        mirror = Mirror(group)
     model = ThinkerStepModel(
-        lm, config.text, eos_ids=set(eos), device=torch.device(device), dtype=model_dtype
+        lm,
+        config.text,
+        eos_ids=set(eos),
+        device=torch.device(device),
+        dtype=model_dtype,
+        mirror=mirror,
+        tp_size=tp_size,
     )
-    return Thinker(create_engine(model, settings, device=device), model, config, speech)
+    engine = create_engine(model, settings, device=device)
+    if mirror is not None:
+        mirror.setup(engine.plan.num_slots, engine.plan.slot_len)
+    return Thinker(engine, model, config, speech)
+
+
+def _tp_group(tp_rank: int, tp_size: int) -> Any:
+    """This process's tensor-parallel group (the runtime formed it), or None at tp_size 1."""
+    if tp_size == 1:
+        return None
+    from omni_core.engine.tp import current_group
+
+    group = current_group()
+    if group is None or (group.rank, group.size) != (tp_rank, tp_size):
+        raise RuntimeError(
+            f"stage thinker has tp_size {tp_size}, but this process is not rank {tp_rank} of a "
+            "tensor-parallel group; run it through omni's runtime, which forms the group"
+        )
+    return group
+
+
+def _thinker_follower(
+    lm: Any, text: Any, group: Any, device: str, dtype: torch.dtype, pack_weights: bool
+) -> Any:
+    """Ranks 1..N-1: the decoder shard, run on what rank 0 mirrors (no engine, no head)."""
+    from omni_core.engine.interface import CacheLayout
+    from omni_core.engine.tp import FollowerStage
+
+    from .thinker.tensor_parallel import follower_forward
+
+    if pack_weights and device == "cpu":
+        from omni_core.engine.cpu_linear import pack_linear_weights
+
+        pack_linear_weights(lm, skip=lambda name: ".experts." in name)
+    layout = CacheLayout(
+        num_layers=text.num_hidden_layers,
+        num_kv_heads=text.num_key_value_heads // group.size,
+        head_dim=text.head_dim,
+        dtype=dtype,
+        device=torch.device(device),
+    )
+    return FollowerStage(group, layout, follower_forward(lm), stage="thinker")
 
 
 def _sglang_thinker(

@@ -42,10 +42,15 @@ class ThinkerStepModel:
         eos_ids: set[int],
         device: torch.device,
         dtype: torch.dtype,
+        mirror: Any = None,
+        tp_size: int = 1,
     ):
         self.lm, self.config, self.eos_ids = lm, config, set(eos_ids)
         self.device, self.dtype = torch.device(device), dtype
         self.captured: dict[str, int] = {}  # request id -> accept_hidden_layer
+        # Rank 0 of a tensor-parallel group: each pass's inputs go to the other ranks first
+        # (omni_core.engine.tp.Mirror), and this rank's cache holds its share of the KV heads.
+        self.mirror, self.tp_size = mirror, tp_size
 
     def capture(self, request_id: str, accept_layer: int) -> None:
         """Return the talker's rows with every step of ``request_id`` (call before submit)."""
@@ -65,7 +70,7 @@ class ThinkerStepModel:
     def cache_layout(self) -> CacheLayout:
         return CacheLayout(
             num_layers=self.config.num_hidden_layers,
-            num_kv_heads=self.config.num_key_value_heads,
+            num_kv_heads=self.config.num_key_value_heads // self.tp_size,
             head_dim=self.config.head_dim,
             dtype=self.dtype,
             device=self.device,
@@ -91,15 +96,11 @@ class ThinkerStepModel:
         lengths_t = torch.tensor(lengths, device=self.device)
         starts_t = torch.zeros(batch, dtype=torch.long, device=self.device)
         mask = causal_mask(starts_t, lengths_t, steps, steps)
-        store = SlotStore(cache, [int(s.slot) for s in sequences], [0] * batch, steps)
+        slots = [int(s.slot) for s in sequences]
         layers = self._layers(sequences)
-        out = self.lm(
-            x,
-            positions,
-            mask,
-            store,
-            deepstack=_deepstack(prompts, steps, self.device),
-            capture_layers=layers,
+        deepstack = _deepstack(prompts, steps, self.device)
+        out = self._forward(
+            cache, [x, positions, mask, slots, [0] * batch, steps, deepstack], layers
         )
         out, captured = out if layers else (out, {})
         last = out[torch.arange(batch, device=self.device), lengths_t - 1]
@@ -121,17 +122,30 @@ class ThinkerStepModel:
         starts_t = torch.tensor(starts, device=self.device)
         ones = torch.ones(batch, dtype=torch.long, device=self.device)
         mask = causal_mask(starts_t, ones, 1, total)
-        store = SlotStore(cache, [int(s.slot) for s in sequences], starts, total)
+        slots = [int(s.slot) for s in sequences]
         layers = self._layers(sequences)
-        out = self.lm(
-            self.lm.embed(ids), positions, mask, store, deepstack=None, capture_layers=layers
-        )
+        x = self.lm.embed(ids)
+        out = self._forward(cache, [x, positions, mask, slots, starts, total, None], layers)
         out, captured = out if layers else (out, {})
         for seq in sequences:
             seq.cached += 1
             seq.state["position"] += 1
         rows = [slice(0, 1)] * batch
         return self._emit(sequences, self.lm.logits(out[:, -1]), captured, rows)
+
+    def _forward(self, cache: Any, value: list[Any], layers: set[int] | None) -> Any:
+        """The decoder stack on ``value`` (embeddings, positions, mask, slots, starts,
+        total, deepstack); under tensor parallelism the other ranks get ``value`` first."""
+        if self.mirror is not None:
+            self.mirror.step(value)
+        x, positions, mask, slots, starts, total, deepstack = value
+        store = SlotStore(cache, slots, starts, total)
+        return self.lm(x, positions, mask, store, deepstack=deepstack, capture_layers=layers)
+
+    def close(self) -> None:
+        """After the engine stopped: release the other ranks of a tensor-parallel group."""
+        if self.mirror is not None:
+            self.mirror.close()
 
     def _emit(
         self,
