@@ -1,10 +1,9 @@
 """Finding a checkpoint, reading its configs, and filling our modules with its tensors.
 
-Loading is strict by design: every tensor of the checkpoint must land in a
-parameter or buffer of the same name and shape, and every parameter must be
-filled. A missing, unexpected or wrongly-shaped tensor is an error that names
-it (and the file it came from), because a silently skipped tensor produces a
-model that runs and talks nonsense.
+Loading is strict, by the kit's loader (:mod:`omni_core.kit.weights`, re-exported
+here under the names this family's loaders use): every tensor of the checkpoint
+must land in a parameter or buffer of the same name and shape, and every
+parameter must be filled, or the error names what did not.
 
 Modules are built on the ``meta`` device and materialised empty, so a real
 checkpoint is not initialised twice; ``load_format="dummy"`` instead fills
@@ -13,14 +12,18 @@ every tensor from a seeded generator, in name order, from the config alone.
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from omni_core.kit.weights import (  # noqa: F401 - re-exported: the loaders' names for them
+    CheckpointError,
+    checkpoint_files,
+    load_state,
+    read_json,
+)
 
 from .source import (  # noqa: F401 - re-exported: the loaders' names for them
     HUB_PATTERNS,
@@ -30,104 +33,6 @@ from .source import (  # noqa: F401 - re-exported: the loaders' names for them
     available_presets,
     resolve_model_path,
 )
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not match the architecture its config describes."""
-
-
-def read_json(path: Path, required: bool = True) -> dict[str, Any]:
-    if not path.is_file():
-        if required:
-            raise FileNotFoundError(f"{path} is missing")
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON ({exc})") from exc
-
-
-def checkpoint_files(directory: Path, stem: str = "model") -> list[Path]:
-    """The safetensors files of ``directory``: a single file, or the shards of an index."""
-    index = directory / f"{stem}.safetensors.index.json"
-    single = directory / f"{stem}.safetensors"
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index}: no weight_map")
-        shards = sorted(set(weight_map.values()))
-        missing = [s for s in shards if not (directory / s).is_file()]
-        if missing:
-            raise CheckpointError(f"{index}: shard file(s) missing: {', '.join(missing)}")
-        _check_index(directory, weight_map)
-        return [directory / s for s in shards]
-    if single.is_file():
-        return [single]
-    raise CheckpointError(
-        f"{directory}: no {stem}.safetensors or {stem}.safetensors.index.json "
-        "(use load_format='dummy' to run without weights)"
-    )
-
-
-def _check_index(directory: Path, weight_map: dict[str, str]) -> None:
-    from safetensors import safe_open
-
-    by_shard: dict[str, set[str]] = {}
-    for name, shard in weight_map.items():
-        by_shard.setdefault(shard, set()).add(name)
-    for shard, names in by_shard.items():
-        with safe_open(str(directory / shard), framework="pt") as handle:
-            present = set(handle.keys())
-        absent = sorted(names - present)
-        if absent:
-            raise CheckpointError(
-                f"{directory / shard}: the index places tensor {absent[0]!r} here but the shard "
-                f"does not contain it ({len(absent)} such tensor(s))"
-            )
-
-
-def _describe(names: list[str], limit: int = 8) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
-
-
-def load_state(module: nn.Module, files: Iterable[Path], what: str) -> None:
-    """Copy every tensor of ``files`` into ``module`` by name; refuse any mismatch."""
-    from safetensors import safe_open
-
-    expected = module.state_dict()
-    filled: set[str] = set()
-    unexpected: list[str] = []
-    wrong: list[str] = []
-    with torch.no_grad():
-        for file in files:
-            with safe_open(str(file), framework="pt") as handle:
-                for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    if name not in expected:
-                        unexpected.append(f"{name} (in {file.name})")
-                        continue
-                    if name in filled:
-                        raise CheckpointError(f"{what}: tensor {name!r} appears twice ({file})")
-                    target = expected[name]
-                    shape = tuple(handle.get_slice(name).get_shape())
-                    if shape != tuple(target.shape):
-                        wrong.append(f"{name}: checkpoint {shape}, model {tuple(target.shape)}")
-                        continue
-                    target.copy_(handle.get_tensor(name))
-                    filled.add(name)
-    missing = sorted(set(expected) - filled)
-    problems = []
-    if unexpected:
-        problems.append(f"unexpected tensor(s) {_describe(sorted(unexpected))}")
-    if wrong:
-        problems.append(f"wrong shape for {_describe(wrong)}")
-    if missing:
-        problems.append(f"missing tensor(s) {_describe(missing)}")
-    if problems:
-        raise CheckpointError(
-            f"{what}: the checkpoint does not match the architecture of its config: "
-            + "; ".join(problems)
-        )
 
 
 def build_empty(factory: Callable[[], nn.Module], device: torch.device, dtype: torch.dtype):
