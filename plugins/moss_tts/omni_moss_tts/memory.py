@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from omni_core.kit.memory import by_stage, weights_only
 from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import (
     GiB,
     decoder_params,
     engine_estimate,
-    factory_dtype,
     read_local_config,
     shape_from_config,
     weights_bytes,
@@ -48,33 +48,35 @@ def backbone_shape(model_path: str) -> tuple[dict[str, int], str]:
 
 def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
     """Estimates for the GPU stages of a MOSS-TTS deployment (by stage name)."""
-    estimates: dict[str, MemoryEstimate] = {}
-    for stage in pipeline.stages:
-        if stage.name == "tts_engine":
-            shape, source = backbone_shape(pipeline.model_path)
-            params = decoder_params(**shape, tied_embeddings=False)
-            params += 2 * AUDIO_CODEBOOKS * AUDIO_VOCAB * shape["hidden"]  # embeddings + heads
-            estimate_ = engine_estimate(
-                stage, params, shape, source=source, overhead_bytes=ENGINE_OVERHEAD
-            )
-            if not _shares_codec(pipeline, stage):
-                # the engine encodes reference clips with its own copy of the codec
-                estimate_ = MemoryEstimate(
-                    estimate_.weights_bytes + weights_bytes(CODEC_PARAMS, "float32"),
-                    estimate_.kv_bytes,
-                    estimate_.overhead_bytes,
-                    estimate_.source + " + the codec (1.77B, float32) for voice cloning",
-                )
-            estimates[stage.name] = estimate_
-        elif stage.name == "vocoder":
-            dtype = factory_dtype(stage, "float32")
-            estimates[stage.name] = MemoryEstimate(
-                weights_bytes(CODEC_PARAMS, dtype),
-                0,
-                VOCODER_OVERHEAD,
-                f"MOSS audio tokenizer (1.77B), {dtype}",
-            )
-    return estimates
+
+    def engine(stage: Any) -> MemoryEstimate:
+        shape, source = backbone_shape(pipeline.model_path)
+        params = decoder_params(**shape, tied_embeddings=False)
+        params += 2 * AUDIO_CODEBOOKS * AUDIO_VOCAB * shape["hidden"]  # embeddings + heads
+        found = engine_estimate(stage, params, shape, source=source, overhead_bytes=ENGINE_OVERHEAD)
+        if _shares_codec(pipeline, stage):
+            return found
+        # the engine encodes reference clips with its own copy of the codec
+        return MemoryEstimate(
+            found.weights_bytes + weights_bytes(CODEC_PARAMS, "float32"),
+            found.kv_bytes,
+            found.overhead_bytes,
+            found.source + " + the codec (1.77B, float32) for voice cloning",
+        )
+
+    return by_stage(
+        pipeline,
+        {
+            "tts_engine": engine,
+            "vocoder": lambda stage: weights_only(
+                stage,
+                CODEC_PARAMS,
+                overhead=VOCODER_OVERHEAD,
+                label="MOSS audio tokenizer (1.77B)",
+                default_dtype="float32",
+            ),
+        },
+    )
 
 
 def _shares_codec(pipeline: Any, engine: Any) -> bool:

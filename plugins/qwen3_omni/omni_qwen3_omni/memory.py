@@ -13,21 +13,11 @@ projections left out; overheads are round allowances). Declare
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
+from omni_core.kit.memory import by_stage, config_shapes, weights_only
 from omni_core.placement import MemoryEstimate
-from omni_core.plan.estimates import (
-    GiB,
-    MiB,
-    decoder_params,
-    encoder_params,
-    engine_estimate,
-    factory_dtype,
-    read_local_config,
-    shape_from_config,
-    weights_bytes,
-)
+from omni_core.plan.estimates import GiB, MiB, decoder_params, encoder_params, engine_estimate
 
 THINKER = dict(
     layers=48,
@@ -66,14 +56,6 @@ AGGREGATE_OVERHEAD = 256 * MiB  # mm_aggregate holds no weights, only merged emb
 SOURCE = "Qwen3-Omni-30B-A3B architecture"
 
 
-def _section(config: Mapping[str, Any] | None, *path: str) -> Mapping[str, Any] | None:
-    for key in path:
-        if not isinstance(config, Mapping):
-            return None
-        config = config.get(key)
-    return config if isinstance(config, Mapping) else None
-
-
 def _vision_params(shape: dict[str, int], out: int) -> int:
     merged = shape["hidden"] * VISION_MERGE
     merger = merged * merged + merged * out
@@ -82,53 +64,45 @@ def _vision_params(shape: dict[str, int], out: int) -> int:
 
 def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
     """Estimates for the GPU stages of a Qwen3-Omni deployment (by stage name)."""
-    config = read_local_config(pipeline.model_path)
-    source = f"{pipeline.model_path}/config.json" if config else SOURCE
-    thinker = shape_from_config(_section(config, "thinker_config", "text_config"), THINKER)
-    audio = shape_from_config(_section(config, "thinker_config", "audio_config"), AUDIO_TOWER)
-    vision = shape_from_config(_section(config, "thinker_config", "vision_config"), VISION_TOWER)
-    talker = shape_from_config(_section(config, "talker_config", "text_config"), TALKER)
-    predictor = shape_from_config(
-        _section(config, "talker_config", "code_predictor_config"), PREDICTOR
+    (thinker, audio, vision, talker, predictor), source = config_shapes(
+        pipeline.model_path,
+        SOURCE,
+        [
+            (("thinker_config", "text_config"), THINKER),
+            (("thinker_config", "audio_config"), AUDIO_TOWER),
+            (("thinker_config", "vision_config"), VISION_TOWER),
+            (("talker_config", "text_config"), TALKER),
+            (("talker_config", "code_predictor_config"), PREDICTOR),
+        ],
     )
     out = thinker["hidden"]
+    talker_params = decoder_params(**talker, tied_embeddings=False)
+    talker_params += 2 * (out * out + out * talker["hidden"])  # text and hidden projections
+    talker_params += decoder_params(**predictor)
+    talker_params += 2 * (CODEBOOKS - 1) * CODEBOOK_SIZE * predictor["hidden"]
 
-    estimates: dict[str, MemoryEstimate] = {}
-    for stage in pipeline.stages:
-        dtype = factory_dtype(stage)
-        if stage.name == "thinker":
-            params = decoder_params(**thinker, tied_embeddings=False)
-            estimates[stage.name] = engine_estimate(
-                stage, params, thinker, source=source, overhead_bytes=ENGINE_OVERHEAD
-            )
-        elif stage.name == "talker_ar":
-            params = decoder_params(**talker, tied_embeddings=False)
-            params += 2 * (out * out + out * talker["hidden"])  # text and hidden projections
-            params += decoder_params(**predictor)
-            params += 2 * (CODEBOOKS - 1) * CODEBOOK_SIZE * predictor["hidden"]
-            estimates[stage.name] = engine_estimate(
-                stage, params, talker, source=source, overhead_bytes=ENGINE_OVERHEAD
-            )
-        elif stage.name == "audio_encoder":
-            params = encoder_params(**audio) + audio["hidden"] * out
-            estimates[stage.name] = MemoryEstimate(
-                weights_bytes(params, dtype), 0, ENCODER_OVERHEAD, f"{source}, {dtype}"
-            )
-        elif stage.name == "image_encoder":
-            estimates[stage.name] = MemoryEstimate(
-                weights_bytes(_vision_params(vision, out), dtype),
-                0,
-                ENCODER_OVERHEAD,
-                f"{source}, {dtype}",
-            )
-        elif stage.name == "mm_aggregate":
-            estimates[stage.name] = MemoryEstimate(0, 0, AGGREGATE_OVERHEAD, "no weights")
-        elif stage.name == "code2wav":
-            dtype = factory_dtype(stage, "float32")
-            estimates[stage.name] = MemoryEstimate(
-                weights_bytes(CODE2WAV_PARAMS, dtype),
-                0,
-                CODE2WAV_OVERHEAD,
-                f"code2wav decoder, {dtype}",
-            )
-    return estimates
+    def engine(shape: dict[str, int], params: int) -> Any:
+        return lambda stage: engine_estimate(
+            stage, params, shape, source=source, overhead_bytes=ENGINE_OVERHEAD
+        )
+
+    def encoder(params: int) -> Any:
+        return lambda stage: weights_only(stage, params, overhead=ENCODER_OVERHEAD, label=source)
+
+    return by_stage(
+        pipeline,
+        {
+            "thinker": engine(thinker, decoder_params(**thinker, tied_embeddings=False)),
+            "talker_ar": engine(talker, talker_params),
+            "audio_encoder": encoder(encoder_params(**audio) + audio["hidden"] * out),
+            "image_encoder": encoder(_vision_params(vision, out)),
+            "mm_aggregate": lambda _: MemoryEstimate(0, 0, AGGREGATE_OVERHEAD, "no weights"),
+            "code2wav": lambda stage: weights_only(
+                stage,
+                CODE2WAV_PARAMS,
+                overhead=CODE2WAV_OVERHEAD,
+                label="code2wav decoder",
+                default_dtype="float32",
+            ),
+        },
+    )

@@ -16,16 +16,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from omni_core.kit.memory import by_stage, weights_only
 from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import (
     GiB,
     MiB,
     decoder_params,
     engine_estimate,
-    factory_dtype,
     read_local_config,
     shape_from_config,
-    weights_bytes,
 )
 
 TALKERS: dict[str, dict[str, int]] = {
@@ -79,23 +78,25 @@ def engine_params(talker: dict[str, int], predictor: dict[str, int]) -> int:
 
 def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
     """Estimates for the GPU stages of a Qwen3-TTS deployment (by stage name)."""
-    estimates: dict[str, MemoryEstimate] = {}
     shapes = talker_shapes(pipeline.model_path)
-    for stage in pipeline.stages:
-        if stage.name == "tts_engine" and shapes is not None:
-            talker, predictor, source = shapes
-            estimates[stage.name] = engine_estimate(
+
+    def engine(stage: Any) -> MemoryEstimate | None:
+        if shapes is None:
+            return None
+        talker, predictor, source = shapes
+        params = engine_params(talker, predictor)
+        return engine_estimate(stage, params, talker, source=source, overhead_bytes=ENGINE_OVERHEAD)
+
+    return by_stage(
+        pipeline,
+        {
+            "tts_engine": engine,
+            "vocoder": lambda stage: weights_only(
                 stage,
-                engine_params(talker, predictor),
-                talker,
-                source=source,
-                overhead_bytes=ENGINE_OVERHEAD,
-            )
-        elif stage.name == "vocoder":
-            dtype = factory_dtype(stage, "float32")
-            estimates[stage.name] = MemoryEstimate(
-                weights_bytes=weights_bytes(SPEECH_TOKENIZER_PARAMS, dtype),
-                overhead_bytes=VOCODER_OVERHEAD,
-                source=f"12 Hz speech tokenizer, {dtype}",
-            )
-    return estimates
+                SPEECH_TOKENIZER_PARAMS,
+                overhead=VOCODER_OVERHEAD,
+                label="12 Hz speech tokenizer",
+                default_dtype="float32",
+            ),
+        },
+    )
