@@ -16,43 +16,24 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from omni_qwen3_tts.config import DecoderConfig
+
 from ..config import ConfigError
 
 SAMPLE_RATE = 24_000  # the release's output rate (not in its config)
 
 
 @dataclass(frozen=True)
-class Code2WavConfig:
-    """Codes ``[num_quantizers]`` per frame -> ``total_upsample`` samples of 24 kHz audio."""
+class Code2WavConfig(DecoderConfig):
+    """Codes ``[num_quantizers]`` per frame -> ``total_upsample`` samples of 24 kHz audio.
 
-    codebook_size: int = 2048
-    hidden_size: int = 1024
+    The geometry is Qwen3-TTS's codec decoder's (:class:`DecoderConfig`, whose
+    defaults are this release's too), plus the one key only code2wav has;
+    parsing and checks are code2wav's own (its config's errors name
+    ``code2wav_config``).
+    """
+
     max_position_embeddings: int = 8000
-    rope_theta: float = 10000.0
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 16
-    head_dim: int | None = None
-    attention_bias: bool = False
-    sliding_window: int = 72
-    intermediate_size: int = 3072
-    hidden_act: str = "silu"
-    layer_scale_initial_scale: float = 0.01
-    rms_norm_eps: float = 1e-5
-    num_hidden_layers: int = 8
-    num_quantizers: int = 16
-    upsample_rates: tuple[int, ...] = (8, 5, 4, 3)
-    upsampling_ratios: tuple[int, ...] = (2, 2)
-    decoder_dim: int = 1536
-
-    @property
-    def attn_head_dim(self) -> int:
-        """``head_dim`` if the config names one, else ``hidden_size / num_attention_heads``."""
-        return self.head_dim or self.hidden_size // self.num_attention_heads
-
-    @property
-    def total_upsample(self) -> int:
-        """Samples per frame (1920 at the release's rates)."""
-        return math.prod((*self.upsampling_ratios, *self.upsample_rates))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Code2WavConfig:
