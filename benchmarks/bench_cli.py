@@ -24,6 +24,8 @@ are compared. It prints figures; it is not a test.
 
     .venv/bin/python benchmarks/bench_cli.py [--runs 15] [--reference VENV]
 
+``--smoke`` runs each command once, without warm-ups or the reference.
+
 To find where the time goes: ``.venv/bin/python -X importtime -m omni_core config resolve …``.
 """
 
@@ -182,7 +184,14 @@ def main() -> int:
     parser.add_argument(
         "--max-ratio", type=float, default=None, help="exit 1 when a median is above this x floor"
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, one repeat: checks the script runs (make test)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.warmups = 1, 0
 
     env = {k: v for k, v in os.environ.items() if k != "OMNI_PLUGINS"}
     commands = our_commands(env)
@@ -198,7 +207,7 @@ def main() -> int:
     venv = Path(args.reference)
     reference = None
     with tempfile.TemporaryDirectory() as tmp:
-        if (venv / "bin" / "python").exists():
+        if not args.smoke and (venv / "bin" / "python").exists():
             reference = reference_command(venv, reference_yaml(DEPLOY, Path(tmp)))
             rounds([reference], 1, args.reference_runs)
             ours = stdout_of(ours_resolve)
@@ -227,6 +236,8 @@ def main() -> int:
     if reference:
         factor = reference.median / ours_resolve.median
         print(f"\nreference / omni, config resolve (median): {factor:.1f}x; {same}")
+    elif args.smoke:
+        print("\nreference row skipped: --smoke")
     else:
         print(
             f"\nreference row skipped: no venv at {venv} "

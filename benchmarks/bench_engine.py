@@ -1,7 +1,8 @@
 """Throughput of the PyTorch engine backend at concurrency 1, 4 and 8.
 
 Run: ``python benchmarks/bench_engine.py [--threads N] [--device cpu|cuda]``
-(about a minute on two CPU cores).
+(about a minute on two CPU cores; ``--smoke``: a tiny model, concurrency 1 and 2, a few
+seconds).
 
 The model is :class:`~omni_core.engine.toy_model.TinyDecoder` at a size where
 a decode step is dominated by reading the weights (4 layers, width 512,
@@ -30,21 +31,25 @@ from omni_core.engine.torch_engine import TorchEngine
 from omni_core.engine.toy_model import TinyDecoder
 
 PROMPT, NEW_TOKENS = 32, 64
+SMOKE_NEW_TOKENS = 8
 
 
-async def run_level(engine: TorchEngine, concurrency: int, requests: int) -> tuple[float, int, int]:
+async def run_level(
+    engine: TorchEngine, concurrency: int, requests: int, new_tokens: int = NEW_TOKENS
+) -> tuple[float, int, int]:
     """(seconds, tokens, steps) for ``requests`` requests from ``concurrency`` clients."""
     tokens = 0
     remaining = requests
+    vocab = engine.model.vocab_size
     noise = torch.Generator().manual_seed(concurrency)
 
     async def client(index: int) -> None:
         nonlocal tokens, remaining
         while remaining > 0:
             remaining -= 1
-            prompt = torch.randint(0, 8192, (PROMPT,), generator=noise).tolist()
+            prompt = torch.randint(0, vocab, (PROMPT,), generator=noise).tolist()
             sampling = SamplingParams(
-                temperature=0.9, top_k=50, seed=remaining, max_new_tokens=NEW_TOKENS
+                temperature=0.9, top_k=50, seed=remaining, max_new_tokens=new_tokens
             )
             async for _ in engine.enqueue(f"c{concurrency}-{remaining}", prompt, sampling):
                 tokens += 1
@@ -58,23 +63,27 @@ async def run_level(engine: TorchEngine, concurrency: int, requests: int) -> tup
 
 
 async def main(args: argparse.Namespace) -> None:
-    model = TinyDecoder(8192, 512, 8, 4, seed=0, device=args.device)
+    # --smoke: a model small enough that the whole run takes a few seconds
+    vocab, width, heads, layers = (512, 64, 4, 2) if args.smoke else (8192, 512, 8, 4)
+    new_tokens = SMOKE_NEW_TOKENS if args.smoke else NEW_TOKENS
+    levels = (1, 2) if args.smoke else (1, 4, 8)
+    model = TinyDecoder(vocab, width, heads, layers, seed=0, device=args.device)
     params = sum(p.numel() for p in model.parameters())
     settings = EngineSettings(max_running_requests=8, max_total_tokens=8 * 128)
     print(
         f"TinyDecoder: {params / 1e6:.1f} M parameters on {args.device}, "
-        f"{torch.get_num_threads()} torch threads; prompt {PROMPT}, {NEW_TOKENS} new tokens"
+        f"{torch.get_num_threads()} torch threads; prompt {PROMPT}, {new_tokens} new tokens"
     )
     async with TorchEngine(model, settings) as engine:
-        await run_level(engine, 1, 1)  # warm-up
+        await run_level(engine, 1, 1, new_tokens)  # warm-up
         base = None
         print(
             f"{'concurrency':>11} {'requests':>8} {'seconds':>8} {'steps/s':>8} "
             f"{'tokens/s':>9} {'gain':>5}"
         )
-        for concurrency in (1, 4, 8):
+        for concurrency in levels:
             requests = max(args.requests, concurrency)
-            seconds, tokens, steps = await run_level(engine, concurrency, requests)
+            seconds, tokens, steps = await run_level(engine, concurrency, requests, new_tokens)
             rate = tokens / seconds
             base = base or rate
             print(
@@ -88,6 +97,13 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, one repeat: checks the script runs (make test)",
+    )
     arguments = parser.parse_args()
+    if arguments.smoke:
+        arguments.requests = 2
     torch.set_num_threads(arguments.threads)
     anyio.run(main, arguments)

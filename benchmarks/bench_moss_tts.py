@@ -6,7 +6,11 @@ checkpoint written to a temporary directory first; ``--quick``: concurrency
 1 and 4, 25 frames, one run each, about 2.5 minutes; ``--workdir DIR``
 keeps the checkpoint for the next run). Needs the reference environment
 (``make moss-reference-env``, default ``/tmp/moss-tts-ref``;
-``--no-reference`` measures ours alone).
+``--no-reference`` measures ours alone). ``--smoke``: the tiny preset with
+dummy weights (no checkpoint written), a few frames at concurrency 1 and 2,
+ours alone, in seconds: it checks that the script still runs (``make test``).
+``--model PATH`` measures ours on another checkpoint (a preset name too,
+with ``--load-format dummy``), ``--device cuda --dtype bfloat16`` on a GPU.
 
 What is measured, and why this shape. The issue's target is speed at the
 real architecture, so the script writes a checkpoint in the release's
@@ -520,12 +524,20 @@ def chunk_schedule(frames: int, first: int = 4, largest: int = 48) -> list[int]:
 
 
 async def ours(
-    model_dir: Path,
+    model_dir: Path | str,
     frames: int,
     levels: list[int],
     seed: int,
     vocoder_batch: int | None,
+    load_format: str = "auto",
+    gpu_id: int | None = None,
+    dtype: str | None = None,
 ) -> tuple[list[Level], dict[str, Any], dict[str, Any]]:
+    """Our three stages at each concurrency of ``levels``, built by the stages' factories.
+
+    ``model_dir``: a checkpoint directory, or a preset name with ``load_format
+    = "dummy"``; ``gpu_id``: the GPU the engine and vocoder go to (None: the CPU).
+    """
     from omni_core.engine.interface import EngineSettings
 
     path = str(model_dir)
@@ -538,8 +550,12 @@ async def ours(
     settings = EngineSettings(
         max_running_requests=max(levels), max_total_tokens=max(levels) * per_request
     )
-    engine = stages.create_tts_engine(path, engine_settings=settings, load_format="auto")
-    vocoder = stages.create_vocoder(path, load_format="auto", max_batch_size=vocoder_batch)
+    engine = stages.create_tts_engine(
+        path, gpu_id=gpu_id, engine_settings=settings, dtype=dtype, load_format=load_format
+    )
+    vocoder = stages.create_vocoder(
+        path, gpu_id=gpu_id, load_format=load_format, max_batch_size=vocoder_batch
+    )
     model = engine.model
     assert model.codec is not None and vocoder.decoder is model.codec  # one codec per process
     load = {
@@ -795,6 +811,22 @@ def prompts_agree(model_dir: Path, ref: dict[str, Any] | None) -> str:
     return "PROMPTS DIFFER between the two sides (the comparison is not like for like)"
 
 
+def smoke(args: argparse.Namespace) -> None:
+    """``--smoke``: the same measuring and reporting code on the tiny preset, ours alone."""
+    args.frames, args.repeats = 4, 1
+    levels = [1, 2]
+    levels_run, parts, load = anyio.run(
+        ours, "tiny", args.frames, levels, args.seed, args.vocoder_max_batch, "dummy"
+    )
+    print(
+        f"MOSS-TTS tiny preset, dummy weights, float32, cpu, {args.threads} torch threads "
+        f"(--smoke: ours alone); loaded {load['tensors']} tensors in {load['load_s']:.1f} s"
+    )
+    release_memory()
+    figures = report(args, levels_run, parts, None, prompts_agree(Path("tiny"), None))
+    print("BENCH_JSON " + json.dumps({"smoke": True, "frames": args.frames, **figures}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2, help="backbone layers (the release: 36)")
@@ -834,6 +866,12 @@ def main() -> None:
         "directory, removed at the end; about 14 GB at 2 layers)",
     )
     parser.add_argument("--write-checkpoint", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the tiny preset (dummy weights), 4 frames, concurrency 1 and 2, ours alone: "
+        "checks the script runs (make test)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.write_checkpoint is not None:
@@ -845,6 +883,8 @@ def main() -> None:
             f"{info['save_s']:.1f} s"
         )
         return
+    if args.smoke:
+        return smoke(args)
     args.frames = args.frames or (25 if args.quick else 50)
     levels = [int(c) for c in (args.levels or ("1,4" if args.quick else "1,4,8")).split(",")]
     args.repeats = args.repeats or (1 if args.quick else 2)

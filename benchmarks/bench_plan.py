@@ -6,11 +6,13 @@ target is under 1 ms for the shipped pipelines (the reference system takes
 are built (and validated) outside the timed region: what is timed is
 ``plan_deployment`` alone, against a declared inventory, median of repeats.
 
-Run: .venv/bin/python benchmarks/bench_plan.py
+Run: .venv/bin/python benchmarks/bench_plan.py (``--smoke``: a few repeats, chains of 10
+and 100 stages)
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import ClassVar
@@ -81,6 +83,14 @@ def generated(n: int) -> PipelineConfig:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, one repeat: checks the script runs (make test)",
+    )
+    args = parser.parse_args()
+    shipped, auto_repeats, budget = (3, 3, 20) if args.smoke else (500, 200, 2000)
     plugins = OmniPlugins()
     inventory = GpuInventory.uniform(2, 80 * GiB, mps_available=True)
     print("shipped pipelines (declared policy, 2 x 80 GiB; auto where noted)")
@@ -101,11 +111,13 @@ def main() -> None:
                     for s in cls.default_stages()
                 ]
             )
-        seconds = timed(config, inventory, plugins, 500)
+        seconds = timed(config, inventory, plugins, shipped)
         auto = "-"  # the colocated pipeline is defined by its colocate policy
         if cls.default_placement_policy != "colocate":
             try:
-                auto_seconds = timed(cls(placement={"policy": "auto"}), inventory, plugins, 200)
+                auto_seconds = timed(
+                    cls(placement={"policy": "auto"}), inventory, plugins, auto_repeats
+                )
                 auto = f"{auto_seconds * 1e6:.1f} us"
             except ConfigError:  # a pipeline whose plugin estimates no memory (omni-hello)
                 auto = "no estimate"
@@ -118,9 +130,9 @@ def main() -> None:
     )
     wide = GpuInventory.uniform(GPUS, 80 * GiB, mps_available=True)
     previous = None
-    for n in (10, 100, 1000):
+    for n in (10, 100) if args.smoke else (10, 100, 1000):
         config = generated(n)
-        seconds = timed(config, wide, plugins, max(5, 2000 // n))
+        seconds = timed(config, wide, plugins, max(2, budget // n))
         instances = n * REPLICAS
         per = seconds / instances * 1e6
         growth = f"x{seconds / previous:5.1f} for x10 stages" if previous else ""

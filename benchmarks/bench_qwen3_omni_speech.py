@@ -70,6 +70,10 @@ each level (which stage holds a core: on two cores, the talker's code
 predictor), the memory each holds, and sanity checks (frames, samples,
 answer and prompt token counts on both sides).
 
+``--smoke``: ours alone on ``examples/qwen3_omni_demo.toml`` (the tiny preset,
+dummy weights, the same seven processes), 4 tokens and 4 frames at
+concurrency 1 and 2: it checks that the script still runs (``make test``).
+
 Threads: default 1 per process, set through ``OMP_NUM_THREADS`` for the
 runtime's children (the runtime sets none of its own). Our seven processes
 share the machine's cores; the reference is one process.
@@ -359,17 +363,30 @@ def process_status(pid: int) -> dict[str, float]:
     return status
 
 
-async def measure_ours(
-    ckpt: Path, base: Path, args: argparse.Namespace, requests: list[dict[str, Any]]
-) -> dict[str, Any]:
-    from omni_core.plugins import OmniPlugins
-    from omni_core.testing import plan_on_cpu
-
-    flags = ["--model-path", str(ckpt), "--talker_ar.factory.max_frames", str(args.frames)]
+def checkpoint_flags(ckpt: Path, frames: int) -> list[str]:
+    """Every model stage loads its part of ``ckpt`` strictly, in float32."""
+    flags = ["--model-path", str(ckpt), "--talker_ar.factory.max_frames", str(frames)]
     for stage in LOADED:
         flags += [f"--{stage}.factory.load_format", "safetensors"]
         flags += [f"--{stage}.factory.dtype", "float32"]
-    planned = plan_on_cpu(OmniPlugins(env={}), base, pipeline="qwen3-omni", flags=flags)
+    return flags
+
+
+async def measure_ours(
+    base: Path,
+    args: argparse.Namespace,
+    requests: list[dict[str, Any]],
+    flags: list[str],
+    deploy: Path | None = None,
+) -> dict[str, Any]:
+    """The qwen3-omni graph planned on the CPU with ``flags`` (and ``deploy``), driven as a
+    client drives it, at each of ``args.levels``."""
+    from omni_core.harness import plan_on_cpu
+    from omni_core.plugins import OmniPlugins
+
+    planned = plan_on_cpu(
+        OmniPlugins(env={}), base, pipeline="qwen3-omni", deploy=deploy, flags=flags
+    )
     started = time.perf_counter()
     levels, cpu = [], {}
     async with planned.runtime() as runtime:
@@ -421,6 +438,20 @@ def rel_l2(ours: np.ndarray, ref: np.ndarray) -> float:
         return float("nan")
     ours, ref = ours.astype(np.float64), ref.astype(np.float64)
     return float(np.linalg.norm(ours - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def report_ours(args: argparse.Namespace, ours: dict[str, Any]) -> None:
+    """Our figures alone (``--smoke``: no reference to compare with)."""
+    print(f"ours alone: {len(ours['memory'])} processes up in {ours['up_s']:.1f} s")
+    print(f"{'c':>3} {'first audio s':>13} {'RTF':>6} {'audio s/s':>9} {'frames':>7}")
+    for level in ours["levels"]:
+        ttfa = statistics.mean(a.ttfa_s for a in level.answers)
+        rtf = statistics.mean(a.wall_s / a.audio_s for a in level.answers)
+        frames = sorted({a.frames for a in level.answers})
+        print(
+            f"{level.concurrency:>3} {ttfa:>13.2f} {rtf:>6.2f} {level.throughput():>9.3f} "
+            f"{frames!s:>7}"
+        )
 
 
 def report(args: argparse.Namespace, reference: dict[str, Any], ours: dict[str, Any]) -> None:
@@ -517,6 +548,25 @@ def report(args: argparse.Namespace, reference: dict[str, Any], ours: dict[str, 
         )
 
 
+def smoke(args: argparse.Namespace) -> int:
+    """``--smoke``: the same driving and reporting code on the demo deployment, ours alone."""
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    demo = HERE.parent / "examples" / "qwen3_omni_demo.toml"
+    requests = make_requests(max(args.levels), args.seed)
+    # One process for every stage: the same stages' code, started once instead of seven times.
+    flags = ["--talker_ar.factory.max_frames", str(args.frames)]
+    for stage in ("preprocessing", "decode", *LOADED):
+        flags += [f"--{stage}.process", "smoke"]
+    print(
+        f"Qwen3-Omni speaking, {demo.name} (tiny preset, dummy weights, every stage in one "
+        "process), --smoke: ours alone"
+    )
+    with tempfile.TemporaryDirectory(prefix="osb-", dir="/tmp") as base:
+        ours = anyio.run(measure_ours, Path(base), args, requests, flags, demo)
+    report_ours(args, ours)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2, help="thinker layers (release: 48)")
@@ -542,8 +592,18 @@ def main() -> int:
         type=Path,
         default=Path(os.environ.get("QWEN_TTS_REF_PYTHON", "/tmp/qwen-tts-ref/bin/python")),
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="ours alone on the demo deployment (tiny preset), 4 tokens and 4 frames at "
+        "concurrency 1 and 2: checks the script runs (make test)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.levels, args.tokens, args.frames = "1,2", 4, 4
     args.levels = [int(c) for c in args.levels.split(",")]
+    if args.smoke:
+        return smoke(args)
     if not args.reference_python.exists():
         print(
             f"skipped: no reference environment at {args.reference_python} (set "
@@ -591,7 +651,8 @@ def main() -> int:
             f"{reference['threads']} thread(s), peak memory {gib(reference['peak_rss_bytes'])}"
         )
         with tempfile.TemporaryDirectory(prefix="osb-", dir="/tmp") as base:
-            ours = anyio.run(measure_ours, ckpt, Path(base), args, requests)
+            flags = checkpoint_flags(ckpt, args.frames)
+            ours = anyio.run(measure_ours, Path(base), args, requests, flags)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report(args, reference, ours)

@@ -76,6 +76,10 @@ loaded two-core machine moved single ratios by up to +-30 %. Compare several
 runs, or use a quiet machine. The per-step median is printed next to the
 mean as a check.
 
+``--smoke``: a tiny thinker (width 64, 4 experts) and vision tower, 4 new
+tokens at concurrency 1 and 2, a 64-pixel image, ours alone (no reference), in
+seconds: it checks that the script still runs (``make test``).
+
 ``--profile`` adds a torch.profiler table of one of our decode steps at the
 highest concurrency (packed weights), from an extra run outside the figures.
 """
@@ -149,8 +153,14 @@ runner = load_runner()
 # -- sizes and inputs ---------------------------------------------------------------
 
 
-def sections(layers: int, vision_depth: int) -> dict[str, Any]:
-    """``text_config`` / ``vision_config`` at the release's widths, fewer layers and blocks."""
+def sections(layers: int, vision_depth: int, tiny: bool = False) -> dict[str, Any]:
+    """``text_config`` / ``vision_config`` at the release's widths, fewer layers and blocks.
+
+    ``tiny`` (``--smoke``): every width small (the vocabulary stays, as the
+    release's special ids index it), so that the script runs in seconds.
+    """
+    if tiny:
+        return tiny_sections(layers, vision_depth)
     deepstack = min(3, layers, vision_depth)
     text = {
         "vocab_size": 152064,
@@ -193,6 +203,24 @@ def sections(layers: int, vision_depth: int) -> dict[str, Any]:
         "deepstack_visual_indexes": list(range(vision_depth - deepstack, vision_depth)),
     }
     return {"text": text, "vision": vision}
+
+
+def tiny_sections(layers: int, vision_depth: int) -> dict[str, Any]:
+    """The release's shapes shrunk: width 64 (4/2 heads of 16), 4 experts top-2, ViT width 32."""
+    parts = sections(layers, vision_depth)
+    parts["text"].update(
+        hidden_size=64,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        rope_scaling={"rope_type": "default", "mrope_section": [4, 2, 2], "interleaved": True},
+    )
+    parts["vision"].update(hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    return parts
 
 
 @dataclass
@@ -511,6 +539,18 @@ def same_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def report_ours(runs: list[Ours], new_tokens: int, prompt: int) -> None:
+    """Our figures alone (``--smoke``: no reference to compare with)."""
+    print(f"\nours alone: decode tokens/s ({prompt}-token prompts, {new_tokens} new tokens each)")
+    print(f"{'side':>14} {'c':>3} {'tokens/s':>9} {'step ms':>8} {'image ttft s':>13}")
+    for run in runs:
+        for lv in run.levels:
+            print(
+                f"{run.label:>14} {lv.concurrency:>3} {lv.tokens_per_s():>9.1f} "
+                f"{lv.step_s() * 1e3:>8.1f} {min(run.ttft_s):>13.3f}"
+            )
+
+
 def report(
     reference: dict[str, Any], runs: list[Ours], layers: int, new_tokens: int, prompt: int
 ) -> None:
@@ -629,6 +669,12 @@ def main() -> int:
     )
     parser.add_argument("--profile", action="store_true", help="profile our decode steps")
     parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny thinker, 4 new tokens at concurrency 1 and 2, ours alone: checks the "
+        "script runs (make test)",
+    )
+    parser.add_argument(
         "--reference-python",
         type=Path,
         default=Path(os.environ.get("QWEN_TTS_REF_PYTHON", "/tmp/qwen-tts-ref/bin/python")),
@@ -636,20 +682,22 @@ def main() -> int:
     args = parser.parse_args()
     if args.full:
         args.layers, args.vision_depth, args.new_tokens = 4, 4, 64
+    if args.smoke:
+        args.levels, args.new_tokens, args.prompt, args.image, args.repeats = "1,2", 4, 8, 64, 1
     torch.set_num_threads(args.threads)
     levels = [int(c) for c in args.levels.split(",")]
     variants = [v.strip() for v in args.ours.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or not variants:
         parser.error(f"--ours: unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
-    if not args.reference_python.exists():
+    if not args.smoke and not args.reference_python.exists():
         print(
             f"skipped: no reference environment at {args.reference_python} (set "
             "QWEN_TTS_REF_PYTHON or --reference-python; see plugins/qwen3_tts/tests/REFERENCE.md)"
         )
         return 0
     started = time.perf_counter()
-    parts = sections(args.layers, args.vision_depth)
+    parts = sections(args.layers, args.vision_depth, tiny=args.smoke)
     cfg = ThinkerConfig.from_dict(
         {
             "text_config": parts["text"],
@@ -659,8 +707,10 @@ def main() -> int:
         }
     )
     inputs = make_inputs(levels, args.prompt, args.image, args.seed)
+    width = "a tiny" if args.smoke else "the release's"
     print(
-        f"Qwen3-OMNI thinker at the release's width, {args.layers} of 48 layers, vision "
+        f"Qwen3-OMNI thinker at {width} width, "
+        f"{args.layers} of 48 layers, vision "
         f"{args.vision_depth} of 27 blocks ({len(parts['vision']['deepstack_visual_indexes'])} "
         f"deepstack), float32 on cpu, {args.threads} torch thread(s); image "
         f"{args.image}x{args.image} -> grid {inputs.grid}, {len(inputs.image_ids)} prompt tokens"
@@ -674,22 +724,27 @@ def main() -> int:
         "new_tokens": args.new_tokens,
         "ttft_repeats": args.repeats,
     }
-    with tempfile.TemporaryDirectory(prefix="omni-thinker-bench-") as tmp:
-        reference = run_reference(args.reference_python, job, inputs, Path(tmp))
-    print(
-        f"reference: built and filled in {reference['build_s']:.1f} s, ran in "
-        f"{reference['wall_s']:.0f} s, {reference['threads']} thread(s), peak memory "
-        f"{gib(reference['peak_rss_bytes'])}"
-    )
+    reference = None
+    if not args.smoke:
+        with tempfile.TemporaryDirectory(prefix="omni-thinker-bench-") as tmp:
+            reference = run_reference(args.reference_python, job, inputs, Path(tmp))
+        print(
+            f"reference: built and filled in {reference['build_s']:.1f} s, ran in "
+            f"{reference['wall_s']:.0f} s, {reference['threads']} thread(s), peak memory "
+            f"{gib(reference['peak_rss_bytes'])}"
+        )
 
     built = time.perf_counter()
     lm, vision = build_ours(cfg, args.seed)
     params = sum(p.numel() for p in lm.parameters())
-    problems = check_same_weights(lm, vision, reference["manifest"])
+    same = "not compared (--smoke)"
+    if reference is not None:
+        problems = check_same_weights(lm, vision, reference["manifest"])
+        same = "yes" if not problems else "NO: " + "; ".join(problems[:5])
     print(
         f"ours: {params / 1e9:.2f} B decoder parameters built and filled in "
         f"{time.perf_counter() - built:.1f} s; same names, shapes and values as the reference: "
-        + ("yes" if not problems else "NO: " + "; ".join(problems[:5]))
+        + same
     )
     if not packing_available():
         variants = ["dense"]
@@ -721,7 +776,10 @@ def main() -> int:
         f"worker: {runs[-1].threads_in_engine}; peak memory "
         f"{gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}"
     )
-    report(reference, runs, args.layers, args.new_tokens, args.prompt)
+    if reference is None:
+        report_ours(runs, args.new_tokens, args.prompt)
+    else:
+        report(reference, runs, args.layers, args.new_tokens, args.prompt)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -2,6 +2,10 @@
 
 Run: ``python benchmarks/bench_qwen3_tts.py [--frames 48] [--threads 2]``
 (about 5 minutes on two CPU cores, most of it the reference's share).
+``--size 1.7B`` builds the larger release instead (talker width 2048),
+``--device cuda --dtype bfloat16`` runs ours on a GPU (``benchmarks/gpu_check.py``
+does), and ``--smoke`` runs the tiny preset for a few frames without the
+reference, in seconds: it checks that the script still runs (``make test``).
 
 Why this shape: the issue's target is speed at the real architecture, not at
 the tiny preset, so the script writes a CustomVoice 0.6B checkpoint
@@ -76,16 +80,37 @@ SPEAKERS = ["serena", "ryan", "eric"]
 # -- the real-size checkpoint -------------------------------------------------------
 
 
-def real_size_configs(frames: int) -> dict[str, dict[str, Any]]:
-    """``config.json``, ``generation_config.json`` and the codec's config at 0.6B size.
+# The talker's shapes per release size (the code predictor is the same 1024-wide one in
+# both; at 1.7B a small_to_mtp_projection maps the talker's 2048 onto it). 0.6B:
+# shared/reference/models.md; 1.7B: Qwen3-1.7B's decoder shapes, which the 1.7B talker uses.
+TALKER_SIZES = {
+    "0.6B": {"hidden_size": 1024, "intermediate_size": 3072},
+    "1.7B": {"hidden_size": 2048, "intermediate_size": 6144},
+}
+SIZES = ("tiny", *TALKER_SIZES)
 
-    Sizes are the release's (shared/reference/models.md); the codec ids are
+
+def real_size_configs(frames: int, size: str = "0.6B") -> dict[str, dict[str, Any]]:
+    """``config.json``, ``generation_config.json`` and the codec's config at a release size.
+
+    ``size``: ``0.6B`` or ``1.7B`` (the talker's width, :data:`TALKER_SIZES`), or
+    ``tiny`` (the tiny preset's own configs, for ``--smoke``). Sizes are the
+    release's (shared/reference/models.md); the codec ids are
     the release's too. Speaker and language ids are illustrative (any id in
     the codec vocabulary costs the same). The token ids of the framing come
     from the tiny preset, whose tokenizer files we ship (the embedding table
     keeps the real 151936 rows).
     """
     tiny = json.loads((PRESETS_DIR / "tiny" / "config.json").read_text())
+    generation = json.loads((PRESETS_DIR / "tiny" / "generation_config.json").read_text())
+    generation["min_new_tokens"] = frames  # no EOS before the fixed frame count
+    speech = json.loads((PRESETS_DIR / "tiny" / "speech_tokenizer" / "config.json").read_text())
+    if size == "tiny":
+        return {
+            "config.json": tiny,
+            "generation_config.json": generation,
+            "speech_tokenizer/config.json": speech,
+        }
     layer = {
         "hidden_size": 1024,
         "intermediate_size": 3072,
@@ -100,9 +125,10 @@ def real_size_configs(frames: int) -> dict[str, dict[str, Any]]:
     config = {
         **{k: v for k, v in tiny.items() if k not in ("talker_config", "speaker_encoder_config")},
         "tts_model_type": "custom_voice",
-        "tts_model_size": "0b6",
+        "tts_model_size": size.lower().replace(".", ""),
         "talker_config": {
             **layer,
+            **TALKER_SIZES[size],
             "num_hidden_layers": 28,
             "vocab_size": 3072,
             "text_vocab_size": 151936,
@@ -126,10 +152,7 @@ def real_size_configs(frames: int) -> dict[str, dict[str, Any]]:
             "code_predictor_config": {**layer, "num_hidden_layers": 5, "vocab_size": 2048},
         },
     }
-    # The release's sampling defaults, as the tiny preset ships them.
-    generation = json.loads((PRESETS_DIR / "tiny" / "generation_config.json").read_text())
-    generation["min_new_tokens"] = frames  # no EOS before the fixed frame count
-    speech = json.loads((PRESETS_DIR / "tiny" / "speech_tokenizer" / "config.json").read_text())
+    # The release's sampling defaults are the tiny preset's (generation above).
     speech["decoder_config"] = {
         "codebook_size": 2048,
         "codebook_dim": 512,
@@ -171,9 +194,9 @@ def real_size_configs(frames: int) -> dict[str, dict[str, Any]]:
     }
 
 
-def write_configs(root: Path, frames: int) -> None:
+def write_configs(root: Path, frames: int, size: str = "0.6B") -> None:
     (root / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
-    for name, doc in real_size_configs(frames).items():
+    for name, doc in real_size_configs(frames, size).items():
         (root / name).write_text(json.dumps(doc, indent=1))
     for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
         shutil.copy(PRESETS_DIR / "tiny" / name, root / name)
@@ -302,12 +325,15 @@ async def ours(
     left_context: int | None,
     pack_weights: bool,
 ) -> list[Level]:
+    """Our stages at each concurrency of ``levels`` after a warm-up, on the model's device."""
     settings = EngineSettings(max_running_requests=max(levels), max_total_tokens=max(levels) * 512)
-    if pack_weights:  # what the tts_engine stage does on the CPU (factory.pack_weights)
+    on_cpu = next(model.network.parameters()).device.type == "cpu"
+    if pack_weights and on_cpu:  # what the tts_engine stage does on the CPU (factory.pack_weights)
         pack_linear_weights(model.network)
     engine = TTSEngine(model, TorchEngine(model, settings))
+    assert model.speech_tokenizer is not None
     vocoder = Vocoder(
-        model,
+        model.speech_tokenizer.decoder,
         chunk_frames=4,
         left_context_frames=left_context,
         max_batch_size=vocoder_batch,
@@ -471,20 +497,34 @@ def main() -> None:
         action="store_true",
         help="keep MKL's dense linear weights (the tts_engine stage's factory.pack_weights false)",
     )
+    parser.add_argument("--size", choices=SIZES, default="0.6B", help="the release size to build")
+    parser.add_argument("--device", default="cpu", help="where ours runs (cpu, cuda, cuda:1...)")
+    parser.add_argument("--dtype", default="float32", help="our weights' dtype (float32, bfloat16)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the tiny preset, 4 frames, concurrency 1 and 2, no reference: checks the script runs",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.size, args.frames, args.levels, args.no_reference = "tiny", 4, "1,2", True
+        args.reference_requests = 1
     torch.set_num_threads(args.threads)
     levels = [int(c) for c in args.levels.split(",")]
     use_reference = not args.no_reference and args.reference_python.exists()
 
-    with tempfile.TemporaryDirectory(prefix="qwen3-tts-0b6-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="qwen3-tts-bench-") as tmp:
         root = Path(tmp)
-        write_configs(root, args.frames)
+        write_configs(root, args.frames, args.size)
         started = time.perf_counter()
-        model = Qwen3TTSModel.from_pretrained(root, load_format="dummy", seed=0)
+        model = Qwen3TTSModel.from_pretrained(
+            root, load_format="dummy", seed=0, dtype=args.dtype, device=args.device
+        )
         talker = sum(p.numel() for p in model.network.parameters())
         codec = sum(p.numel() for p in model.speech_tokenizer.parameters())  # type: ignore[union-attr]
         print(
-            f"Qwen3-TTS CustomVoice 0.6B architecture, dummy weights, float32 on cpu, "
+            f"Qwen3-TTS CustomVoice {args.size} architecture, dummy weights, {args.dtype} on "
+            f"{args.device}, "
             f"{torch.get_num_threads()} torch threads: {talker / 1e6:.0f} M parameters "
             f"(+ {codec / 1e6:.0f} M codec), built in {time.perf_counter() - started:.1f} s"
         )

@@ -1,7 +1,8 @@
 """Transport throughput and per-hop latency between two Ray nodes, beside the same-host figures.
 
 Run: ``.venv/bin/python benchmarks/bench_ray_transport.py [--runs N]`` (about two
-minutes on 2 cores, a few GB of RAM and of /dev/shm).
+minutes on 2 cores, a few GB of RAM and of /dev/shm; ``--smoke``: 1 MB messages,
+short bursts, a few pings, to check that the script still runs).
 
 Same host (measured first, with no Ray cluster running): the ``shm`` and
 ``socket`` (Unix socket) rows are ``bench_transport._measure``'s figures (a
@@ -77,6 +78,20 @@ def _count(size_mb: int) -> int:
     return max(4, min(200, BURST_BYTES // (size_mb << 20)))
 
 
+def _smoke() -> None:
+    """Tiny sizes (``--smoke``): the code runs, the figures mean little.
+
+    Ray pickles the actors of this script by value, globals included, so the
+    actors see these values; the same-host rows' ``bench_transport`` is shrunk too.
+    """
+    global SIZES_MB, BURST_BYTES, PINGS, WARMUP_PINGS, STORE_BYTES
+    SIZES_MB, BURST_BYTES, PINGS, WARMUP_PINGS, STORE_BYTES = (1,), 4 << 20, 10, 2, 256 << 20
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_transport
+
+    bench_transport._smoke()
+
+
 def _transport(name: str) -> Transport:
     from omni_core.plugins import OmniPlugins
 
@@ -146,7 +161,11 @@ async def _receive_bursts(inbox: Channel, acks: Channel, runs: int) -> None:
 # -- same host: two local processes ------------------------------------------
 
 
-def _echo_child(name: str, inbox: str, outbox: str, count: int, secret: bytes, ready: Any) -> None:
+def _echo_child(
+    name: str, inbox: str, outbox: str, count: int, secret: bytes, ready: Any, warmup: int
+) -> None:
+    global WARMUP_PINGS
+    WARMUP_PINGS = warmup  # a spawned child starts from the module's default
     import anyio
     import torch
 
@@ -173,7 +192,9 @@ def _same_host_latency(name: str, count: int, secret: bytes) -> float:
         ctx = mp.get_context("spawn")
         ready = ctx.Event()
         proc = ctx.Process(
-            target=_echo_child, args=(name, forth, back, count, secret, ready), daemon=True
+            target=_echo_child,
+            args=(name, forth, back, count, secret, ready, WARMUP_PINGS),
+            daemon=True,
         )
         proc.start()
         try:
@@ -404,7 +425,14 @@ def _choice(throughput: dict[str, dict[int, float]], latency: dict[str, float]) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=1, help="timed bursts per figure (best kept)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, one repeat: checks the script runs (make test)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        _smoke()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     # One thread per process (inherited by the spawned receivers and by Ray's

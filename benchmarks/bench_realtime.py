@@ -1,11 +1,12 @@
 """Turn and cancel latency of ``/v1/realtime`` at 1 and 8 concurrent sessions.
 
 Run: ``python benchmarks/bench_realtime.py [--levels 1,8] [--turns 3] [--deploy FILE]``
-(a few minutes on two CPU cores at the defaults).
+(a few minutes on two CPU cores at the defaults; ``--smoke``: one session, one turn of
+each kind, a short answer, every stage in one process, to check that the script still runs).
 
 The deployment (default: ``examples/qwen3_omni_demo.toml``, the tiny random
 Qwen3-Omni with every stage its own process, on the CPU) is served
-in-process by ``omni_core.testing`` (the API server on its own event loop in
+in-process by ``omni_core.harness`` (the API server on its own event loop in
 a thread of this process, the stages in their own processes). Clients are
 the official ``openai`` SDK's realtime connection; the user's voice is
 espeak-ng speech resampled to 24 kHz PCM16. Every clock is this client's
@@ -360,20 +361,33 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3, help="turns of each kind per session")
     parser.add_argument("--deploy", type=Path, default=DEMO, help="deploy file to serve")
     parser.add_argument("--answer-tokens", type=int, default=16, help="cap of a turn's answer")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, one repeat: checks the script runs (make test)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.levels, args.turns, args.answer_tokens = "1", 1, 4
     levels = [int(n) for n in args.levels.split(",") if n.strip()]
 
+    from omni_core.harness import plan_on_cpu, short_private_dir
     from omni_core.plugins import OmniPlugins
-    from omni_core.testing import plan_on_cpu, short_private_dir
 
     with tempfile.TemporaryDirectory(prefix="rt-bench-") as tmp, short_private_dir() as base:
         voice = speech(SENTENCE, Path(tmp))
         planned = plan_on_cpu(OmniPlugins(env={}), base, deploy=args.deploy)
+        if args.smoke:  # every stage in one process: the same code, started once
+            flags = [
+                f for stage in planned.config.stage_names for f in (f"--{stage}.process", "one")
+            ]
+            planned = plan_on_cpu(OmniPlugins(env={}), base, deploy=args.deploy, flags=flags)
         started = time.perf_counter()
         with planned.serve() as live:
             print(f"served {args.deploy.name} in {time.perf_counter() - started:.1f} s", flush=True)
-            warm = argparse.Namespace(**{**vars(args), "turns": 1})
-            asyncio.run(level(live.url, 1, voice, warm))  # warm-up, not reported
+            if not args.smoke:  # one turn of each kind: --smoke's whole run
+                warm = argparse.Namespace(**{**vars(args), "turns": 1})
+                asyncio.run(level(live.url, 1, voice, warm))  # warm-up, not reported
             tallies = {n: asyncio.run(level(live.url, n, voice, args)) for n in levels}
         report(tallies, args, len(voice) / 2 / RATE)
 

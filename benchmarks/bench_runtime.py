@@ -1,6 +1,7 @@
 """Coordinator overhead per hop, and requests per second of a trivial pipeline.
 
-Run: ``python benchmarks/bench_runtime.py`` (about half a minute; CPU only).
+Run: ``python benchmarks/bench_runtime.py`` (about half a minute; CPU only; ``--smoke``: a few
+requests, concurrency 1 and 8).
 
 Per-hop overhead: a request with a small payload (a dict of two ints) goes
 through a linear pipeline of pass-through stages, one request at a time.
@@ -219,6 +220,7 @@ async def main(args: argparse.Namespace) -> None:
         f"(after {args.warmup} warm-up), {hops} hops vs 1 stage"
     )
     results = {}
+    levels = (1, 8) if args.smoke else (1, 8, 64)
     for pipeline in ("b-one", "b-same", "b-cross"):
         async with runtime_for(pipeline, plugins, base) as runtime:
             results[pipeline] = await latencies(runtime, args.requests, args.warmup)
@@ -242,7 +244,7 @@ async def main(args: argparse.Namespace) -> None:
         f"{args.per_client} requests per client"
     )
     async with runtime_for("b-two", plugins, base) as runtime:
-        for concurrency in (1, 8, 64):
+        for concurrency in levels:
             per_client = max(10, args.per_client // max(1, concurrency // 8))
             rate = await throughput(runtime, concurrency, per_client)
             print(f"  concurrency {concurrency:3}: {rate:8.0f} req/s")
@@ -257,6 +259,14 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--per-client", type=int, default=400)
     parser.add_argument("--http", action="store_true", help="also measure through the server")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, one repeat: checks the script runs (make test)",
+    )
     import anyio
 
-    anyio.run(main, parser.parse_args())
+    arguments = parser.parse_args()
+    if arguments.smoke:
+        arguments.requests, arguments.warmup, arguments.per_client = 20, 5, 10
+    anyio.run(main, arguments)

@@ -12,6 +12,10 @@ time. The ratio is sglang / torch on this machine in one run. On a CPU
 SGLang runs on pure-torch fallbacks (no kernels), so expect it no faster; on a
 GPU pass a GPU deploy file (for example ``examples/qwen3_omni_text.toml`` with
 a real checkpoint) and the same script measures SGLang's kernels and graphs.
+
+``--smoke``: 4 tokens at concurrency 1 and 2, once, on the torch backend alone
+(SGLang is the reference here): it checks that the script still runs, in
+omni's own environment too (``make test``).
 """
 
 from __future__ import annotations
@@ -45,9 +49,11 @@ async def _one(runtime: Any, data: dict) -> int:
     return tokens
 
 
-async def _side(deploy: Path, flags: list[str], levels: list[int], tokens: int) -> dict:
+async def _side(
+    deploy: Path, flags: list[str], levels: list[int], tokens: int, tries: int = 2
+) -> dict:
+    from omni_core.harness import plan_on_cpu
     from omni_core.plugins import OmniPlugins
-    from omni_core.testing import plan_on_cpu
 
     results: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="omni-bench-") as base:
@@ -57,7 +63,7 @@ async def _side(deploy: Path, flags: list[str], levels: list[int], tokens: int) 
             await _one(runtime, _request(4))  # warm-up
             for level in levels:
                 best = 0.0
-                for _ in range(2):
+                for _ in range(tries):
                     counts: list[int] = []
                     started = time.perf_counter()
 
@@ -77,7 +83,19 @@ def main() -> int:
     parser.add_argument("--deploy", type=Path, default=ROOT / "examples/qwen3_omni_text_demo.toml")
     parser.add_argument("--levels", default="1,8", help="concurrency levels")
     parser.add_argument("--tokens", type=int, default=32, help="generated tokens per request")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="4 tokens at concurrency 1 and 2, once, torch backend alone: checks the script runs",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        torch_side = anyio.run(_side, args.deploy, [], [1, 2], 4, 1)
+        print(f"thinker tokens/s, {args.deploy.name}, 4 new tokens per request (--smoke: torch)")
+        print(f"{'c':>3} {'torch':>10}")
+        for level, rate in torch_side.items():
+            print(f"{level:>3} {rate:>10.1f}")
+        return 0
     try:
         import sglang  # noqa: F401
     except ImportError:

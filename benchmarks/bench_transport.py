@@ -1,6 +1,7 @@
 """Transport throughput between two processes, against memcpy on this machine.
 
-Run: ``python benchmarks/bench_transport.py`` (about a minute, a few GB of RAM).
+Run: ``python benchmarks/bench_transport.py`` (about a minute, a few GB of RAM; ``--smoke``:
+1 MB messages only, short bursts, a few seconds).
 
 For 1 MB, 16 MB and 256 MB float32 tensors, a sender process sends a burst of
 messages to a receiver process (multiprocessing, spawn), over ``shm`` and over
@@ -36,7 +37,17 @@ def _count(size_mb: int) -> int:
     return max(4, min(400, BURST_BYTES // (size_mb << 20)))
 
 
-def _receiver(name: str, address: str, sizes: list[int], read: bool, ready: object) -> None:
+def _smoke() -> None:
+    """Tiny sizes and bursts (``--smoke``): the script's code runs, its figures mean little."""
+    global SIZES_MB, BURST_BYTES
+    SIZES_MB, BURST_BYTES = (1,), 4 << 20
+
+
+def _receiver(
+    name: str, address: str, sizes: list[int], read: bool, ready: object, burst: int
+) -> None:
+    global BURST_BYTES
+    BURST_BYTES = burst  # a spawned child starts from the module's default
     import anyio
     import torch
 
@@ -77,7 +88,9 @@ def _measure(name: str, read: bool) -> dict[int, float]:
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
     proc = ctx.Process(
-        target=_receiver, args=(name, address, list(SIZES_MB), read, ready), daemon=True
+        target=_receiver,
+        args=(name, address, list(SIZES_MB), read, ready, BURST_BYTES),
+        daemon=True,
     )
     proc.start()
     ready.wait(60)
@@ -130,7 +143,13 @@ def _memcpy() -> tuple[dict[int, float], dict[int, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.parse_args()
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, one repeat: checks the script runs (make test)",
+    )
+    if parser.parse_args().smoke:
+        _smoke()
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import torch
 

@@ -1,13 +1,14 @@
 """Time to first audio over ``/v1/audio/speech/stream`` while an LLM is still writing.
 
 Run: ``python benchmarks/bench_ws_speech.py [--frames 16] [--rate 20] [--repeats 2]``
-(a few minutes on two CPU cores).
+(a few minutes on two CPU cores; ``--smoke``: the tiny preset's sizes, 4 frames, one
+repeat, to check that the script still runs).
 
 Why: the WebSocket exists so that speech starts while the text is still
 being written. This measures by how much, on Qwen3-TTS at its real 0.6B size
 (the CustomVoice checkpoint that ``bench_qwen3_tts.py`` writes: the
 release's configs, dummy weights), served in-process by
-``omni_core.testing`` on this machine's CPU, for an answer whose text
+``omni_core.harness`` on this machine's CPU, for an answer whose text
 arrives at a typical LLM pace (``--rate`` tokens per second, 4 characters a
 token). Every clock starts when the LLM writes its first token:
 
@@ -187,21 +188,31 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="LLM tokens per second")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="torch threads in the stages")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, one repeat: checks the script runs (make test)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.frames, args.repeats, args.rate = 4, 1, 200.0
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the stage process inherits it
     sys.path.insert(0, str(HERE))
     from bench_qwen3_tts import write_configs
 
+    from omni_core.harness import plan_on_cpu, short_private_dir
     from omni_core.plugins import OmniPlugins
-    from omni_core.testing import plan_on_cpu, short_private_dir
 
     with tempfile.TemporaryDirectory(prefix="ws-bench-") as tmp, short_private_dir() as base:
         root = Path(tmp)
-        write_configs(root / "ckpt", args.frames)
+        write_configs(root / "ckpt", args.frames, "tiny" if args.smoke else "0.6B")
         planned = plan_on_cpu(OmniPlugins(env={}), base, deploy=deploy_file(root, args.frames))
         started = time.perf_counter()
         with planned.serve() as live:
-            print(f"Qwen3-TTS 0.6B (dummy weights) served in {time.perf_counter() - started:.1f} s")
+            size = "tiny" if args.smoke else "0.6B"
+            print(
+                f"Qwen3-TTS {size} (dummy weights) served in {time.perf_counter() - started:.1f} s"
+            )
             url = live.url.replace("http://", "ws://", 1) + "/v1/audio/speech/stream"
             over_post(live.url, 1e9, seed=0)  # warm-up
             rows: dict[str, list[Timing]] = {

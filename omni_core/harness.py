@@ -1,0 +1,207 @@
+"""A deployment run in-process on the CPU: plan it, start its runtime, serve it over HTTP.
+
+What tests and benchmarks share (:func:`plan_on_cpu`, :class:`PlannedDeployment`,
+:class:`LiveServer`, :func:`short_private_dir`). It imports neither pytest nor
+torch: benchmarks run where pytest is not installed, and a benchmark that
+needed the test runner's machinery would rot unnoticed. The pytest fixtures
+over these helpers are in :mod:`omni_core.testing`, which re-exports them.
+
+Children that the runtime spawns import in-process plugins by module name,
+so :func:`plan_on_cpu` hands them over; a runtime's Unix sockets live under
+``endpoints.base_path``, whose paths the kernel limits to 107 bytes
+(:func:`short_private_dir`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .plugins import OmniPlugins
+
+if TYPE_CHECKING:
+    from .config import Resolution
+    from .plan.model import DeploymentPlan
+    from .runtime import Runtime
+    from .schema import PipelineConfig
+
+__all__ = ["LiveServer", "PlannedDeployment", "plan_on_cpu", "short_private_dir"]
+
+
+@contextmanager
+def short_private_dir(prefix: str = "omni-t") -> Iterator[Path]:
+    """A fresh directory with a short path, readable by this user only; removed on exit.
+
+    Use it as ``endpoints.base_path``: the runtime directory and its Unix
+    sockets go under it, and socket paths must fit in 107 bytes.
+    """
+    root = "/tmp" if os.path.isdir("/tmp") else None  # TMPDIR can be long (macOS)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))  # mode 0700
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class PlannedDeployment:
+    """A resolved and planned deployment, ready to start as a :class:`Runtime`."""
+
+    resolution: Resolution
+    plan: DeploymentPlan
+    plugins: OmniPlugins
+    plugin_modules: list[str] = field(default_factory=list)
+
+    @property
+    def config(self) -> PipelineConfig:
+        return self.resolution.config
+
+    def runtime(self, **options: Any) -> Runtime:
+        """A runtime, not yet started: ``async with planned.runtime() as rt: ...``."""
+        from .runtime import Runtime
+
+        return Runtime(
+            self.plan,
+            self.config,
+            plugins=self.plugins,
+            plugin_modules=self.plugin_modules,
+            **options,
+        )
+
+    def run(self, data: Any, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Start the runtime, run one request, stop it; the terminal stages' outputs by name.
+
+        Synchronous, for plain tests: it runs its own event loop, so call
+        :meth:`runtime` from an async test instead. The request is bounded by
+        ``runtime.request_timeout``; start-up by the runtime's own limits.
+        """
+        import anyio
+
+        async def one() -> dict[str, Any]:
+            async with self.runtime() as runtime:
+                return await runtime.run(data, params)
+
+        return anyio.run(one)
+
+    def serve(self, api_key: str | None = None) -> LiveServer:
+        """A live HTTP server of this deployment, started: ``with planned.serve() as server:``."""
+        return LiveServer(self, api_key=api_key).start()
+
+
+class LiveServer:
+    """``omni serve`` minus the command line: runtime, app and uvicorn on a free port.
+
+    It runs on its own event loop in a thread, so plain (synchronous) tests
+    can talk to it over HTTP, e.g. with the official ``openai`` client
+    (:meth:`client`). Use it as a context manager, or call :meth:`stop`.
+    """
+
+    def __init__(self, planned: PlannedDeployment, api_key: str | None = None):
+        import threading
+
+        self.planned, self.api_key = planned, api_key
+        self.url = ""
+        self.runtime: Any = None
+        self.server: Any = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        name = f"server-{planned.config.pipeline_name}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self, timeout: float = 120) -> LiveServer:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the test server did not start in {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        import anyio
+
+        try:
+            anyio.run(self._main)
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        from .serve.common.app import create_app
+        from .serve.server import bind, make_server, serve_runtime
+
+        config = self.planned.config
+        self.runtime = self.planned.runtime()
+        async with self.runtime:
+            app = create_app(self.runtime, self.planned.resolution, api_key=self.api_key)
+            self.server = make_server(
+                app,
+                "",
+                0,
+                grace=1,
+                header_timeout=config.server.header_timeout,
+                body_timeout=config.server.body_timeout,
+            )
+
+            def started(urls: list[str]) -> None:
+                self.url = urls[0]
+                self._ready.set()
+
+            await serve_runtime(self.server, [bind("127.0.0.1", 0)], on_started=started)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+        self._thread.join(30)
+
+    def client(self, api_key: str | None = "unused", timeout: float = 60) -> Any:
+        """An ``openai.OpenAI`` client for this server (no retries)."""
+        from openai import OpenAI
+
+        return OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=timeout)
+
+    def __enter__(self) -> LiveServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def plan_on_cpu(
+    plugins: OmniPlugins,
+    base_path: str | os.PathLike[str],
+    *,
+    pipeline: str | None = None,
+    deploy: str | os.PathLike[str] | None = None,
+    flags: Iterable[str] = (),
+    policy: str | None = "cpu",
+    plugin_modules: Iterable[str] | None = None,
+) -> PlannedDeployment:
+    """Resolve and plan a deployment without GPUs, its runtime directory under ``base_path``.
+
+    ``pipeline`` and/or ``deploy`` (a deploy file) say what to deploy, and
+    ``flags`` are command-line settings (``"--shout.factory.suffix", "?"``),
+    exactly as ``omni plan`` takes them. ``policy`` picks the placement policy
+    (default ``cpu``: every stage off the GPU); ``None`` keeps the deployment's
+    own. GPUs are never detected: the plan uses what ``[cluster]`` declares, so
+    it is the same on every machine. ``plugin_modules`` (what the children
+    import by name) defaults to ``plugins.in_process_modules()``.
+    """
+    from .config import load_deployment
+    from .plan import plan_deployment
+
+    chosen = ["--placement.policy", policy] if policy else []
+    resolution = load_deployment(
+        None if deploy is None else str(deploy),
+        [*chosen, "--endpoints.base_path", str(base_path), *flags],
+        pipeline=pipeline,
+        plugins=plugins,
+    )
+    plan = plan_deployment(resolution.config, plugins=plugins)
+    modules = plugins.in_process_modules() if plugin_modules is None else list(plugin_modules)
+    return PlannedDeployment(resolution, plan, plugins, modules)

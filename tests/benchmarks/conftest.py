@@ -1,0 +1,131 @@
+"""Every benchmark runs in its ``--smoke`` mode, so that none can rot unnoticed.
+
+The scripts are found by glob (``benchmarks/bench_*.py``, plus ``soak.py`` and
+``gpu_check.py``): a new benchmark is run without anyone listing it, and one
+without ``--smoke`` fails (argparse exits 2). The test modules of this
+directory each take one group of them (``GROUP``), so that pytest-xdist, which
+keeps a module on one worker (``--dist loadfile``), spreads the slow ones;
+a script no group names falls into ``light``.
+
+Each script runs in a fresh interpreter with pytest made unimportable (a
+directory first on ``PYTHONPATH`` whose ``pytest`` and ``_pytest`` raise
+ImportError, inherited by every process the script starts): a benchmark must
+run where only the package is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = REPO / "benchmarks"
+# Scripts that are not named bench_*.py but take --smoke too.
+EXTRA = ("soak.py", "gpu_check.py")
+# Which test module runs which script; every other script runs in "light".
+GROUPS = {
+    "bench_qwen3_omni_speech.py": "served",
+    "bench_realtime.py": "served",
+    "bench_ws_speech.py": "served",
+    "bench_thinker_backends.py": "served",
+    "bench_ray_transport.py": "processes",
+    "soak.py": "processes",
+    "gpu_check.py": "gpu_check",
+}
+# What each script's figures look like, beyond the generic check (a decimal number).
+FIGURES = {
+    "bench_qwen3_tts.py": "RTF",
+    "bench_moss_tts.py": "BENCH_JSON",
+    "bench_qwen3_omni_thinker.py": "tokens/s",
+    "bench_qwen3_omni_speech.py": "first audio s",
+    "bench_engine.py": "tokens/s",
+    "bench_transport.py": "ratio shm / memcpy",
+    "bench_ray_transport.py": "cross-node tcp",
+    "bench_realtime.py": "speech_stopped",
+    "bench_ws_speech.py": "first audio",
+    "bench_thinker_backends.py": "torch",
+    "bench_runtime.py": "req/s",
+    "bench_plan.py": "us/instance",
+    "bench_cli.py": "x floor",
+    "bench_cpu_linear.py": "GB/s",
+    "soak.py": "soak: PASS",
+    "gpu_check.py": "throughput",
+}
+BLOCKED = "pytest is blocked here: a benchmark must not import pytest (tests/benchmarks)"
+
+
+def scripts() -> list[str]:
+    """Every benchmark script's file name, sorted."""
+    found = {p.name for p in BENCHMARKS.glob("bench_*.py")}
+    found.update(name for name in EXTRA if (BENCHMARKS / name).is_file())
+    return sorted(found)
+
+
+def group_of(name: str) -> str:
+    return GROUPS.get(name, "light")
+
+
+@pytest.fixture(scope="session")
+def no_pytest_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory that, first on ``PYTHONPATH``, makes ``import pytest`` fail."""
+    root = tmp_path_factory.mktemp("no-pytest")
+    for name in ("pytest", "_pytest"):
+        (root / name).mkdir()
+        (root / name / "__init__.py").write_text(f"raise ImportError({BLOCKED!r})\n")
+    return root
+
+
+@dataclass
+class Ran:
+    name: str
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def check(self) -> None:
+        """Exit 0, figures printed, nothing skipped."""
+        said = f"{self.name}:\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}"
+        assert self.returncode == 0, said
+        assert BLOCKED not in self.stderr, said
+        assert re.search(r"\d+\.\d+", self.stdout), f"no figures printed by {said}"
+        assert not re.search(r"^skipped", self.stdout, re.MULTILINE), said
+        assert FIGURES.get(self.name, "") in self.stdout, said
+
+
+@pytest.fixture
+def run_smoke(no_pytest_path: Path, shipped_plugins_env: dict[str, str]):
+    """Run ``benchmarks/NAME --smoke [ARGS]`` with pytest unimportable (``block=True``)."""
+
+    def run(name: str, *args: str, block: bool = True) -> Ran:
+        env = dict(shipped_plugins_env)
+        path = [str(no_pytest_path)] if block else []
+        if env.get("PYTHONPATH"):
+            path.append(env["PYTHONPATH"])
+        env["PYTHONPATH"] = os.pathsep.join(path)
+        env.pop("PYTEST_XDIST_WORKER", None)
+        done = subprocess.run(
+            [sys.executable, str(BENCHMARKS / name), "--smoke", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,  # a hang fails; --smoke runs take seconds (see the README)
+            check=False,
+        )
+        return Ran(name, done.returncode, done.stdout, done.stderr)
+
+    return run
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``benchmark``: the scripts of the requesting module's ``GROUP``."""
+    if "benchmark" in metafunc.fixturenames:
+        group = metafunc.module.GROUP
+        names = [name for name in scripts() if group_of(name) == group]
+        metafunc.parametrize("benchmark", names, ids=[n.removesuffix(".py") for n in names])
