@@ -125,6 +125,8 @@ test-reference: $(STAMP) moss-reference-env
 	  sp=$(REFERENCE_VENV)/lib/python3.11/site-packages && \
 	  mkdir -p $$sp/torchaudio/compliance && touch $$sp/torchaudio/__init__.py \
 	    $$sp/torchaudio/compliance/__init__.py $$sp/torchaudio/compliance/kaldi.py )
+	$(REFERENCE_VENV)/bin/pip show -qq qwen-omni-utils >/dev/null 2>&1 || \
+	  $(REFERENCE_VENV)/bin/pip install $(PIP_QUIET) --no-deps qwen-omni-utils==0.0.9
 	QWEN_TTS_REF_PYTHON=$(REFERENCE_VENV)/bin/python \
 	  MOSS_TTS_REF_PYTHON=$(MOSS_REFERENCE_VENV)/bin/python \
 	  MOSS_TTS_REF_SRC=$(MOSS_REFERENCE_VENV)/src $(BIN)/pytest -q \

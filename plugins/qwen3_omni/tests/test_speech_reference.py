@@ -313,8 +313,10 @@ def _prompts(ckpt: Path, manifest: dict, parts: dict[str, Any]) -> dict[str, Any
     return prompts
 
 
-def _speak_in_process(ckpt: Path, manifest: dict, parts: dict[str, Any], prompts: dict) -> dict:
-    """All cases on one thinker engine, then on one talker engine: tokens and frames."""
+def _speak_in_process(
+    ckpt: Path, manifest: dict, parts: dict[str, Any], prompts: dict, names: list[str] = CASES
+) -> dict:
+    """All cases (``names``) on one thinker engine, then on one talker engine: tokens, frames."""
     config = load_part(str(ckpt), "thinker", "safetensors", "float32", "cpu")[1]
     talker_cfg = TalkerConfig.from_dict(read_raw_config(ckpt))
     lm = parts["thinker"]
@@ -331,8 +333,8 @@ def _speak_in_process(ckpt: Path, manifest: dict, parts: dict[str, Any], prompts
     settings = EngineSettings(
         max_running_requests=4, max_total_tokens=4096, max_prefill_tokens=4096
     )
-    tokens: dict[str, list[int]] = {name: [] for name in CASES}
-    frames: dict[str, list[torch.Tensor]] = {name: [] for name in CASES}
+    tokens: dict[str, list[int]] = {name: [] for name in names}
+    frames: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     talker_prompts: dict[str, TalkerPrompt] = {}
 
     async def think(engine: Any, name: str) -> None:
@@ -372,7 +374,7 @@ def _speak_in_process(ckpt: Path, manifest: dict, parts: dict[str, Any], prompts
             try:
                 with anyio.fail_after(300):
                     async with anyio.create_task_group() as tg:
-                        for name in CASES:
+                        for name in names:
                             tg.start_soon(run, engine, name)
             finally:
                 await engine.aclose()

@@ -560,3 +560,31 @@ async def test_the_engine_runs_streamed_prompts_as_their_rows_arrive(talker):
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def test_a_video_interleaved_with_its_track_is_text_to_the_talker():
+    """The release does not tell its talker about use_audio_in_video, so the talker's position
+    rule counts such a block token by token; a later image keeps its own layout."""
+    from omni_qwen3_omni.talker.prompt import _flatten_audio_in_video
+
+    cfg = CFG
+    v, a, im = cfg.video_token_id, cfg.audio_token_id, cfg.image_token_id
+    ids = [1, 2, v, v, a, v, v, a, 3, 4, im, im, 5]
+    thinker = torch.tensor(
+        [
+            [0, 1, 2, 2, 2, 28, 28, 3, 29, 30, 31, 31, 33],  # temporal
+            [0, 1, 2, 3, 2, 2, 3, 3, 29, 30, 31, 31, 33],  # height
+            [0, 1, 2, 3, 2, 2, 3, 3, 29, 30, 31, 32, 33],  # width
+        ]
+    )
+    got = _flatten_audio_in_video(thinker, ids, cfg)
+    assert got[:, :8].tolist() == [list(range(8))] * 3  # the block counts on from the text
+    # after the block: text resumes one past it, the image keeps its (t, h, w) layout
+    assert got[:, 8:].tolist() == [
+        [8, 9, 10, 10, 12],
+        [8, 9, 10, 10, 12],
+        [8, 9, 10, 11, 12],
+    ]
+    plain = [1, 2, v, v, 3]  # a video without its track: the thinker's layout, unchanged
+    positions = torch.tensor([[0, 1, 2, 2, 4], [0, 1, 2, 3, 4], [0, 1, 2, 3, 4]])
+    assert torch.equal(_flatten_audio_in_video(positions, plain, cfg), positions)

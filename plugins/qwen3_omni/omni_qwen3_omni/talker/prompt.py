@@ -35,7 +35,9 @@ How the release lays out the talker's input (the ``generate`` of
 - Positions: the thinker's multimodal rotary positions of each kept user
   segment, moved so the talker's sequence starts at 0 and each kept segment
   starts one past the previous one's last position (what the release's
-  position rule gives on the talker's own token sequence); the nine
+  position rule gives on the talker's own token sequence), except that a
+  video interleaved with its sound track counts as text there (the release
+  does not pass ``use_audio_in_video`` on to its talker); the nine
   assistant positions and every later step count up by one from there.
 
 Because the talker needs ``a[4 + k]`` at step ``k`` and the thinker may lag
@@ -116,7 +118,7 @@ class TalkerPrompt:
             if any(ids[i] in (cfg.image_token_id, cfg.video_token_id) for i in user):
                 raise ValueError("a prompt with images or videos needs its thinker positions")
             positions = torch.arange(length)[None].expand(3, length)
-        positions = positions.to("cpu", torch.long)
+        positions = _flatten_audio_in_video(positions.to("cpu", torch.long), ids, cfg)
         keep = torch.tensor(user, dtype=torch.long)
         media = torch.tensor([ids[i] in media_ids for i in user], dtype=torch.bool)
         if media.any() and accept_hidden is None:
@@ -310,6 +312,41 @@ class TalkerPrompt:
 def _check_rows(what: str, rows: torch.Tensor, count: int, width: int) -> None:
     if rows.dim() != 2 or tuple(rows.shape) != (count, width):
         raise ValueError(f"{what} {tuple(rows.shape)} must be [{count}, {width}]")
+
+
+def _flatten_audio_in_video(
+    positions: torch.Tensor, ids: list[int], cfg: TalkerConfig
+) -> torch.Tensor:
+    """The thinker's positions with each video-with-its-sound-track block counted as text.
+
+    A run of placeholders holding both video and audio tokens is a video whose
+    sound track is interleaved (``use_audio_in_video``). The release hands its
+    talker the image and video grids but not that flag, so the talker's own
+    position rule reads such a block as plain text: one position per token,
+    counting on from the token before it. Everything after the block moves by
+    the same amount, keeping its own layout (other media included).
+    """
+    media = cfg.multimodal_ids
+    out = positions.clone()
+    shift, i, n = 0, 0, len(ids)
+    while i < n:
+        if ids[i] not in media:
+            out[:, i] = positions[:, i] + shift
+            i += 1
+            continue
+        end = i
+        while end < n and ids[end] in media:
+            end += 1
+        run = set(ids[i:end])
+        if cfg.video_token_id in run and cfg.audio_token_id in run and i > 0:
+            base = int(out[0, i - 1])
+            out[:, i:end] = torch.arange(base + 1, base + 1 + end - i)[None]
+            if end < n:
+                shift = base + (end - i) + 1 - int(positions[0, end])
+        else:
+            out[:, i:end] = positions[:, i:end] + shift
+        i = end
+    return out
 
 
 def _rebase(positions: torch.Tensor, segments: list[range]) -> torch.Tensor:
