@@ -26,6 +26,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .mapped import is_mapped
+
 DEFAULT_MIN_ELEMENTS = 1 << 20  # 4 MiB of float32: beyond the per-core caches
 
 
@@ -35,7 +37,12 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = linear.weight.detach().to_mkldnn()
+        weight = linear.weight.detach()
+        # A weight shared with other processes (weight sharing) stays the shared view:
+        # oneDNN reads it in the same plain layout as its own copy (bit-identical
+        # outputs, same speed: benchmarks/bench_weight_share.py), and a copy per
+        # process would undo the sharing.
+        self.packed = weight if is_mapped(weight) else weight.to_mkldnn()
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), False)
 
     @property

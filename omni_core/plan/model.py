@@ -170,13 +170,22 @@ class GpuPlan:
 
 @dataclass
 class WeightShareGroup:
-    """Replicas of one process on one GPU that load the engine's weights once."""
+    """Replicas of one process on one GPU (``gpu`` None: on the host) that load weights once.
+
+    ``weights_bytes``: one copy of the process's weights, from the plugins'
+    estimates (None when there are none); the followers' copies are saved.
+    """
 
     process: str
-    gpu: int
+    gpu: int | None
     stage: str
     leader: str
     followers: list[str]
+    weights_bytes: int | None = None
+
+    @property
+    def saved_bytes(self) -> int | None:
+        return None if self.weights_bytes is None else self.weights_bytes * len(self.followers)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -185,6 +194,8 @@ class WeightShareGroup:
             "stage": self.stage,
             "leader": self.leader,
             "followers": list(self.followers),
+            "weights_bytes": self.weights_bytes,
+            "saved_bytes": self.saved_bytes,
         }
 
 

@@ -98,7 +98,9 @@ def _plan(
     policy: PlacementPolicy,
 ) -> DeploymentPlan:
     expansion = expand(config)
-    estimates = collect_estimates(config, plugins) if policy.uses_estimates else {}
+    # Weight sharing counts the shared weights once: it needs the estimates too.
+    wanted = policy.uses_estimates or config.weight_share == "on"
+    estimates = collect_estimates(config, plugins) if wanted else {}
     request = PlacementRequest(
         pipeline=type(config).pipeline_name,
         instances=tuple(expansion.instances),
@@ -127,7 +129,9 @@ def _plan(
     problems += check_cross_node(config, edges, plugins)
     engines = {name for name, group in expansion.members.items() if any(s.is_engine for s in group)}
     plan_cpu_threads(processes, engines, config.runtime.cpu_threads)
-    weight_share = plan_weight_share(config.weight_share, processes, expansion.members, problems)
+    weight_share = plan_weight_share(
+        config.weight_share, processes, expansion.members, problems, estimates
+    )
     mps = plan_mps(config.mps, ledger, inventory, problems)
     endpoints = plan_endpoints(config, processes, stages, problems)
     problems += check_transports(config, processes, plugins)

@@ -116,9 +116,16 @@ def render_plan(
 
     if plan.weight_share.mode == "on":
         for group in plan.weight_share.groups:
+            where = "the host" if group.gpu is None else f"GPU {group.gpu}"
+            counted = (
+                f"; weights {format_bytes(group.weights_bytes)} counted once "
+                f"({format_bytes(group.saved_bytes or 0)} saved)"
+                if group.weights_bytes is not None
+                else ""
+            )
             say(
-                f"weight sharing: {group.process} on GPU {group.gpu} ({group.stage}): "
-                f"{group.leader} leads, {', '.join(group.followers)} follow"
+                f"weight sharing: {group.process} on {where} ({group.stage}): "
+                f"{group.leader} leads, {', '.join(group.followers)} follow{counted}"
             )
     if len(plan.start_waves) > 1:
         waves = "; ".join(f"wave {i}: {', '.join(w)}" for i, w in enumerate(plan.start_waves))

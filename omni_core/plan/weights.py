@@ -1,16 +1,21 @@
-"""Weight sharing: replicas of one process on one GPU load the weights once.
+"""Weight sharing: replicas of one process on one device load the weights once.
 
 With ``weight_share = "on"``, the replicas of a process that land on the same
-GPU form a sharing group: the lowest replica index leads (loads the checkpoint
-and publishes it), the others follow (map the leader's tensors). Followers
-start in a later wave than leaders. Only the plan and its checks live here;
-the mechanism belongs to the runtime.
+GPU, or on the host (CPU replicas), form a sharing group: the lowest replica
+index leads (loads the checkpoint and publishes it), the others follow (map
+the leader's tensors). Followers start in a later wave than leaders. The
+group's weights are counted once: ``weights_bytes`` is one copy (from the
+plugins' estimates), ``saved_bytes`` what the followers do not load. Only the
+plan and its checks live here; the mechanism belongs to the runtime
+(:mod:`omni_core.runtime.weight_share`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..schema import StageConfig
-from .model import ProcessPlan, Refusal, WeightShareGroup, WeightSharePlan
+from .model import MemoryEstimate, ProcessPlan, Refusal, WeightShareGroup, WeightSharePlan
 
 
 def plan_weight_share(
@@ -18,13 +23,15 @@ def plan_weight_share(
     processes: list[ProcessPlan],
     members: dict[str, list[StageConfig]],
     problems: list[Refusal],
+    estimates: Mapping[str, MemoryEstimate] | None = None,
 ) -> WeightSharePlan:
     """Sharing groups and their leaders; sets each process's role and start wave."""
     plan = WeightSharePlan(mode=mode)
+    estimates = estimates or {}
     if mode != "on":
         return plan
     before = len(problems)
-    by_gpu: dict[str, dict[int, list[ProcessPlan]]] = {}
+    by_gpu: dict[str, dict[int | None, list[ProcessPlan]]] = {}  # None: the host
     replicated: dict[str, list[ProcessPlan]] = {}
     for process in processes:
         if process.num_replicas < 2:
@@ -32,8 +39,7 @@ def plan_weight_share(
         replicated.setdefault(process.logical, []).append(process)
         if process.tp_rank is not None:
             continue
-        if process.gpu is not None:
-            by_gpu.setdefault(process.logical, {}).setdefault(process.gpu, []).append(process)
+        by_gpu.setdefault(process.logical, {}).setdefault(process.gpu, []).append(process)
     for logical, replicas in replicated.items():
         if replicas[0].tp_rank is not None:
             plan.notes.append(
@@ -44,7 +50,10 @@ def plan_weight_share(
         shared = {gpu: group for gpu, group in gpus.items() if len(group) > 1}
         if not shared:
             continue
-        engines = [s.name for s in members[logical] if s.is_engine and s.gpu is not None]
+        on_host = None in shared
+        engines = [
+            s.name for s in members[logical] if s.is_engine and (on_host or s.gpu is not None)
+        ]
         if len(engines) != 1:
             problems.append(
                 Refusal(
@@ -60,7 +69,8 @@ def plan_weight_share(
                 )
             )
             continue
-        for gpu, group in sorted(shared.items()):
+        copy = [estimates[s.name].weights_bytes for s in members[logical] if s.name in estimates]
+        for gpu, group in sorted(shared.items(), key=lambda item: (item[0] is None, item[0])):
             ordered = sorted(group, key=lambda p: p.replica)
             plan.groups.append(
                 WeightShareGroup(
@@ -69,6 +79,7 @@ def plan_weight_share(
                     stage=engines[0],
                     leader=ordered[0].name,
                     followers=[p.name for p in ordered[1:]],
+                    weights_bytes=sum(copy) if copy else None,
                 )
             )
     if not plan.groups and len(problems) == before:

@@ -38,6 +38,7 @@ from .outbound import Outbound
 from .processes import Child, StartupError, describe_exit
 from .routing_table import RoutingTable
 from .transports._auth import new_secret
+from .weight_share.leftovers import remove_leftovers
 from .worker import ChildSpec
 
 Progress = Callable[[str, str, dict[str, Any]], None]
@@ -54,12 +55,13 @@ class Runtime:
         on_progress: Progress | None = None,
     ):
         check_edges(config)
-        if plan.weight_share.groups:
+        if plan.weight_share.groups and config.runtime.launcher != "local":
             leaders = ", ".join(g.leader for g in plan.weight_share.groups)
             raise NotImplementedYet(
-                f"the plan shares weights between replicas (leaders: {leaders}), but this "
-                "runtime cannot share weights across processes yet (CUDA IPC)",
-                hint='set weight_share = "off": each replica then loads its own weights',
+                f"the plan shares weights between replicas (leaders: {leaders}), but weight "
+                f"sharing is not implemented yet for launcher {config.runtime.launcher!r}: a "
+                "follower maps its leader's memory, so both must run on this host",
+                hint='set weight_share = "off", or runtime.launcher = "local"',
             )
         self.plan, self.config = plan, config
         self.plugins = plugins or get_plugins()
@@ -99,6 +101,7 @@ class Runtime:
         self._tp_generations: dict[tuple[str, int], int] = {}  # see _tp_store
         # Every connection between this deployment's processes proves it knows this.
         self.secret = new_secret()
+        self._share_locks = {g.leader: anyio.Lock() for g in plan.weight_share.groups}
         allow_wire_types(self.plugins.wire_types())
 
     # -- lifecycle ----------------------------------------------------------
@@ -249,7 +252,7 @@ class Runtime:
                 await self._abort_everywhere(handle)
                 self.coordinator.abort(handle, "the server stopped before the request finished")
             for child in self.children.values():
-                await child.stop()
+                await self._stop_child(child)
             for daemon in self.mps.values():  # after the last client stopped
                 await anyio.to_thread.run_sync(daemon.stop)
             await self.session.aclose()  # after the last process: nothing survives
@@ -360,57 +363,103 @@ class Runtime:
         heard = self.coordinator.heartbeats.get(child.name, 0.0)
         return max(child.ready_at, heard, self._heard_floor)
 
+    def _share_group(self, process: str) -> Any:
+        """The weight-sharing group ``process`` leads or follows in, or None."""
+        for group in self.plan.weight_share.groups:
+            if process == group.leader or process in group.followers:
+                return group
+        return None
+
+    def _restart_waves(self, failed: Child) -> list[list[Child]]:
+        """The processes that restart with ``failed``, in start-up order.
+
+        Its replica's processes (a TP group's ranks); and when it leads a
+        weight-sharing group, its followers after it: they map the leader's
+        memory, so a new leader needs followers that map the new copy.
+        """
+
+        def replica_of(name: str) -> list[Child]:
+            key = (self.children[name].plan.logical, self.children[name].plan.replica)
+            return [c for c in self.children.values() if (c.plan.logical, c.plan.replica) == key]
+
+        waves = [replica_of(failed.name)]
+        share = self._share_group(failed.name)
+        if share is not None and share.leader == failed.name:
+            waves.append([c for name in share.followers for c in replica_of(name)])
+        return waves
+
     async def _restart(self, failed: Child, reason: str, event: str) -> None:
         """Fail the group's requests, stop it, and start it again with back-off.
 
         ``event`` is "died" or "unresponsive": an unresponsive group keeps that
         state in /health until it is started again, and is killed at once
-        (a hung process would not handle SIGTERM).
+        (a hung process would not handle SIGTERM). A weight-sharing leader
+        restarts with its followers (leader first); restarts within one
+        sharing group take turns.
         """
-        group = [
-            c
-            for c in self.children.values()
-            if (c.plan.logical, c.plan.replica) == (failed.plan.logical, failed.plan.replica)
-        ]
-        key = (failed.plan.logical, failed.plan.replica)
-        self.coordinator.unavailable[key] = reason
-        for handle in self.coordinator.fail_process(*key, reason):
-            # Its other stages, in processes still alive, would run on for nobody.
-            self._tg.start_soon(self._abort_everywhere, handle)
-        self.on_progress(event, failed.name, {"reason": reason})
+        waves = self._restart_waves(failed)
+        group = [c for wave in waves for c in wave]
         waiting = "unresponsive" if event == "unresponsive" else "restarting"
-        for child in group:
+        for child in group:  # at once: the monitor must not restart them on its own
             child.state = waiting
-            child.last_exit = reason
-            await child.stop(kill=event == "unresponsive")
-            child.state = waiting
+        keys = list(dict.fromkeys((c.plan.logical, c.plan.replica) for c in group))
+        for key in keys:
+            self.coordinator.unavailable[key] = reason
+            for handle in self.coordinator.fail_process(*key, reason):
+                # Its other stages, in processes still alive, would run on for nobody.
+                self._tg.start_soon(self._abort_everywhere, handle)
+        self.on_progress(event, failed.name, {"reason": reason})
+        share = self._share_group(failed.name)
+        lock = self._share_locks[share.leader] if share is not None else anyio.Lock()
+        async with lock:
+            for child in group:
+                child.state = waiting
+                child.last_exit = reason
+                await self._stop_child(child, kill=event == "unresponsive")
+                child.state = waiting
+            await self._start_again(failed, waves, keys, reason)
+
+    async def _start_again(
+        self, failed: Child, waves: list[list[Child]], keys: list[Any], reason: str
+    ) -> None:
+        group = [c for wave in waves for c in wave]
         attempts = self.config.runtime.restart_attempts
         for attempt in range(1, attempts + 1):
             await anyio.sleep(self.config.runtime.restart_backoff * 2 ** (attempt - 1))
             try:
-                for child in group:
-                    child.restarts += 1
-                    await self._spawn(child)
-                    child.state = "restarting"
-                for child in group:
-                    await child.wait_ready(self.config.runtime.startup_timeout)
+                for wave in waves:
+                    for child in wave:
+                        child.restarts += 1
+                        await self._spawn(child)
+                        child.state = "restarting"
+                    for child in wave:
+                        await child.wait_ready(self.config.runtime.startup_timeout)
             except StartupError as exc:
                 self.on_progress(
                     "restart-failed", failed.name, {"attempt": attempt, "error": exc.message}
                 )
                 for child in group:
-                    await child.stop()
+                    await self._stop_child(child)
                     child.state = "restarting"
                 continue
-            del self.coordinator.unavailable[key]
+            for key in keys:
+                self.coordinator.unavailable.pop(key, None)
             self.on_progress("restarted", failed.name, {"attempt": attempt})
             return
         for child in group:
             child.state = "failed"
-        self.coordinator.unavailable[key] = (
-            f"{reason}; {attempts} restart attempt{'s' if attempts != 1 else ''} failed"
-        )
-        self.on_progress("failed", failed.name, {"reason": self.coordinator.unavailable[key]})
+        for key in keys:
+            self.coordinator.unavailable[key] = (
+                f"{reason}; {attempts} restart attempt{'s' if attempts != 1 else ''} failed"
+            )
+        self.on_progress("failed", failed.name, {"reason": self.coordinator.unavailable[keys[0]]})
+
+    async def _stop_child(self, child: Child, *, kill: bool = False) -> None:
+        """Stop ``child``; with weight sharing, then remove what torch left in /dev/shm for it."""
+        pid = getattr(child.proc, "pid", None) if child.proc is not None else None
+        await child.stop(kill=kill)
+        if self.plan.weight_share.groups and pid is not None:
+            remove_leftovers(pid)
 
     # -- state ----------------------------------------------------------------
     def health(self) -> dict[str, Any]:

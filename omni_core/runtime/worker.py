@@ -42,6 +42,7 @@ from .outbound import Outbound
 from .routing_table import RoutingTable
 from .rundir import open_private
 from .stage_api import StageRequest, as_stage
+from .weight_share import activate, role_in_plan, serve
 
 HEARTBEATS_PER_TIMEOUT = 5  # a process falls silent only after missing this many in a row
 MAX_HEARTBEAT_INTERVAL = 1.0  # seconds; the queue depth in /health is at most this old
@@ -166,6 +167,9 @@ class Worker:
         self.running: dict[str, int] = {}  # stage -> requests it is working on
         self.runs: dict[str, tuple[int, float]] = {}  # stage -> (runs ended, their seconds)
         self._imports: dict[str, Callable[..., Any]] = {}
+        # Weight sharing: the stage factories load through share_weights(), which reads this.
+        self.share = role_in_plan(spec.plan, spec.process, spec.secret)
+        self.weight_server: Any = None
 
     # -- start-up -----------------------------------------------------------
     async def build(self) -> dict[str, float]:
@@ -175,6 +179,7 @@ class Worker:
             started = time.perf_counter()
             await anyio.to_thread.run_sync(self._join_tp_group)
             timings["tp_rendezvous"] = round(time.perf_counter() - started, 4)
+        activate(self.share)
         for instance in self.process.stages:
             placement = self.plan.stage(instance)
             stage = self.config.stage(placement.stage)
@@ -199,7 +204,21 @@ class Worker:
                         await result
             timings[stage.name] = round(time.perf_counter() - started, 4)
             self.stages[stage.name] = obj
+        self._check_shared()
+        self.weight_server = serve(self.share)
         return timings
+
+    def _check_shared(self) -> None:
+        """A sharing group whose stages never loaded through share_weights shares nothing."""
+        if self.share.kind == "none" or self.share.published or self.share.mapped:
+            return
+        raise OmniError(
+            f"weight_share = on: process {self.process.name} is the weight-sharing "
+            f"{self.share.kind} of its group, but none of its stage factories loaded weights "
+            "through omni_core.runtime.weight_share.share_weights, so nothing can be shared",
+            hint='set weight_share = "off", or load the model through share_weights '
+            "(CONTRIBUTING: weight sharing)",
+        )
 
     def _join_tp_group(self) -> None:
         """Form this rank's tensor-parallel group before any stage is built (blocking).
@@ -548,6 +567,8 @@ class Worker:
         return self._imports[path]
 
     async def aclose(self) -> None:
+        if self.weight_server is not None:
+            self.weight_server.close()
         for stage in self.stages.values():
             close = getattr(stage, "aclose", None)
             if close is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import ClassVar
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from omni_core import EngineStageConfig, StageConfig
 from omni_core.errors import ConfigError
 from omni_core.plan import GpuInventory, plan_deployment
+from omni_core.plan.render import render_plan
 from omni_qwen3_omni.pipeline import Qwen3OmniSpeechPipeline
 from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
 
@@ -137,3 +139,38 @@ def test_mps_with_unknown_binary_is_left_to_the_runtime(plugins, configure):
     plan = plan_deployment(tts(configure, [0, 0], mps="on"), unknown, plugins)
     assert plan.mps.gpus[0].enabled
     assert any("the runtime checks" in n for n in plan.notes)
+
+
+def test_cpu_replicas_form_a_host_group_with_their_weights_counted_once(plugins):
+    config = Qwen3TTSPipeline(
+        model_path="Qwen/Qwen3-TTS-12Hz-0.6B-Base",
+        placement={"policy": "cpu"},
+        processes={"pipeline": {"num_replicas": 3}},
+        weight_share="on",
+    )
+    plan = plan_deployment(config, plugins=plugins)
+    (group,) = plan.weight_share.groups
+    assert (group.gpu, group.leader, group.followers) == (
+        None,
+        "pipeline@r0",
+        ["pipeline@r1", "pipeline@r2"],
+    )
+    # One copy: the process's stages' estimated weights (talker and codec), saved twice.
+    copy = sum(e.weights_bytes for e in plan.estimates.values())
+    assert copy > 0 and group.weights_bytes == copy
+    assert group.saved_bytes == 2 * copy
+    assert plan.to_dict()["weight_share"]["groups"][0]["saved_bytes"] == 2 * copy
+    assert plan.start_waves == [["pipeline@r0"], ["pipeline@r1", "pipeline@r2"]]
+    out = io.StringIO()
+    render_plan(plan, out)
+    text = out.getvalue()
+    assert "weight sharing: pipeline on the host (tts_engine): pipeline@r0 leads, " in text
+    assert "counted once" in text
+
+
+def test_cpu_replicas_without_weight_sharing_plan_no_group(plugins):
+    config = Qwen3TTSPipeline(
+        placement={"policy": "cpu"}, processes={"pipeline": {"num_replicas": 2}}
+    )
+    plan = plan_deployment(config, plugins=plugins)
+    assert plan.weight_share.groups == [] and plan.start_waves == [["pipeline@r0", "pipeline@r1"]]

@@ -1,5 +1,5 @@
 """MPS daemons per GPU (with a stand-in for nvidia-cuda-mps-control) and the
-clear refusal of weight sharing, which this runtime cannot do yet."""
+clear refusal of weight sharing where a launcher may run processes elsewhere."""
 
 from __future__ import annotations
 
@@ -108,13 +108,14 @@ async def test_a_missing_control_binary_fails_the_start_clearly(
     assert not os.path.exists(runtime.plan.endpoints.runtime_dir)
 
 
-def test_weight_sharing_is_refused_until_the_runtime_can_do_it(plugins, short_tmp):
+def test_weight_sharing_is_refused_with_a_launcher_that_may_run_elsewhere(plugins, short_tmp):
     resolution = load_deployment(
         str(Path(__file__).resolve().parents[2] / "examples" / "qwen3_tts_two_replicas.toml"),
-        ["--endpoints.base_path", str(short_tmp)],
+        ["--endpoints.base_path", str(short_tmp), "--runtime.launcher", "ray"],
         plugins=plugins,
     )
     plan = plan_deployment(resolution.config, plugins=plugins)
     assert plan.weight_share.groups  # planned: pipeline@r0 leads
-    with pytest.raises(NotImplementedYet, match="cannot share weights across processes yet"):
+    with pytest.raises(NotImplementedYet, match="not implemented yet for launcher 'ray'") as info:
         Runtime(plan, resolution.config, plugins=plugins)
+    assert 'weight_share = "off"' in info.value.hint

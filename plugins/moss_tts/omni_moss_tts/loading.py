@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from omni_core.runtime.weight_share import share_weights
 from omni_qwen3_tts.weights import (
     LOAD_FORMATS,
     build_empty,
@@ -61,12 +62,16 @@ def load_network(
     seed: int,
 ) -> MossNetwork:
     network = build_empty(lambda: MossNetwork(config), device, dtype)
-    if load_format == "dummy":
-        dummy_fill(network, seed)
-        _steer_dummy(network)
-    else:
-        load_state(network, checkpoint_files(root), f"{root}")
-    return network
+
+    def fill(module: MossNetwork) -> None:
+        if load_format == "dummy":
+            dummy_fill(module, seed)
+            _steer_dummy(module)
+        else:
+            load_state(module, checkpoint_files(root), f"{root}")
+
+    # Filled here, or mapped from a weight-sharing leader (omni_core's seam).
+    return share_weights(f"moss-tts:{root}:{load_format}:{dtype}:{seed}:network", network, fill)
 
 
 def _steer_dummy(network: MossNetwork) -> None:
@@ -120,11 +125,15 @@ def load_codec(
     directory = resolve_codec(root, codec_path)
     cfg = CodecConfig.from_dict(read_json(directory / "config.json"))
     codec = build_empty(lambda: AudioTokenizer(cfg), device, torch.float32)
-    if load_format == "dummy":
-        dummy_fill_codec(codec, seed + 1)
-    else:
-        load_state(codec, checkpoint_files(directory), f"{directory}")
-    return codec
+    return share_weights(
+        f"moss-tts:{directory}:{load_format}:{seed}:codec",
+        codec,
+        lambda m: (
+            dummy_fill_codec(m, seed + 1)
+            if load_format == "dummy"
+            else load_state(m, checkpoint_files(directory), f"{directory}")
+        ),
+    )
 
 
 __all__ = [

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni_core.runtime.weight_share import share_weights
+
 from .checkpoint import OWNERS, Checkpoint, check_coverage
 from .config import ThinkerConfig
 from .source import resolve_model_path
@@ -130,13 +132,19 @@ def load_part(
     config = ThinkerConfig.from_dict(raw)
     target = torch.device(device)
     module = construct(_factory(part, raw), target, parse_dtype(dtype, target))
-    if load_format == "dummy":
-        dummy_fill(module, part_seed(seed, part))
-    else:
+
+    def fill(module: nn.Module) -> None:
+        if load_format == "dummy":
+            dummy_fill(module, part_seed(seed, part))
+            return
         checkpoint = Checkpoint.open(resolved.path)
         check_coverage(checkpoint, [part])
         # The decoder's keys are model.* / lm_head.*; every other part's start below
         # its own prefix (thinker.audio_tower., thinker.visual., talker., code2wav.).
         strip = "thinker." if part == "thinker" else OWNERS[part][0]
         checkpoint.load_into(module, OWNERS[part], strip, f"stage {part!r}")
+
+    # Filled here, or mapped from a weight-sharing leader (omni_core's seam).
+    key = f"qwen3-omni:{resolved.path}:{part}:{load_format}:{dtype}:{target.type}:{seed}"
+    share_weights(key, module, fill)
     return module, config, resolved.path

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni_core.runtime.weight_share import share_weights
+
 from .config import GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
 from .layers import causal_mask
 from .prompt import PromptBuilder, TTSPrompt
@@ -122,10 +124,17 @@ class Qwen3TTSModel:
             read_json(root / "generation_config.json", required=False)
         )
         network = build_empty(lambda: Qwen3TTSNetwork(config), dev, torch_dtype)
-        if load_format == "dummy":
-            dummy_fill(network, seed)
-        else:
-            load_state(network, checkpoint_files(root), f"{root}")
+        # Filled here, or mapped from a weight-sharing leader (omni_core's seam).
+        key = f"qwen3-tts:{root}:{load_format}:{torch_dtype}:{seed}"
+        share_weights(
+            f"{key}:network",
+            network,
+            lambda m: (
+                dummy_fill(m, seed)
+                if load_format == "dummy"
+                else load_state(m, checkpoint_files(root), f"{root}")
+            ),
+        )
         speech = None
         if load_speech_tokenizer:
             st_dir = root / "speech_tokenizer"
@@ -133,10 +142,15 @@ class Qwen3TTSModel:
             # The codec decoder runs in float32 unless asked otherwise: it is small and
             # bf16 audio is audibly worse.
             speech = build_empty(lambda: SpeechTokenizer(st_cfg), dev, torch.float32)
-            if load_format == "dummy":
-                dummy_fill(speech, seed + 1)
-            else:
-                load_state(speech, checkpoint_files(st_dir), f"{st_dir}")
+            share_weights(
+                f"{key}:speech_tokenizer",
+                speech,
+                lambda m: (
+                    dummy_fill(m, seed + 1)
+                    if load_format == "dummy"
+                    else load_state(m, checkpoint_files(st_dir), f"{st_dir}")
+                ),
+            )
         tokenizer = None
         if (root / "vocab.json").is_file() or (root / "tokenizer.json").is_file():
             tokenizer = TextTokenizer.from_dir(root)
