@@ -16,7 +16,14 @@ pytest.importorskip("torch")
 pytest.importorskip("PIL")
 openai = pytest.importorskip("openai")
 
-from media_samples import audio_part, image_part, png_bytes, user  # noqa: E402
+from media_samples import (  # noqa: E402
+    audio_part,
+    image_part,
+    mp4_bytes,
+    png_bytes,
+    user,
+    video_part,
+)
 
 from omni_core.plugins import OmniPlugins  # noqa: E402
 from omni_core.testing import plan_on_cpu, short_private_dir  # noqa: E402
@@ -28,6 +35,7 @@ DEMO = Path(__file__).resolve().parents[3] / "examples" / "qwen3_omni_text_demo.
 def media(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("media")
     (root / "cat.png").write_bytes(png_bytes(48, 64, seed=5))
+    (root / "clip.mp4").write_bytes(mp4_bytes(1.0))
     return root
 
 
@@ -203,3 +211,99 @@ def test_chat_streams_dropped_after_the_first_chunk_leave_every_stage_idle(serve
 
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me a story."}]}
     drop_streams_then_wait_idle(server.url, {**body, "max_tokens": 64, "stream": True}, 30)
+
+
+def _video_tokens(raw: bytes) -> int:
+    """Placeholders the release's sampling gives this clip (4 frames of 20 x 28 patches here)."""
+    from omni_core.media import VideoLimits, probe_video
+    from omni_qwen3_omni.vision.processor import ImageProcessorConfig
+    from omni_qwen3_omni.vision.video import plan_video
+
+    info = probe_video(raw, "clip", VideoLimits())
+    plan = plan_video(info.height, info.width, info.frames, info.fps, ImageProcessorConfig())
+    return plan.token_count
+
+
+def test_a_video_answers_whole_and_streamed_and_usage_counts_its_tokens(server):
+    raw = mp4_bytes(1.0)  # no sound track
+    question = "What moves?"
+    messages = user(video_part(raw), text=question)
+    whole = _chat(server, messages, max_tokens=4, temperature=0)
+    stream = _chat(
+        server,
+        messages,
+        max_tokens=4,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    deltas, usage = [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        deltas += [choice.delta.content or "" for choice in chunk.choices]
+    assert "".join(deltas) == whole.choices[0].message.content
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+    text_only = _chat(server, user(text=question), max_tokens=1)
+    # the video's placeholders plus <|vision_start|> and <|vision_end|>
+    expected = _video_tokens(raw) + 2
+    assert expected == 2 * 20 * 28 // 4 + 2
+    assert whole.usage.prompt_tokens - text_only.usage.prompt_tokens == expected
+
+
+def test_a_video_with_its_sound_track_and_an_image_in_one_message(server, media):
+    import numpy as np
+
+    t = np.arange(16000) / 16000
+    tone = (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
+    raw = mp4_bytes(1.0, sound=tone)
+    question = "Describe both."
+    both = user(image_part(64, 96), video_part(raw), text=question)
+    reply = _chat(server, both, max_tokens=3, temperature=0)
+    alone = _chat(server, user(image_part(64, 96), text=question), max_tokens=1)
+    quiet = _chat(
+        server, both, max_tokens=1, temperature=0, extra_body={"use_audio_in_video": False}
+    )
+    video = _video_tokens(raw) + 2
+    assert quiet.usage.prompt_tokens - alone.usage.prompt_tokens == video
+    # with its track (the default): 13 audio tokens a second, and audio start/end markers
+    heard = reply.usage.prompt_tokens - quiet.usage.prompt_tokens
+    assert 13 + 2 <= heard <= 15 + 2
+    path = user({"type": "video_url", "video_url": {"url": str(media / "clip.mp4")}})
+    assert _chat(server, path, max_tokens=1).usage.prompt_tokens > video
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b"RIFF\0\0\0\0AVI LIST" + bytes(200), "not a readable AVI video"),
+        (b"\x00\x00\x00\x18ftypmp42" + bytes(300), "not a readable MP4 video"),
+    ],
+)
+def test_an_undecodable_video_is_a_400_naming_the_part(server, raw, words):
+    with pytest.raises(openai.BadRequestError) as caught:
+        _chat(server, user(video_part(raw)), max_tokens=1)
+    assert caught.value.status_code == 400
+    assert words in caught.value.body["message"]
+    assert "messages.0.content.0.video_url" in caught.value.body["message"]
+
+
+def test_a_video_declaring_8k_frames_is_refused_before_decoding(server):
+    import fractions
+    import io
+
+    av = pytest.importorskip("av")
+    out = io.BytesIO()
+    with av.open(out, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 7680, 4320, "yuv420p"
+        stream.time_base = fractions.Fraction(1, 25)
+        black = av.VideoFrame(7680, 4320, "yuv420p")
+        for plane in black.planes:
+            plane.update(bytes(plane.buffer_size))
+        black.pts = 0
+        for packet in [*stream.encode(black), *stream.encode()]:
+            container.mux(packet)
+    with pytest.raises(openai.BadRequestError) as caught:
+        _chat(server, user(video_part(out.getvalue())), max_tokens=1)
+    assert "7680 x 4320 = 33177600 pixels per frame" in caught.value.body["message"]
