@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PLUGINS := plugins/qwen3_tts plugins/moss_tts plugins/qwen3_omni examples/plugin
+PLUGINS := plugins/qwen3_tts plugins/moss_tts plugins/qwen3_omni plugins/qwen3_asr examples/plugin
 EXAMPLE ?= examples/qwen3_tts_demo.toml
 REFERENCE_VENV ?= /tmp/qwen-tts-ref
 # pip's errors only (-qq). One --quiet still prints every build backend's notes

@@ -23,6 +23,7 @@ from omni_core.hookspecs import ENTRY_POINT_GROUP
 
 MODELS = {
     "omni-moss-tts": ["moss-tts"],
+    "omni-qwen3-asr": ["qwen3-asr"],
     "omni-qwen3-omni": ["qwen3-omni", "qwen3-omni-colocated", "qwen3-omni-text"],
     "omni-qwen3-tts": ["qwen3-tts"],
 }

@@ -76,6 +76,15 @@ class SessionConfig:
     transcription: bool = False
     max_output_tokens: int | None = None  # None: "inf" (the pipeline's own cap)
 
+    @classmethod
+    def initial(cls, *, audio_out: bool, answers: bool) -> SessionConfig:
+        """A new session's settings: it speaks if the pipeline can; a pipeline that cannot
+        answer (no chat api: qwen3-asr) only listens, input transcription on, no responses."""
+        if answers:
+            return cls(output_modalities=("audio",) if audio_out else ("text",))
+        quiet = TurnDetection(create_response=False, interrupt_response=False)
+        return cls(output_modalities=("text",), transcription=True, turn_detection=quiet)
+
     def describe(self, model: str, session_id: str) -> dict[str, Any]:
         """The GA ``session`` object of ``session.created`` / ``session.updated``."""
         return {

@@ -36,7 +36,12 @@ class RealtimeEndpoint:
 
     async def serve(self, websocket: WebSocket) -> None:
         try:
-            self.service.require("chat", PATH)
+            # A pipeline that only listens (api "transcription") serves transcription
+            # sessions: input transcription, no responses (session.py).
+            api = self.service.serving.api
+            self.service.require(
+                "chat" if "chat" in api or "transcription" not in api else "transcription", PATH
+            )
             self.service.check_model(websocket.query_params.get("model"))
         except APIError as exc:
             await deny_websocket(websocket.scope, websocket.send, exc)

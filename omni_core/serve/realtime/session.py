@@ -37,6 +37,9 @@ log = logging.getLogger("omni.serve")
 MAX_BUFFER_SECONDS = 300.0  # input audio held before a commit
 MAX_APPEND_BYTES = 15 * 1024 * 1024  # one input_audio_buffer.append, base64 (OpenAI's cap)
 MAX_SESSION_SECONDS = 3600.0
+ONLY_TRANSCRIBES = (
+    "pipeline %r only transcribes: each committed turn gets its transcript, no response"
+)
 BETA_CLIENT = {"response.text.delta", "input_audio_transcription"}  # hints of a beta client
 
 
@@ -46,7 +49,8 @@ class RealtimeSession:
         self.service = endpoint.service
         self.id = new_id("sess")
         audio_out = self.service.serving.audio_stage is not None
-        self.config = SessionConfig(output_modalities=("audio",) if audio_out else ("text",))
+        self.answers = "chat" in self.service.serving.api  # else it only transcribes
+        self.config = SessionConfig.initial(audio_out=audio_out, answers=self.answers)
         self.conversation = Conversation()
         self.buffer = bytearray()  # session PCM since the last commit or clear
         self.buffer_start_ms = 0.0  # where self.buffer starts in the input audio
@@ -235,7 +239,8 @@ class RealtimeSession:
                     )
                 )
                 await self._commit_turn(self.speech_start_ms or 0.0, change.ms, item_id)
-                if detection and detection.create_response and self.response is None:
+                answer = detection and detection.create_response and self.answers
+                if answer and self.response is None:
                     self._start(self._plan({}))
 
     async def _commit_turn(self, start_ms: float, end_ms: float, item_id: str) -> None:
@@ -349,6 +354,10 @@ class RealtimeSession:
         )
 
     async def _response_create(self, payload: dict[str, Any]) -> None:
+        if not self.answers:
+            raise APIError(
+                400, ONLY_TRANSCRIBES % self.service.serving.pipeline, code="unsupported_api"
+            )
         if self.response is not None:
             raise APIError(
                 400,

@@ -3,7 +3,9 @@
 With ``audio.input.transcription`` set (beta: ``input_audio_transcription``),
 each committed user audio item is transcribed by the same pipeline, as its
 own text-only chat request (the audio and an instruction to write down what
-is said), in the background: the answer does not wait for it. The result
+is said), in the background: the answer does not wait for it. A pipeline
+that only listens (api ``transcription``, e.g. qwen3-asr) gets the clip as
+``/v1/audio/transcriptions`` sends it, and its sessions only transcribe. The result
 arrives as ``conversation.item.input_audio_transcription.completed`` (or
 ``…failed``) and is kept on the item.
 """
@@ -29,9 +31,12 @@ async def transcribe(session: Any, item: Item) -> None:
     plan = ResponsePlan(INSTRUCTION, ("text",), None, MAX_TRANSCRIPT_TOKENS)
     service, handle, text = session.service, None, []
     try:
-        data = chat_data(service, messages, plan)
-        data["sampling"]["temperature"] = 0
-        handle = await service.admit(data, {"api": "chat"})
+        if "chat" in service.serving.api:
+            data, api = chat_data(service, messages, plan), "chat"
+            data["sampling"]["temperature"] = 0
+        else:  # a listening-only pipeline reads the clip as /v1/audio/transcriptions sends it
+            data, api = transcription_data(messages), "transcription"
+        handle = await service.admit(data, {"api": api})
         async for piece in service.pieces(handle, path="/v1/realtime"):
             if piece.kind == "text":
                 text.append(piece.data)
@@ -60,3 +65,17 @@ async def transcribe(session: Any, item: Item) -> None:
         ),
         quietly=True,
     )
+
+
+def transcription_data(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The request a transcription pipeline gets: the clip, no language hint, no context.
+
+    No token cap: a transcript is as long as its speech, within the pipeline's own cap.
+    """
+    return {
+        "messages": messages,
+        "modalities": ["text"],
+        "stream": True,
+        "sampling": {"max_tokens": None, "temperature": 0.0},
+        "transcription": {"task": "transcribe", "language": None, "prompt": None},
+    }

@@ -1,0 +1,98 @@
+"""Building the ``asr`` stage's two parts and filling them with weights.
+
+The release names every tensor under ``thinker.``: the audio tower under
+``thinker.audio_tower.``, the decoder under ``thinker.model.`` and its head
+``thinker.lm_head.`` (absent when the config ties it to the embeddings).
+Both parts load strictly (Qwen3-Omni's :class:`Checkpoint`: a missing,
+unexpected or misshapen tensor is named with its shard), and a tensor under
+no known prefix is refused, so nothing in a checkpoint is silently ignored.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni_qwen3_omni.audio.encoder import AudioEncoder
+from omni_qwen3_omni.checkpoint import Checkpoint, CheckpointError
+from omni_qwen3_omni.loading import construct, part_seed
+from omni_qwen3_omni.thinker.decoder import ThinkerLM
+from omni_qwen3_tts.weights import dummy_fill, parse_dtype
+
+from .config import ASRConfig
+from .source import resolve_model_path
+
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+TOWER, DECODER, HEAD = "thinker.audio_tower.", "thinker.model.", "thinker.lm_head."
+
+
+@dataclass(frozen=True)
+class ASRModel:
+    """The audio tower, the decoder with its head, the config and where they came from."""
+
+    encoder: AudioEncoder
+    lm: ThinkerLM
+    config: ASRConfig
+    root: Path
+
+
+def read_config(root: Path) -> ASRConfig:
+    path = root / "config.json"
+    try:
+        return ASRConfig.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the model config ({exc})") from None
+
+
+@functools.lru_cache(maxsize=4)
+def load_model(
+    model_path: str, load_format: str, dtype: str | None, device: str, seed: int = 0
+) -> ASRModel:
+    """Both parts of the checkpoint at ``model_path``, on ``device``, ready to run."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(
+            f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}"
+        )
+    resolved = resolve_model_path(model_path)
+    if resolved.preset and load_format != "dummy":
+        raise ValueError(
+            f"model {model_path!r} is the {resolved.preset!r} preset (configs only); "
+            'it needs load_format = "dummy"'
+        )
+    config = read_config(resolved.path)
+    target = torch.device(device)
+    torch_dtype = parse_dtype(dtype, target)
+    encoder = construct(lambda: AudioEncoder(config.audio), target, torch_dtype)
+    lm = construct(lambda: ThinkerLM(config.text), target, torch_dtype)
+    if load_format == "dummy":
+        dummy_fill(encoder, part_seed(seed, "audio_encoder"))
+        dummy_fill(lm, part_seed(seed, "thinker"))
+    else:
+        load_weights(Checkpoint.open(resolved.path), encoder, lm, config)
+    return ASRModel(encoder, lm, config, resolved.path)
+
+
+def load_weights(checkpoint: Checkpoint, encoder: AudioEncoder, lm: ThinkerLM, config: Any) -> int:
+    """Fill both parts from ``checkpoint``; return how many tensors were read."""
+    known = (TOWER, DECODER, HEAD)
+    orphans = sorted(n for n in checkpoint.weight_map if not n.startswith(known))
+    if orphans:
+        shown = ", ".join(orphans[:6]) + (
+            f", ... ({len(orphans)} in all)" if len(orphans) > 6 else ""
+        )
+        raise CheckpointError(f"{checkpoint.directory}: tensor(s) Qwen3-ASR does not have: {shown}")
+    count = checkpoint.load_into(encoder, (TOWER,), TOWER, "the audio tower")
+    count += checkpoint.load_into(lm.model, (DECODER,), DECODER, "the decoder")
+    if config.text.tie_word_embeddings and not checkpoint.names((HEAD,)):
+        return count  # the head is the embedding table (tied in the model too)
+    if config.text.tie_word_embeddings:
+        raise CheckpointError(
+            f"{checkpoint.directory}: the config ties lm_head to the embeddings, "
+            "but the checkpoint holds thinker.lm_head.weight too"
+        )
+    return count + checkpoint.load_into(lm.lm_head, (HEAD,), HEAD + "", "the lm head")

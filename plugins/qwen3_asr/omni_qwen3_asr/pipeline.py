@@ -1,0 +1,59 @@
+"""The ``qwen3-asr`` pipeline: preprocessing -> asr -> decode, one process.
+
+``asr`` is the engine stage (the seed's ``stages.asr.engine.*`` and
+``stages.asr.factory.dtype``); it holds the audio tower and the decoder, so
+the tower's rows never cross a process boundary. Served on
+``/v1/audio/transcriptions`` and ``/v1/audio/translations``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from omni_core import FactoryArgs, PipelineConfig, StageConfig
+from omni_core.kit.pipeline import SourceChecks, Step, TypedWeightArgs, chain
+from omni_core.kit.source import ModelSource
+
+from .plugin import CHECKPOINT_NAMES
+from .source import SOURCE
+
+
+class PreprocessingArgs(FactoryArgs):
+    # one clip per request, bounded before it is decoded
+    max_audio_seconds: float = Field(default=300.0, gt=0)
+    max_media_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    # tokens a transcript may take (the release's transformers backend: 512; vLLM: 4096)
+    max_tokens: int = Field(default=4096, ge=1)
+    # the prompt: the clip's rows (13 per second) and the context's tokens
+    max_prompt_tokens: int = Field(default=32768, ge=1)
+
+
+class ASRArgs(TypedWeightArgs):
+    pass
+
+
+class Qwen3ASRPipeline(SourceChecks, PipelineConfig):
+    pipeline_name: ClassVar[str] = "qwen3-asr"
+    aliases: ClassVar[tuple[str, ...]] = CHECKPOINT_NAMES
+    description: ClassVar[str] = (
+        "Qwen3-ASR: speech in, text out (language detected or forced, context prompt); "
+        "audio tower and Qwen3 decoder in one engine stage"
+    )
+    entry_stage: ClassVar[str] = "preprocessing"
+    default_model_path: ClassVar[str] = "Qwen/Qwen3-ASR-1.7B"
+    api: ClassVar[tuple[str, ...]] = ("transcription",)
+    text_stage: ClassVar[str | None] = "decode"
+    model_source: ClassVar[ModelSource] = SOURCE
+
+    @classmethod
+    def default_stages(cls) -> list[StageConfig]:
+        return chain(
+            "omni_qwen3_asr.stages",
+            [
+                Step("preprocessing", PreprocessingArgs()),
+                Step("asr", ASRArgs(), engine=True, gpu=0, stream=True),
+                Step("decode"),
+            ],
+        )

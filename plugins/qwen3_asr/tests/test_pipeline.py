@@ -1,0 +1,119 @@
+"""The qwen3-asr pipeline: registration, strict loading, and requests through real processes."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from safetensors.torch import save_file  # noqa: E402
+
+import omni_qwen3_asr.plugin as asr_plugin  # noqa: E402
+from omni_core import RequestError  # noqa: E402
+from omni_core.testing import plan_on_cpu  # noqa: E402
+from omni_qwen3_asr.loading import load_model  # noqa: E402
+from omni_qwen3_omni.checkpoint import CheckpointError  # noqa: E402
+
+DEMO = Path(__file__).resolve().parents[3] / "examples" / "qwen3_asr_demo.toml"
+
+
+def _request(wav: bytes, **transcription) -> dict:
+    audio = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode()}}
+    return {
+        "messages": [{"role": "user", "content": [audio]}],
+        "sampling": {"max_tokens": 12, "temperature": 0.0},
+        "transcription": {"task": "transcribe", **transcription},
+    }
+
+
+def test_the_plugin_lists_its_pipeline_with_a_memory_estimate(plugins) -> None:
+    with plugins.registered(asr_plugin, "omni_qwen3_asr.plugin") as name:
+        (row,) = [r for r in plugins.listing() if r["name"] == name]
+    assert row["error"] is None and row["pipelines"] == ["qwen3-asr"]
+    assert "omni_estimate_memory" in row["hooks"]
+
+
+def test_the_memory_estimate_sizes_both_towers_and_the_kv_cache(plugins, short_tmp) -> None:
+    from omni_qwen3_asr.memory import estimate
+
+    planned = plan_on_cpu(plugins, short_tmp, deploy=DEMO.with_name("qwen3_asr.toml"))
+    (stage,) = estimate(planned.config)
+    got = estimate(planned.config)[stage]
+    assert stage == "asr"
+    # Qwen3-ASR-1.7B in bfloat16: ~1.7 G parameters at 2 bytes (tower + decoder + head)
+    assert 3.0e9 < got.weights_bytes < 5.0e9
+    assert got.kv_bytes > 0 and "Qwen3-ASR-1.7B" in got.source
+
+
+def _release_checkpoint(directory: Path, seed: int = 3) -> dict[str, torch.Tensor]:
+    """The tiny model's tensors under the release's names, as save_pretrained writes them."""
+    model = load_model("tiny", "dummy", "float32", "cpu", seed)
+    tensors = {f"thinker.audio_tower.{k}": v for k, v in model.encoder.state_dict().items()}
+    tensors |= {f"thinker.{k}": v for k, v in model.lm.state_dict().items()}
+    directory.mkdir()
+    for name in ("config.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
+        (directory / name).write_bytes((model.root / name).read_bytes())
+    (directory / "chat_template.json").write_bytes((model.root / "chat_template.json").read_bytes())
+    return {k: v.clone().contiguous() for k, v in tensors.items()}
+
+
+def test_a_checkpoint_loads_strictly_by_prefix(tmp_path) -> None:
+    good = tmp_path / "good"
+    tensors = _release_checkpoint(good)
+    save_file(tensors, str(good / "model.safetensors"))
+    loaded = load_model(str(good), "auto", "float32", "cpu")
+    for key, value in loaded.encoder.state_dict().items():
+        assert torch.equal(value, tensors[f"thinker.audio_tower.{key}"]), key
+    assert torch.equal(loaded.lm.lm_head.weight, tensors["thinker.lm_head.weight"])
+
+    extra = tmp_path / "extra"
+    _release_checkpoint(extra)
+    save_file(
+        {**tensors, "thinker.visual.patch.weight": torch.zeros(2)}, str(extra / "model.safetensors")
+    )
+    with pytest.raises(CheckpointError, match=r"does not have: thinker.visual.patch.weight"):
+        load_model(str(extra), "auto", "float32", "cpu")
+
+    short = tmp_path / "short"
+    _release_checkpoint(short)
+    del tensors["thinker.model.norm.weight"]
+    save_file(tensors, str(short / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing tensor\(s\) thinker.model.norm.weight"):
+        load_model(str(short), "auto", "float32", "cpu")
+
+
+def test_a_spoken_clip_runs_through_every_stage(plugins, short_tmp, hello_wav) -> None:
+    planned = plan_on_cpu(plugins, short_tmp, deploy=DEMO)
+    detected = planned.run(_request(hello_wav))["decode"]
+    forced = planned.run(_request(hello_wav, language="de", prompt="Grafana"))["decode"]
+    for out in (detected, forced):
+        assert out["finish_reason"] == "length" and out["usage"]["completion_tokens"] == 12
+    assert forced["language"] == "German"
+    # the context and the forced header lengthen the prompt by their tokens
+    assert forced["usage"]["prompt_tokens"] > detected["usage"]["prompt_tokens"]
+
+
+def test_bad_requests_are_refused_naming_the_field(plugins, short_tmp, hello_wav) -> None:
+    from omni_qwen3_asr.preprocessing import create_preprocessing
+
+    stage = create_preprocessing("tiny", max_tokens=16)
+
+    class Request:
+        def __init__(self, data):
+            self.data = data
+
+    import anyio
+
+    def refused(data) -> str:
+        with pytest.raises(RequestError) as caught:
+            anyio.run(stage.run, Request(data))
+        return str(caught.value)
+
+    assert "Klingon" in refused(_request(hello_wav, language="Klingon"))
+    assert "no input_audio part" in refused({"messages": [{"role": "user", "content": "hi"}]})
+    assert "at most 16" in refused({**_request(hello_wav), "sampling": {"max_tokens": 17}})
+    garbage = _request(b"not audio at all")
+    assert "messages.0.content.0.input_audio.data" in refused(garbage)

@@ -1,0 +1,155 @@
+"""``omni serve examples/qwen3_asr_demo.toml`` through the official ``openai`` client.
+
+One server for the module (tiny preset, dummy weights, CPU, one process). The
+transcript of random weights is meaningless but greedy, so every response
+format of one clip carries the same text and a stream's deltas join to it.
+The realtime API transcribes each committed turn on this listening-only
+pipeline, and refuses to answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+openai = pytest.importorskip("openai")
+pytest.importorskip("websockets")
+sf = pytest.importorskip("soundfile")
+
+from omni_core.plugins import OmniPlugins  # noqa: E402
+from omni_core.serve.realtime.formats import resample  # noqa: E402
+from omni_core.testing import plan_on_cpu, short_private_dir  # noqa: E402
+
+DEMO = Path(__file__).resolve().parents[3] / "examples" / "qwen3_asr_demo.toml"
+FLAGS = ["--preprocessing.factory.max_tokens", "12"]  # short transcripts, fast tests
+
+
+@pytest.fixture(scope="module")
+def server():
+    with short_private_dir() as base:
+        planned = plan_on_cpu(OmniPlugins(env={}), base, deploy=DEMO, flags=FLAGS)
+        with planned.serve() as live:
+            yield live
+
+
+def _transcribe(server, audio: bytes, **kw):
+    return server.client().audio.transcriptions.create(
+        model="qwen3-asr", file=("clip.wav", io.BytesIO(audio)), **kw
+    )
+
+
+def _seconds(wav: bytes) -> float:
+    info = sf.info(io.BytesIO(wav))
+    return info.frames / info.samplerate
+
+
+def test_every_response_format_carries_the_same_greedy_transcript(server, hello_wav) -> None:
+    whole = _transcribe(server, hello_wav)
+    assert isinstance(whole.text, str) and whole.text
+    assert whole.usage.type == "tokens" and whole.usage.output_tokens == 12
+    assert _transcribe(server, hello_wav, response_format="text") == whole.text
+    stamp = f"00:00:0{_seconds(hello_wav):.3f}"
+    srt = _transcribe(server, hello_wav, response_format="srt")
+    assert srt == f"1\n00:00:00,000 --> {stamp.replace('.', ',')}\n{whole.text}\n\n"
+    vtt = _transcribe(server, hello_wav, response_format="vtt")
+    assert vtt == f"WEBVTT\n\n00:00:00.000 --> {stamp}\n{whole.text}\n\n"
+    verbose = _transcribe(server, hello_wav, response_format="verbose_json", language="en")
+    assert (verbose.task, verbose.language) == ("transcribe", "en")
+    assert verbose.duration == pytest.approx(_seconds(hello_wav), abs=1e-3)
+    (segment,) = verbose.segments
+    assert segment.start == 0.0 and segment.text == verbose.text
+
+
+def test_a_forced_language_and_a_context_change_the_prompt_not_the_protocol(
+    server, hello_wav
+) -> None:
+    plain = _transcribe(server, hello_wav)
+    forced = _transcribe(server, hello_wav, language="de", prompt="Grafana, Kubernetes")
+    assert forced.text and forced.usage.input_tokens > plain.usage.input_tokens
+
+
+def test_the_stream_sends_deltas_that_join_to_the_done_text(server, hello_wav) -> None:
+    whole = _transcribe(server, hello_wav)
+    for response_format in ("json", "text"):
+        deltas, done = [], []
+        events = _transcribe(server, hello_wav, stream=True, response_format=response_format)
+        for event in events:
+            if event.type == "transcript.text.delta":
+                deltas.append(event.delta)
+            elif event.type == "transcript.text.done":
+                done.append(event)
+        assert len(deltas) > 1 and "".join(deltas) == whole.text == done[0].text
+        assert done[0].usage.output_tokens == 12
+
+
+def test_translations_answer_in_every_format(server, hello_wav) -> None:
+    client = server.client()
+    made = client.audio.translations.create(
+        model="qwen3-asr", file=("clip.wav", io.BytesIO(hello_wav))
+    )
+    assert made.text
+    verbose = client.audio.translations.create(
+        model="qwen3-asr", file=("clip.wav", io.BytesIO(hello_wav)), response_format="verbose_json"
+    )
+    assert verbose.language == "english" and verbose.text == made.text
+
+
+def test_client_mistakes_are_400s_naming_the_field(server, hello_wav) -> None:
+    with pytest.raises(openai.BadRequestError) as language:
+        _transcribe(server, hello_wav, language="Klingon")
+    assert "Klingon" in str(language.value) and "ISO-639-1" in str(language.value)
+    with pytest.raises(openai.BadRequestError) as words:
+        _transcribe(
+            server, hello_wav, response_format="verbose_json", timestamp_granularities=["word"]
+        )
+    assert "timestamp_granularities" in str(words.value)
+    with pytest.raises(openai.BadRequestError) as garbage:
+        _transcribe(server, b"RIFF not a wave file at all")
+    assert "'file'" in str(garbage.value)
+
+
+def _pcm24(wav: bytes) -> bytes:
+    samples, rate = sf.read(io.BytesIO(wav), dtype="int16")
+    return resample(samples, rate, 24000).astype("<i2").tobytes()
+
+
+async def _until(conn: Any, kind: str, seen: list) -> Any:
+    async with asyncio.timeout(60):
+        async for event in conn:
+            seen.append(event)
+            if event.type == kind:
+                return event
+    raise AssertionError(f"the connection closed before {kind}")
+
+
+def test_a_realtime_session_transcribes_each_turn_and_never_answers(server, speak) -> None:
+    speech = _pcm24(speak("hello there, how are you today"))
+    silence = bytes(24000 * 2)  # one second: the server's VAD ends the turn
+
+    async def session() -> tuple[Any, Any, list]:
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+        seen: list = []
+        async with client.realtime.connect(model="qwen3-asr") as conn:
+            created = await _until(conn, "session.created", seen)
+            assert created.session.audio.input.transcription is not None  # on from the start
+            pcm = silence + speech + silence + silence
+            for i in range(0, len(pcm), 9600):
+                chunk = base64.b64encode(pcm[i : i + 9600]).decode()
+                await conn.input_audio_buffer.append(audio=chunk)
+            committed = await _until(conn, "input_audio_buffer.committed", seen)
+            done = await _until(conn, "conversation.item.input_audio_transcription.completed", seen)
+            await conn.response.create()
+            refused = await _until(conn, "error", seen)
+            return committed, done, [refused, *seen]
+
+    committed, done, seen = asyncio.run(session())
+    assert done.item_id == committed.item_id and done.transcript
+    refused = seen[0]
+    assert refused.error.code == "unsupported_api" and "only transcribes" in refused.error.message
+    assert not [e for e in seen[1:] if e.type.startswith("response.")]
