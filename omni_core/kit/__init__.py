@@ -16,7 +16,10 @@ MOSS-TTS and Qwen3-Omni plugins each wrote for themselves live here once:
   wire types);
 - :mod:`.memory` (torch-free): estimates read from a stage's config;
 - :mod:`.weights` (torch, stage processes only): strict safetensors loading
-  by name or prefix, every mismatch named.
+  by name or prefix, every mismatch named;
+- :mod:`.stages` (stage processes only): the device a stage was placed on,
+  an engine's settings under its placement share, a preprocessing stage run
+  in a worker thread behind its field and token checks, typed request fields.
 
 Why in the core and not a package of its own: every plugin already depends
 on ``omni-core``, so the kit adds no distribution to install, version or
@@ -24,8 +27,9 @@ keep in step, and it can follow the schema it builds on (``StageConfig``,
 ``FactoryArgs``, ``SourceProblem``) in the same commit. The core's promise
 that ``omni config``/``omni plan``/``omni plugins list`` import no ML
 framework is kept by the split above: this package's ``__init__`` imports
-nothing, the torch-free modules import no torch or numpy, and the torch
-modules are imported only by stage factories, inside stage processes
-(``tests/test_kit.py`` checks both). The kit knows no plugin: model code
+nothing, the plan-time modules import no torch or numpy, and the
+stage-side modules (which import torch, if at all, inside their functions)
+are imported only by stage factories, inside stage processes
+(``tests/kit/test_light.py`` checks the imports). The kit knows no plugin: model code
 (layers, codecs) stays with the families that share it.
 """

@@ -27,7 +27,9 @@ import torch
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
-from omni_core.engine.text_budget import check_text_tokens
+from omni_core.kit.stages import TTSPreprocessing, torch_device
+from omni_core.kit.stages import engine_settings as kit_engine_settings
+from omni_core.kit.stages import number as kit_number
 from omni_core.media import AudioLimits, decode_base64_audio
 
 from .config import GenerationDefaults, Qwen3TTSConfig
@@ -62,21 +64,13 @@ def load_model(
     )
 
 
-def torch_device(gpu_id: int | None, stage: str) -> str:
-    if gpu_id is None:
-        return "cpu"
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            f"stage {stage!r} was placed on GPU {gpu_id}, but torch sees no CUDA device here; "
-            "plan for this machine with --placement.policy cpu"
-        )
-    return f"cuda:{gpu_id}"
-
-
 # -- preprocessing ---------------------------------------------------------------
 
 
-class Preprocessing:
+class Preprocessing(TTSPreprocessing):
+    pipeline = "qwen3-tts"
+    request_keys = REQUEST_KEYS
+
     def __init__(
         self,
         model_path: str,
@@ -90,31 +84,17 @@ class Preprocessing:
             read_json(root / "generation_config.json", required=False)
         )
         self.prompts = PromptBuilder(self.config, TextTokenizer.from_dir(root))
-        self.max_ref_audio_seconds = max_ref_audio_seconds
-        self.max_frames = max_frames or self.defaults.max_new_tokens
-        self.max_input_tokens = max_input_tokens
+        super().__init__(
+            self.prompts.tokenizer.encode,
+            self.defaults.max_new_tokens,
+            max_ref_audio_seconds,
+            max_frames,
+            max_input_tokens,
+        )
 
-    async def run(self, request: Any) -> dict[str, Any]:
-        # In a worker thread: tokenizing and decoding the reference clip can take
-        # long enough to silence this process's heartbeat if run on its loop.
-        return await anyio.to_thread.run_sync(self._prepare, dict(request.data or {}))
-
-    def _prepare(self, data: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(data) - REQUEST_KEYS)
-        if unknown:
-            raise RequestError(
-                f"unknown field {unknown[0]!r} for qwen3-tts",
-                hint="accepted: " + ", ".join(sorted(REQUEST_KEYS)),
-            )
+    def prepare(self, data: dict[str, Any]) -> dict[str, Any]:
         if data.get("speed", 1.0) not in (1, 1.0, None):
             raise RequestError("qwen3-tts does not change speed; omit 'speed' or send 1.0")
-        check_text_tokens(
-            self.prompts.tokenizer.encode,
-            data,
-            ("input", "instructions", "ref_text"),
-            self.max_input_tokens,
-            "factory.max_input_tokens of the preprocessing stage",
-        )
         try:
             if data.get("voice_enroll"):
                 return {"enroll": self._enrollment(data)}
@@ -200,14 +180,7 @@ class Preprocessing:
         d = self.defaults
 
         def number(key: str, default: Any, kind: type) -> Any:
-            value = data.get(key, default)
-            if value is None:
-                return default
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise PromptError(f"{key!r} must be a number, got {value!r}")
-            if kind is int and value != int(value):
-                raise PromptError(f"{key!r} must be an integer, got {value!r}")
-            return kind(value)
+            return kit_number(data, key, default, kind)
 
         max_frames = number("max_frames", self.max_frames, int)
         if not 1 <= max_frames <= self.max_frames:
@@ -303,10 +276,7 @@ def create_tts_engine(
     seed: int = 0,
     pack_weights: bool = True,
 ) -> TTSEngine:
-    settings = engine_settings or EngineSettings()  # validated at planning, defaults filled
-    if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
-        # The placement share bounds weights and cache together on this GPU.
-        settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
+    settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
     device = torch_device(gpu_id, "tts_engine")
     model = load_model(model_path, load_format, dtype, device, seed)
     if pack_weights and device == "cpu":

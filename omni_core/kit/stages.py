@@ -1,0 +1,143 @@
+"""What every speech plugin's stage factories repeated, in the stage processes.
+
+This module imports no torch at import time (``torch_device`` imports it when
+called), but it serves stage factories only, in the processes that run them:
+
+- :func:`torch_device`: the device a stage was placed on, refused clearly
+  when the placement asked for a GPU this process cannot see;
+- :func:`engine_settings`: an engine stage's ``engine.*`` settings, with the
+  placement's memory share as the engine's bound unless
+  ``engine.mem_fraction_static`` sets one;
+- :class:`WorkerThreadStage`: a preprocessing stage whose checks (tokenizing,
+  decoding a reference clip) run in a worker thread, so a long request cannot
+  silence its process's heartbeat; it refuses unknown request fields first;
+  :class:`TTSPreprocessing` adds a TTS request's bounds (frames, reference
+  clip length, text tokens);
+- :func:`number` and :func:`text`: request fields checked by type, each
+  mistake a :class:`~omni_core.RequestError` (HTTP 400) naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any, ClassVar
+
+from ..engine.interface import EngineSettings
+from ..errors import RequestError
+
+
+def torch_device(gpu_id: int | None, stage: str) -> str:
+    """``cuda:<gpu_id>`` for a stage placed on a GPU, ``cpu`` for one placed on none."""
+    if gpu_id is None:
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"stage {stage!r} was placed on GPU {gpu_id}, but torch sees no CUDA device here; "
+            "plan for this machine with --placement.policy cpu"
+        )
+    return f"cuda:{gpu_id}"
+
+
+def engine_settings(
+    settings: EngineSettings | None, gpu_memory_fraction: float | None
+) -> EngineSettings:
+    """The engine's settings (validated at planning, defaults filled); the placement's
+    share of the GPU bounds weights and cache together unless ``engine.mem_fraction_static``
+    says otherwise."""
+    settings = settings or EngineSettings()
+    if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
+        settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
+    return settings
+
+
+class WorkerThreadStage:
+    """A stage whose work for a request runs in a worker thread, after a field check.
+
+    Subclasses name their pipeline (for messages), the request fields they
+    accept, and implement :meth:`prepare`.
+    """
+
+    pipeline: ClassVar[str]
+    request_keys: ClassVar[Collection[str]]
+
+    async def run(self, request: Any) -> dict[str, Any]:
+        import anyio
+
+        # Tokenizing and decoding a reference clip can take long enough to
+        # silence this process's heartbeat if run on its event loop.
+        return await anyio.to_thread.run_sync(self._checked, dict(request.data or {}))
+
+    def _checked(self, data: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(data) - set(self.request_keys))
+        if unknown:
+            raise RequestError(
+                f"unknown field {unknown[0]!r} for {self.pipeline}",
+                hint="accepted: " + ", ".join(sorted(self.request_keys)),
+            )
+        self.check(data)
+        return self.prepare(data)
+
+    def check(self, data: dict[str, Any]) -> None:
+        """Bounds every request meets before :meth:`prepare` (none here)."""
+
+    def prepare(self, data: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError(f"{type(self).__name__} must implement prepare()")
+
+
+class TTSPreprocessing(WorkerThreadStage):
+    """A TTS preprocessing stage's bounds: the ``factory.*`` of ``TTSPreprocessingArgs``.
+
+    ``max_frames`` defaults to the release's ``max_new_tokens``; the text
+    fields are counted in tokens (``encode``) against ``max_input_tokens``
+    before :meth:`prepare` sees the request.
+    """
+
+    text_fields: ClassVar[tuple[str, ...]] = ("input", "instructions", "ref_text")
+
+    def __init__(
+        self,
+        encode: Any,
+        max_new_tokens: int,
+        max_ref_audio_seconds: float,
+        max_frames: int | None,
+        max_input_tokens: int,
+    ):
+        self.encode = encode
+        self.max_ref_audio_seconds = max_ref_audio_seconds
+        self.max_frames = max_frames or max_new_tokens
+        self.max_input_tokens = max_input_tokens
+
+    def check(self, data: dict[str, Any]) -> None:
+        from ..engine.text_budget import check_text_tokens
+
+        check_text_tokens(
+            self.encode,
+            data,
+            self.text_fields,
+            self.max_input_tokens,
+            "factory.max_input_tokens of the preprocessing stage",
+        )
+
+
+def number(data: dict[str, Any], key: str, default: Any, kind: type) -> Any:
+    """``data[key]`` as ``kind`` (int or float), ``default`` when absent or null."""
+    value = data.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{key!r} must be a number, got {value!r}")
+    if kind is int and value != int(value):
+        raise RequestError(f"{key!r} must be an integer, got {value!r}")
+    return kind(value)
+
+
+def text(data: dict[str, Any], key: str) -> str | None:
+    """``data[key]`` when it is a string, None when absent or null."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise RequestError(f"{key!r} must be a string, got {type(value).__name__}")
+    return value
