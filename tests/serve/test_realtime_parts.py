@@ -154,3 +154,52 @@ def test_truncate_keeps_what_the_client_heard() -> None:
     )
     assert truncate(item, 400) == 400
     assert item.parts[0]["transcript"] == "0123" and item.audio_ms == 400
+
+
+def test_user_items_carry_images_and_videos_as_data_urls_to_the_chat_messages() -> None:
+    from omni_core.serve.common.errors import APIError
+    from omni_core.serve.realtime.config import SessionConfig
+    from omni_core.serve.realtime.items import parse_item
+
+    video = "data:video/mp4;base64," + base64.b64encode(b"\x00\x00\x00\x18ftypmp42").decode()
+    image = "data:image/png;base64,iVBORw0KGgo="
+    item = parse_item(
+        {
+            "type": "message",
+            "role": "user",
+            "content": [
+                {"type": "input_video", "video_url": video},
+                {"type": "input_image", "image_url": image},
+                {"type": "input_text", "text": "what happens?"},
+            ],
+        },
+        SessionConfig(),
+    )
+    conversation = Conversation()
+    conversation.add(item)
+    (message,) = conversation.messages("")
+    assert message["content"] == [
+        {"type": "video_url", "video_url": {"url": video}},
+        {"type": "image_url", "image_url": {"url": image}},
+        {"type": "text", "text": "what happens?"},
+    ]
+    bad = [
+        ({"type": "input_video", "video_url": "/etc/passwd"}, "must be a data: URL"),
+        ({"type": "input_video", "video_url": "data:image/png;base64,AAAA"}, "data:video/"),
+        ({"type": "input_video", "video_url": "data:video/mp4;base64,A A"}, "not base64"),
+        ({"type": "input_image", "image_url": None}, "must be a data: URL"),
+    ]
+    for part, words in bad:
+        with pytest.raises(APIError, match=words) as caught:
+            parse_item({"type": "message", "role": "user", "content": [part]}, SessionConfig())
+        assert caught.value.param.startswith("item.content[0].")
+    with pytest.raises(APIError, match="input_text, text, input_audio, input_image"):
+        parse_item(
+            {"type": "message", "role": "user", "content": [{"type": "input_file"}]},
+            SessionConfig(),
+        )
+    with pytest.raises(APIError, match="not a part a system item"):
+        parse_item(
+            {"type": "message", "role": "system", "content": [{"type": "input_video"}]},
+            SessionConfig(),
+        )

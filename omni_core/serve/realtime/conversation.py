@@ -123,6 +123,9 @@ class Conversation:
                             },
                         }
                     )
+                elif part.get("type") in ("input_image", "input_video"):
+                    kind = "image_url" if part["type"] == "input_image" else "video_url"
+                    content.append({"type": kind, kind: {"url": part["url"]}})
                 elif part.get("text"):
                     content.append({"type": "text", "text": part["text"]})
             if not content:

@@ -3,7 +3,12 @@
 ``conversation.item.create`` takes a ``message`` item (``system``, ``user`` or
 ``assistant``) whose content parts are ``input_text`` / ``input_audio`` (user,
 system) or ``output_text`` / ``text`` (assistant; beta ``text`` and
-``audio`` are read too). Function calls are not supported: this server runs
+``audio`` are read too). A user item may also hold ``input_image``
+(``image_url``: a ``data:image/...;base64,`` URL, as OpenAI's Realtime API
+spells it) and ``input_video`` (``video_url``: a ``data:video/...;base64,``
+URL; our addition, for models that see video): they reach the model as the
+chat API's ``image_url`` / ``video_url`` parts, bounded and decoded by the
+pipeline's own media limits. Function calls are not supported: this server runs
 no tools, and says so. ``response.create`` may override the session's
 instructions, output modalities, voice and token cap for one response, and
 with ``conversation: "none"`` answer only its own ``input`` items.
@@ -15,6 +20,7 @@ import base64
 import binascii
 from typing import Any
 
+from ..chat.content import check_base64
 from ..common.errors import APIError
 from .config import ConfigError, SessionConfig, _max_tokens, _modalities
 from .conversation import Item, new_id
@@ -22,6 +28,7 @@ from .formats import to_session_pcm
 from .response import ResponsePlan
 
 ROLES = ("system", "user", "assistant")
+MEDIA_PARTS = {"input_image": ("image_url", "image"), "input_video": ("video_url", "video")}
 
 
 def parse_item(value: Any, config: SessionConfig) -> Item:
@@ -85,13 +92,44 @@ def _part(part: Any, role: str, index: int, config: SessionConfig) -> dict[str, 
             "pcm": to_session_pcm(data, config.input_format),
             "transcript": part.get("transcript"),
         }
-    allowed = ", ".join(text_kinds + (("input_audio",) if role == "user" else ()))
+    if kind in MEDIA_PARTS and role == "user":
+        key, medium = MEDIA_PARTS[kind]
+        return {"type": kind, "url": _data_url(part.get(key), medium, f"{where}.{key}")}
+    user_kinds = ("input_audio", *MEDIA_PARTS)
+    allowed = ", ".join(text_kinds + (user_kinds if role == "user" else ()))
     raise APIError(
         400,
         f"{where}.type {kind!r} is not a part a {role} item can hold here; use {allowed}",
         code="invalid_value",
         param=f"{where}.type",
     )
+
+
+def _data_url(value: Any, medium: str, where: str) -> str:
+    """``value`` if it is a base64 ``data:`` URL of a ``medium`` (or untyped), else a 400."""
+    if not isinstance(value, str) or not value[:5].lower() == "data:":
+        raise APIError(
+            400,
+            f"{where} must be a data: URL (data:{medium}/...;base64,...); a session reads "
+            "no files or remote URLs",
+            code="invalid_value",
+            param=where,
+        )
+    head, comma, payload = value[5:].partition(",")
+    params = [p.strip().lower() for p in head.split(";")]
+    mediatype = params[0] if len(params) > 1 else ""
+    if not comma or params[-1] != "base64" or (mediatype and not mediatype.startswith(medium)):
+        raise APIError(
+            400,
+            f"{where} must be data:{medium}/...;base64,<data>",
+            code="invalid_value",
+            param=where,
+        )
+    try:
+        check_base64(payload, where)
+    except APIError as exc:
+        raise APIError(400, exc.message, code="invalid_base64", param=where) from None
+    return value
 
 
 def truncate(item: Item, audio_end_ms: Any) -> int:

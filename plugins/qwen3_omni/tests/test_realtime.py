@@ -408,3 +408,29 @@ def test_twenty_sessions_at_once_each_get_their_answer(server, hello) -> None:
     assert len({r.id for r in responses}) == 20
     assert all(r.status in ("completed", "incomplete") and r.output for r in responses)
     assert _idle(server)
+
+
+def test_a_user_item_with_a_video_is_seen_and_heard(server) -> None:
+    """``input_video`` (a data: URL, our addition beside OpenAI's ``input_image``) reaches the
+    model as a chat ``video_url`` part: the prompt holds its frames and its sound track."""
+    pytest.importorskip("av")
+    from media_samples import mp4_bytes
+
+    t = np.arange(16000) / 16000
+    tone = (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
+    url = "data:video/mp4;base64," + base64.b64encode(mp4_bytes(1.0, sound=tone)).decode()
+
+    async def ask(content: list[dict]) -> Any:
+        async with _client(server).realtime.connect(model="tiny") as conn:
+            await _manual_session(conn, max_output_tokens=2, output_modalities=["text"])
+            item = {"type": "message", "role": "user", "content": content}
+            await conn.conversation.item.create(item=item)
+            await conn.response.create()
+            return (await _until(conn, "response.done")).response
+
+    question = {"type": "input_text", "text": "What moves?"}
+    seen = asyncio.run(ask([{"type": "input_video", "video_url": url}, question]))
+    plain = asyncio.run(ask([question]))
+    assert seen.status in ("completed", "incomplete")
+    # 4 frames of 20 x 28 patches (280 tokens) and 13 audio tokens, with their markers
+    assert seen.usage.input_tokens - plain.usage.input_tokens >= 280 + 13
