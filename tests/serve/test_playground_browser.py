@@ -506,6 +506,50 @@ def test_qwen3_omni_answers_an_image_and_a_question_as_a_stream(browser, tmp_pat
 
 
 @pytest.mark.slow
+def test_qwen3_omni_answers_a_video_upload(browser, tmp_path):
+    """The chat panel's Video input sends the file as a video_url data: URL and shows it in
+    the conversation (from a blob: URL, which the page's CSP allows), and the model answers."""
+    import fractions
+
+    av = pytest.importorskip("av")
+    clip = tmp_path / "clip.mp4"
+    with av.open(str(clip), "w") as container:
+        stream = container.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        stream.time_base = fractions.Fraction(1, 10)
+        for k in range(10):
+            frame = av.VideoFrame(96, 64, "yuv420p")
+            for plane in frame.planes:
+                plane.update(bytes([20 * k]) * plane.buffer_size)
+            frame.pts = k
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    with _serve(EXAMPLES / "qwen3_omni_text_demo.toml") as live:
+        tab = Tab(browser, live.url)
+        page = tab.page
+        page.wait_for_selector(READY, timeout=30_000)
+        page.set_input_files("#chat-video", str(clip))
+        page.wait_for_selector("#chat-attachments li")
+        assert "video clip.mp4" in page.inner_text("#chat-attachments")
+        page.fill("#chat-text", "What happens?")
+        page.fill("#chat-max-tokens", "4")
+        page.click("#chat-send")
+        page.wait_for_selector("#chat-status[data-state=done]", timeout=90_000)
+        (body,) = [b for path, b in tab.posts if path == "v1/chat/completions"]
+        parts = body["messages"][-1]["content"]
+        assert parts[0]["type"] == "video_url"
+        assert parts[0]["video_url"]["url"].startswith("data:video/mp4;base64,")
+        assert parts[-1] == {"type": "text", "text": "What happens?"}
+        assert page.locator('#chat-log li[data-role="user"] video').count() == 1
+        assert page.locator("#chat-attachments li").count() == 0
+        assert page.is_hidden("#chat-error")
+        assert tab.problems == []
+        tab.close()
+
+
+@pytest.mark.slow
 def test_the_seven_process_qwen3_omni_demo_speaks_its_answer_and_shows_every_process(
     browser, qwen3_omni_demo, tmp_path
 ):

@@ -1,4 +1,4 @@
-// The chat panel: POST /v1/chat/completions with text, an image and a recorded clip, the
+// The chat panel: POST /v1/chat/completions with text, an image, a video and a recorded clip, the
 // answer streamed (SSE) as text and, when asked and the pipeline speaks, as PCM16 audio
 // played as it arrives, then kept under the answer as a WAV to replay or download. The
 // conversation is kept here and sent whole with each turn.
@@ -10,6 +10,8 @@ import { base64, concat, fromBase64, wavHeader } from "./wav.js";
 
 const $ = (id) => document.getElementById(id);
 const MAX_IMAGE_BYTES = 16 * 1024 * 1024;
+// base64 grows a file by a third: 20 MiB stays under the server's default 32 MiB body
+const MAX_VIDEO_BYTES = 20 * 1024 * 1024;
 
 function readAsDataUrl(file) {
   return new Promise((resolve, reject) => {
@@ -28,6 +30,7 @@ export class ChatPanel {
     this.voices = voices; // the speech panel's listing, when the pipeline serves speech
     this.history = [];
     this.image = null; // { url, name }
+    this.video = null; // { url, name, file }
     this.audio = null; // { data (base64 wav), seconds }
     this.recording = null;
     this.controller = null;
@@ -61,6 +64,7 @@ export class ChatPanel {
       }
     });
     $("chat-image").addEventListener("change", () => this.attachImage());
+    $("chat-video").addEventListener("change", () => this.attachVideo());
     $("chat-stop").addEventListener("click", () => this.stop());
     this.player.addEventListener("idle", () => {
       if (!this.controller) $("chat-stop").disabled = true;
@@ -103,6 +107,19 @@ export class ChatPanel {
       return;
     }
     this.image = { url: await readAsDataUrl(file), name: file.name };
+    this.renderAttachments();
+  }
+
+  async attachVideo() {
+    const file = $("chat-video").files[0];
+    if (!file) return;
+    if (file.size > MAX_VIDEO_BYTES) {
+      this.showError(`${file.name} is over ${MAX_VIDEO_BYTES >> 20} MiB.`);
+      $("chat-video").value = "";
+      return;
+    }
+    // shown from a blob: URL (the page's CSP allows media from blob:, not data:)
+    this.video = { url: await readAsDataUrl(file), name: file.name, file };
     this.renderAttachments();
   }
 
@@ -162,6 +179,12 @@ export class ChatPanel {
         $("chat-image").value = "";
       }, this.image.url);
     }
+    if (this.video) {
+      item(`video ${this.video.name}`, () => {
+        this.video = null;
+        $("chat-video").value = "";
+      });
+    }
     if (this.audio) item(`audio ${this.audio.seconds.toFixed(1)} s`, () => (this.audio = null));
   }
 
@@ -183,8 +206,8 @@ export class ChatPanel {
 
   async send() {
     const text = $("chat-text").value.trim();
-    if (!text && !this.image && !this.audio) {
-      this.showError("Write a message, or attach an image or a recording.");
+    if (!text && !this.image && !this.video && !this.audio) {
+      this.showError("Write a message, or attach an image, a video or a recording.");
       return;
     }
     const speak = $("chat-speak").checked && this.deployment.outputs.audio;
@@ -193,6 +216,7 @@ export class ChatPanel {
     this.showError("");
     const parts = [];
     if (this.image) parts.push({ type: "image_url", image_url: { url: this.image.url } });
+    if (this.video) parts.push({ type: "video_url", video_url: { url: this.video.url } });
     if (this.audio) parts.push({ type: "input_audio", input_audio: { data: this.audio.data, format: "wav" } });
     if (text) parts.push({ type: "text", text });
     const content = parts.length === 1 && text ? text : parts;
@@ -203,12 +227,23 @@ export class ChatPanel {
       img.alt = `attached image ${this.image.name}`;
       shown.append(img);
     }
+    if (this.video) {
+      const video = document.createElement("video");
+      video.src = URL.createObjectURL(this.video.file);
+      this.urls.push(video.src);
+      video.controls = true;
+      video.muted = true;
+      video.setAttribute("aria-label", `attached video ${this.video.name}`);
+      shown.append(video);
+    }
     if (this.audio) shown.append(document.createTextNode(`\n[audio ${this.audio.seconds.toFixed(1)} s]`));
     this.history.push({ role: "user", content });
     $("chat-text").value = "";
     this.image = null;
+    this.video = null;
     this.audio = null;
     $("chat-image").value = "";
+    $("chat-video").value = "";
     this.renderAttachments();
 
     const body = { messages: this.history, stream: true, stream_options: { include_usage: true } };
