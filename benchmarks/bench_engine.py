@@ -1,8 +1,11 @@
 """Throughput of the PyTorch engine backend at concurrency 1, 4 and 8.
 
-Run: ``python benchmarks/bench_engine.py [--threads N] [--device cpu|cuda]``
+Run: ``python benchmarks/bench_engine.py [--threads N] [--device cpu|cuda] [--compile]``
 (about a minute on two CPU cores; ``--smoke``: a tiny model, concurrency 1 and 2, a few
-seconds).
+seconds). ``--compile`` runs every level again with ``engine.enable_torch_compile``
+(inductor, batch buckets 1, 2, 4, 8, compiled before the clock starts) and prints
+both, each row saying which engine it was; on CUDA the eager engine is run with
+``engine.disable_cuda_graph``, the other with CUDA graphs.
 
 The model is :class:`~omni_core.engine.toy_model.TinyDecoder` at a size where
 a decode step is dominated by reading the weights (4 layers, width 512,
@@ -69,27 +72,34 @@ async def main(args: argparse.Namespace) -> None:
     levels = (1, 2) if args.smoke else (1, 4, 8)
     model = TinyDecoder(vocab, width, heads, layers, seed=0, device=args.device)
     params = sum(p.numel() for p in model.parameters())
-    settings = EngineSettings(max_running_requests=8, max_total_tokens=8 * 128)
+    limits = dict(max_running_requests=8, max_total_tokens=8 * 128)
+    modes = {"eager": EngineSettings(disable_cuda_graph=True, **limits)}
+    if args.compile:
+        modes["compiled"] = EngineSettings(enable_torch_compile=True, **limits)
     print(
         f"TinyDecoder: {params / 1e6:.1f} M parameters on {args.device}, "
         f"{torch.get_num_threads()} torch threads; prompt {PROMPT}, {new_tokens} new tokens"
     )
-    async with TorchEngine(model, settings) as engine:
-        await run_level(engine, 1, 1, new_tokens)  # warm-up
-        base = None
-        print(
-            f"{'concurrency':>11} {'requests':>8} {'seconds':>8} {'steps/s':>8} "
-            f"{'tokens/s':>9} {'gain':>5}"
-        )
-        for concurrency in levels:
-            requests = max(args.requests, concurrency)
-            seconds, tokens, steps = await run_level(engine, concurrency, requests, new_tokens)
-            rate = tokens / seconds
-            base = base or rate
-            print(
-                f"{concurrency:>11} {requests:>8} {seconds:>8.2f} {steps / seconds:>8.1f} "
-                f"{rate:>9.1f} {rate / base:>4.1f}x"
-            )
+    print(
+        f"{'engine':>8} {'concurrency':>11} {'requests':>8} {'seconds':>8} {'steps/s':>8} "
+        f"{'tokens/s':>9} {'gain':>5}"
+    )
+    base = None
+    for mode, settings in modes.items():
+        engine = TorchEngine(model, settings)
+        if engine.warm_up_seconds is not None:
+            print(f"{mode:>8} {engine.static.reason}; compiled in {engine.warm_up_seconds:.1f} s")
+        async with engine:
+            await run_level(engine, 1, 1, new_tokens)  # warm-up
+            for concurrency in levels:
+                requests = max(args.requests, concurrency)
+                seconds, tokens, steps = await run_level(engine, concurrency, requests, new_tokens)
+                rate = tokens / seconds
+                base = base or rate
+                print(
+                    f"{mode:>8} {concurrency:>11} {requests:>8} {seconds:>8.2f} "
+                    f"{steps / seconds:>8.1f} {rate:>9.1f} {rate / base:>4.1f}x"
+                )
 
 
 if __name__ == "__main__":
@@ -101,6 +111,11 @@ if __name__ == "__main__":
         "--smoke",
         action="store_true",
         help="tiny sizes, one repeat: checks the script runs (make test)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also run with engine.enable_torch_compile and print both (gain: over eager c=1)",
     )
     arguments = parser.parse_args()
     if arguments.smoke:

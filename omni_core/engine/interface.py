@@ -43,6 +43,21 @@ class EngineSettings(BaseModel):
         default=None, gt=0, le=1, description="GPU memory share for weights and KV cache"
     )
     device: str | None = Field(default=None, description="cpu, cuda or cuda:N; placement decides")
+    enable_torch_compile: bool = Field(
+        default=False,
+        description="compile the decode step with torch.compile, one static shape per "
+        "batch-size bucket, at start-up (as SGLang's key of that name)",
+    )
+    cuda_graph_max_bs: int | None = Field(
+        default=None,
+        ge=1,
+        description="largest batch-size bucket of compiled / CUDA-graph decode steps "
+        "(buckets 1, 2, 4, ... up to it; larger batches run eagerly); default "
+        "max_running_requests",
+    )
+    disable_cuda_graph: bool = Field(
+        default=False, description="on CUDA, do not capture the decode buckets as CUDA graphs"
+    )
 
 
 @dataclass

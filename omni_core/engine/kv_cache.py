@@ -16,11 +16,19 @@ from .interface import CacheLayout
 
 
 class SlotKVCache:
-    def __init__(self, layout: CacheLayout, num_slots: int, slot_len: int):
+    """``num_slots`` slots for sequences; with ``spare``, one more that no sequence gets.
+
+    The spare slot takes the writes of a static-shape step's padding rows
+    (:mod:`omni_core.engine.compiled`), so they never touch a sequence's keys.
+    """
+
+    def __init__(self, layout: CacheLayout, num_slots: int, slot_len: int, *, spare: bool = False):
         if num_slots < 1 or slot_len < 1:
             raise ValueError(f"a KV cache needs slots and positions, got {num_slots}x{slot_len}")
         self.layout, self.num_slots, self.slot_len = layout, num_slots, slot_len
-        shape = (layout.num_layers, num_slots, layout.num_kv_heads, slot_len, layout.head_dim)
+        self.spare_slot: int | None = num_slots if spare else None
+        rows = num_slots + (1 if spare else 0)
+        shape = (layout.num_layers, rows, layout.num_kv_heads, slot_len, layout.head_dim)
         self.k = torch.zeros(shape, dtype=layout.dtype, device=layout.device)
         self.v = torch.zeros(shape, dtype=layout.dtype, device=layout.device)
         self.free: list[int] = list(range(num_slots - 1, -1, -1))

@@ -38,6 +38,7 @@ import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..errors import OmniError, RequestError
+from .buckets import StaticPlan, static_plan
 from .budget import SlotPlan, plan_slots
 from .interface import (
     EngineError,
@@ -132,6 +133,8 @@ class TorchEngine:
     ``device_memory`` / ``used_memory`` (bytes) override what the device
     reports, for sizing the cache from ``engine.mem_fraction_static`` (see
     :mod:`omni_core.engine.budget`); on CUDA they are read from the device.
+    ``static`` overrides the static decode plan the settings give (tests and
+    benchmarks run the static-shape step without compiling it this way).
     """
 
     def __init__(
@@ -142,6 +145,7 @@ class TorchEngine:
         device: str | torch.device | None = None,
         device_memory: int | None = None,
         used_memory: int | None = None,
+        static: StaticPlan | None = None,
     ):
         self.model, self.settings = model, settings
         layout = model.cache_layout()
@@ -153,7 +157,15 @@ class TorchEngine:
         self.plan: SlotPlan = plan_slots(
             settings, layout, device_memory=device_memory, used_memory=used_memory or 0
         )
-        self.cache = SlotKVCache(layout, self.plan.num_slots, self.plan.slot_len)
+        self.static: StaticPlan = static or static_plan(settings, self.device.type)
+        prepare = getattr(model, "prepare_static", None)
+        if self.static.enabled and prepare is None:
+            log.warning("engine: %s has no static decode step; it decodes eagerly", model)
+        use_static = self.static.enabled and prepare is not None
+        self.cache = SlotKVCache(layout, self.plan.num_slots, self.plan.slot_len, spare=use_static)
+        self.warm_up_seconds: float | None = None
+        if use_static:
+            self.warm_up_seconds = _prepare_static(model, self.static, self.cache)
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._requests: dict[str, _Request] = {}
@@ -447,6 +459,28 @@ class TorchEngine:
                 self._prefill([request], outcome)
             return
         outcome.errors += [(r, _wrap(error, r, where)) for r in requests]
+
+
+def _prepare_static(model: Any, plan: StaticPlan, cache: SlotKVCache) -> float:
+    """Let the model build its static decoders, compile/capture every bucket, say how long.
+
+    Runs while the stage starts, so the process reports ready only once every
+    bucket is compiled; the time goes to the process log (a real model's
+    compile can take minutes: raise ``runtime.startup_timeout`` to match).
+    """
+    from .compiled import StaticContext, dense_linears
+
+    if plan.compile:
+        dense_linears(model)
+    context = StaticContext(plan, cache)
+    model.prepare_static(context)
+    seconds = context.warm_up()
+    names = ", ".join(d.name for d in context.decoders) or "nothing"
+    print(f"engine: {plan.reason}: {names} ready in {seconds:.1f} s", flush=True)
+    for decoder in context.decoders:
+        if decoder.note:
+            print(f"engine: {decoder.note}", flush=True)
+    return seconds
 
 
 def _reset(request: _Request, device: torch.device) -> None:

@@ -138,6 +138,15 @@ class MossTTSModel:
     def prompt_length(self, prompt: Any) -> int:
         return len(_request(prompt).prompt)
 
+    def prepare_static(self, context: Any) -> None:
+        """The static decode step the engine compiles: the backbone's one-position step."""
+        self._static = context.decoder(
+            "backbone",
+            self.network.language_model,
+            hidden=self.config.backbone.hidden_size,
+            dtype=self.dtype,
+        )
+
     @torch.no_grad()
     def prefill(self, sequences: list[Sequence], cache: Any) -> list[StepResult]:
         embeds, contexts = [], []
@@ -174,9 +183,15 @@ class MossTTSModel:
         lengths_t = torch.tensor(lengths, device=self.device)
         total = max(s + n for s, n in zip(starts, lengths, strict=True))
         positions = starts_t[:, None] + torch.arange(steps, device=self.device)[None]
-        mask = causal_mask(starts_t, lengths_t, steps, total)
-        store = SlotStore(cache, [int(seq.slot) for seq in sequences], starts, total)
-        out = self.network.language_model(x, positions, mask, store)
+        static = getattr(self, "_static", None)
+        out = None
+        if static is not None and steps == 1 and static.owns(cache.k) and static.fits(x):
+            slots = torch.tensor([int(seq.slot) for seq in sequences], device=self.device)
+            out = static(x, positions, positions, slots)
+        if out is None:
+            mask = causal_mask(starts_t, lengths_t, steps, total)
+            store = SlotStore(cache, [int(seq.slot) for seq in sequences], starts, total)
+            out = self.network.language_model(x, positions, mask, store)
         for seq, n in zip(sequences, lengths, strict=True):
             seq.cached += n
         return out[torch.arange(len(embeds), device=self.device), lengths_t - 1]

@@ -164,3 +164,43 @@ def test_an_aborted_request_frees_its_slot_and_the_others_finish(model: MossTTSM
 
     got, frames = anyio.run(main)
     assert len(got) >= 3 and 1 <= len(frames) <= 4
+
+
+def test_static_shape_decode_steps_equal_eager(model: MossTTSModel) -> None:
+    """The backbone's static step (3 rows padded to 4) gives the eager frames, seeded sampling."""
+    import copy
+
+    from omni_core.engine.buckets import StaticPlan
+    from omni_core.engine.torch_engine import TorchEngine
+
+    requests = []
+    for i, text in enumerate(["First request.", "A second one, longer.", "Third!"]):
+        sampling = model.audio_sampling(seed=300 + i)
+        sampling.max_new_tokens = 60
+        requests.append((f"r{i}", model.request(model.prompts.build(text, max_frames=5)), sampling))
+
+    def frames(static):
+        out = {}
+
+        async def main():
+            settings = EngineSettings(max_running_requests=4, max_total_tokens=4096)
+            async with TorchEngine(own, settings, static=static) as engine:
+
+                async def one(rid, prompt, sampling):
+                    steps = [s async for s in engine.enqueue(rid, prompt, sampling)]
+                    out[rid] = torch.cat([s.frames for s in steps])
+
+                async with anyio.create_task_group() as tg:
+                    for request in requests:
+                        tg.start_soon(one, *request)
+
+        anyio.run(main)
+        return out
+
+    own = copy.copy(model)  # the static step is kept on the model object
+    eager = frames(None)
+    static = frames(StaticPlan(False, False, (1, 4), "test"))
+    for rid in eager:
+        assert torch.equal(eager[rid], static[rid]), rid
+    assert max(f.shape[0] for f in eager.values()) == 5  # some request ran to its cap
+    assert own._static.calls > 0

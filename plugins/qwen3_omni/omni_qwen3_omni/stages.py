@@ -24,23 +24,13 @@ import torch
 from omni_core import NotImplementedYet, RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.kit.stages import engine_settings as kit_engine_settings
+from omni_core.kit.stages import torch_device
 
 from .assemble import assemble, to_prompt
 from .detokenize import Detokenizer, StopMatcher
 from .loading import load_part
 from .preprocessing import create_preprocessing  # noqa: F401 - a factory_path target
-
-
-def torch_device(gpu_id: int | None, stage: str) -> str:
-    if gpu_id is None:
-        return "cpu"
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            f"stage {stage!r} was placed on GPU {gpu_id}, but torch sees no CUDA device here; "
-            "plan for this machine with --placement.policy cpu"
-        )
-    return f"cuda:{gpu_id}"
-
 
 # -- encoders ---------------------------------------------------------------------
 
@@ -228,9 +218,7 @@ def create_thinker(
     from .loading import read_raw_config
     from .thinker.step import ThinkerStepModel
 
-    settings = engine_settings or EngineSettings()
-    if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
-        settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
+    settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
     device = torch_device(gpu_id, "thinker")
     if settings.backend == "sglang":
         if tp_size != 1:
@@ -531,9 +519,7 @@ def create_talker(
 ) -> TalkerStage:
     from .talker.step import TalkerStepModel
 
-    settings = engine_settings or EngineSettings()
-    if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
-        settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
+    settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
     device = torch_device(gpu_id, "talker_ar")
     talker, _, root = load_part(model_path, "talker_ar", load_format, dtype, device, seed)
     from .loading import read_raw_config

@@ -562,6 +562,49 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def _engine_frames(model, prompts, sampling, static=None):
+    """Each prompt's frames through the engine (``static``: a static plan to run under)."""
+
+    async def main():
+        settings = EngineSettings(max_running_requests=4, max_total_tokens=512)
+        out = {}
+        async with TorchEngine(model, settings, static=static) as engine:
+
+            async def one(i, prompt):
+                params = copy.copy(sampling)
+                params.max_new_tokens = 8
+                out[i] = [f async for f in engine.enqueue(f"r{i}", prompt, params)]
+
+            async with anyio.create_task_group() as group:
+                for i, prompt in enumerate(prompts):
+                    group.start_soon(one, i, prompt)
+        return [out[i] for i in range(len(prompts))]
+
+    return anyio.run(main)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [GREEDY, SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05, seed=12)],
+    ids=["greedy", "seeded"],
+)
+def test_static_shape_decode_steps_equal_eager(talker, sampling):
+    """Talker and code predictor through the static step (3 rows padded to 4) = eager frames."""
+    from omni_core.engine.buckets import StaticPlan
+
+    feeds = [Feed(20, media=True), Feed(21, generated=3), Feed(22)]
+    eager_model = TalkerStepModel(talker, CFG, device="cpu", dtype=torch.float32)
+    eager = _engine_frames(eager_model, [f.prompt() for f in feeds], sampling)
+    own = copy.deepcopy(talker)  # the code predictor keeps its static step on the module
+    model = TalkerStepModel(own, CFG, device="cpu", dtype=torch.float32)
+    plan = StaticPlan(False, False, (1, 4), "test")
+    static = _engine_frames(model, [f.prompt() for f in feeds], sampling, plan)
+    for a, b in zip(eager, static, strict=True):
+        assert len(a) >= 3 and same(a, b)
+    assert model._static.calls > 0 and own.code_predictor.static.calls > 0
+    assert not model._static.use_graphs  # experts route on the host: never captured
+
+
 def test_a_video_interleaved_with_its_track_is_text_to_the_talker():
     """The release does not tell its talker about use_audio_in_video, so the talker's position
     rule counts such a block token by token; a later image keeps its own layout."""

@@ -10,6 +10,8 @@ and need no padding.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -63,12 +65,18 @@ class CodePredictorModel(nn.Module):
     def forward(self, x: torch.Tensor, start: int, store: ScratchKV) -> torch.Tensor:
         steps = x.shape[1]
         positions = torch.arange(start, start + steps, device=x.device)[None].expand(x.shape[0], -1)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
         mask = None
         if steps > 1:
             total = start + steps
             q = torch.arange(start, total, device=x.device)[:, None]
             mask = (torch.arange(total, device=x.device)[None, :] <= q)[None, None]
+        return self.step(x, positions, mask, store)
+
+    def step(
+        self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, store: Any
+    ) -> torch.Tensor:
+        """The stack on rows ``x`` ``[B, T, H]`` at ``positions`` ``[B, T]`` (a static step)."""
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, store)
         return self.norm(x)
@@ -115,6 +123,9 @@ class CodePredictor(nn.Module):
         groups = cfg.num_code_groups
         x = torch.stack((talker_hidden, code0_embedding), dim=1)
         x = self.small_to_mtp_projection(x)
+        static = getattr(self, "static", None)
+        if static is not None and static.fits(x):
+            return self._static_frame(static, x, rows, generators)
         store = ScratchKV(
             cfg.num_hidden_layers, x.shape[0], cfg.num_key_value_heads, groups, cfg.head_dim, x
         )
@@ -128,4 +139,46 @@ class CodePredictor(nn.Module):
                 break
             nxt = self.small_to_mtp_projection(self.model.codec_embedding[i](code))[:, None]
             hidden = self.model(nxt, store.length, store)
+        return torch.stack(codes, dim=1)
+
+    def prepare_static(self, context: Any, dtype: torch.dtype, device: torch.device) -> None:
+        """Build the static-shape step the engine compiles (see ``omni_core.engine.compiled``).
+
+        Its cache is its own: one row per bucket row, ``num_code_groups`` positions.
+        """
+        cfg = self.cfg
+        self.static = context.scratch_decoder(
+            "code predictor",
+            self.model.step,
+            layers=cfg.num_hidden_layers,
+            kv_heads=cfg.num_key_value_heads,
+            capacity=cfg.num_code_groups,
+            head_dim=cfg.head_dim,
+            dtype=dtype,
+            device=device,
+            hidden=cfg.hidden_size,
+            steps=(1, 2),
+        )
+
+    def _static_frame(
+        self,
+        static: Any,
+        x: torch.Tensor,
+        rows: list[RowSampling],
+        generators: list[torch.Generator | None],
+    ) -> torch.Tensor:
+        """:meth:`generate_frame` through the static step: the same codes, static shapes."""
+        batch, groups = x.shape[0], self.cfg.num_code_groups
+        slots = torch.arange(batch, device=x.device)
+        where = torch.arange(2, device=x.device)[None].expand(batch, 2)
+        hidden = static(x, where, where, slots)
+        codes = []
+        for i in range(groups - 1):
+            code = select_tokens(self.lm_head[i](hidden[:, -1]), rows, generators)
+            codes.append(code)
+            if i == groups - 2:
+                break
+            nxt = self.small_to_mtp_projection(self.model.codec_embedding[i](code))[:, None]
+            where = torch.full((batch, 1), i + 2, dtype=torch.long, device=x.device)
+            hidden = static(nxt, where, where, slots)
         return torch.stack(codes, dim=1)

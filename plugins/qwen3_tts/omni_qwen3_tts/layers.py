@@ -81,19 +81,41 @@ def mrope_cos_sin(
     """
     half = inv_freq.shape[0]
     freqs = positions.float()[..., None] * inv_freq.float()  # [3, B, T, half]
-    stream = torch.zeros(half, dtype=torch.long, device=freqs.device)
-    if interleaved:
-        for s in (1, 2):
-            idx = torch.arange(s, section[s] * 3, 3, device=freqs.device)
-            stream[idx[idx < half]] = s
-    else:
-        start = 0
-        for s, size in enumerate(section):
-            stream[start : start + size] = s % 3
-            start += size
+    stream = _mrope_streams(half, tuple(section), interleaved, freqs.device)
     picked = freqs.gather(0, stream.view(1, 1, 1, half).expand(1, *freqs.shape[1:]))[0]
     emb = torch.cat((picked, picked), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+_STREAMS: dict[tuple[int, tuple[int, ...], bool, torch.device], torch.Tensor] = {}
+
+
+def _mrope_streams(
+    half: int, section: tuple[int, ...], interleaved: bool, device: torch.device
+) -> torch.Tensor:
+    """Which position stream each frequency index reads (see :func:`mrope_cos_sin`).
+
+    Computed from Python ints and kept per device: no data-dependent indexing
+    and no host-to-device copy inside a step, so a compiled step stays one
+    graph and a CUDA graph can capture it.
+    """
+    key = (half, section, interleaved, device)
+    table = _STREAMS.get(key)
+    if table is None:
+        streams = [0] * half
+        if interleaved:
+            for s in (1, 2):
+                for j in range(s, section[s] * 3, 3):
+                    if j < half:
+                        streams[j] = s
+        else:
+            start = 0
+            for s, size in enumerate(section):
+                for j in range(start, min(start + size, half)):
+                    streams[j] = s % 3
+                start += size
+        table = _STREAMS[key] = torch.tensor(streams, dtype=torch.long, device=device)
+    return table
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -262,6 +262,14 @@ class Qwen3TTSModel:
             device=self.device,
         )
 
+    def prepare_static(self, context: Any) -> None:
+        """The static decode steps the engine compiles: the talker's, the code predictor's."""
+        t = self.config.talker.transformer
+        self._static_talker = context.decoder(
+            "talker", self.talker.model, hidden=t.hidden_size, dtype=self.dtype
+        )
+        self.talker.code_predictor.prepare_static(context, self.dtype, self.device)
+
     def _rows(self, sequences: list[Any]) -> tuple[list[RowSampling], list[RowSampling]]:
         gen = self.generation
         main, sub = [], []
@@ -313,9 +321,15 @@ class Qwen3TTSModel:
         lengths_t = torch.tensor(lengths, device=self.device)
         total = max(s + n for s, n in zip(starts, lengths, strict=True))
         positions = starts_t[:, None] + torch.arange(steps, device=self.device)[None]
-        mask = causal_mask(starts_t, lengths_t, steps, total)
-        store = SlotStore(cache, [int(seq.slot) for seq in sequences], starts, total)
-        out = self.talker.model(x, positions, mask, store)
+        static = getattr(self, "_static_talker", None)
+        out = None
+        if static is not None and steps == 1 and static.owns(cache.k) and static.fits(x):
+            slots = torch.tensor([int(seq.slot) for seq in sequences], device=self.device)
+            out = static(x, positions, positions, slots)
+        if out is None:
+            mask = causal_mask(starts_t, lengths_t, steps, total)
+            store = SlotStore(cache, [int(seq.slot) for seq in sequences], starts, total)
+            out = self.talker.model(x, positions, mask, store)
         for seq, n in zip(sequences, lengths, strict=True):
             seq.cached += n
         return out[torch.arange(len(embeds), device=self.device), lengths_t - 1]

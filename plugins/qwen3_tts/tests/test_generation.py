@@ -214,3 +214,72 @@ def test_the_cpu_engine_stage_packs_large_linear_weights_and_frames_do_not_chang
 
     kept = create_tts_engine(str(root), load_format="dummy", seed=4, pack_weights=False).model
     assert type(kept.talker.model.layers[0].mlp.gate_proj) is torch.nn.Linear
+
+
+def _engine_frames(model, prompts, params, settings, static=None):
+    """Each prompt's frames through the engine, all submitted together."""
+    import anyio
+
+    from omni_core.engine.torch_engine import TorchEngine
+
+    async def main():
+        out = {}
+        async with TorchEngine(model, settings, static=static) as engine:
+
+            async def one(i, prompt):
+                frames = [f async for f in engine.enqueue(str(i), prompt, copy.copy(params[i]))]
+                out[i] = torch.stack([f for f in frames if f is not None])
+
+            async with anyio.create_task_group() as group:
+                for i, prompt in enumerate(prompts):
+                    group.start_soon(one, i, prompt)
+        return [out[i] for i in range(len(prompts))]
+
+    return anyio.run(main)
+
+
+def _fresh_tiny():
+    from omni_qwen3_tts.model import Qwen3TTSModel
+
+    # its own model: the static steps stay on the model (and its code predictor)
+    return Qwen3TTSModel.from_pretrained("tiny", load_format="dummy", seed=0)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_static_shape_decode_steps_equal_eager(tiny_model, sampled):
+    """Talker and code predictor through the static step (3 rows padded to 4) = eager frames."""
+    from omni_core.engine.buckets import StaticPlan
+    from omni_core.engine.interface import EngineSettings
+
+    prompts = _prompts(tiny_model)[:3]
+    params = [
+        SamplingParams(
+            temperature=0.9 if sampled else 0.0, top_k=50, seed=40 + i, max_new_tokens=10
+        )
+        for i in range(len(prompts))
+    ]
+    settings = EngineSettings(max_running_requests=4, max_total_tokens=1024)
+    eager = _engine_frames(tiny_model, prompts, params, settings)
+    model = _fresh_tiny()
+    static = _engine_frames(model, prompts, params, settings, StaticPlan(False, False, (1, 4), "t"))
+    for a, b in zip(eager, static, strict=True):
+        assert a.shape[0] >= 3 and torch.equal(a, b)
+    assert model._static_talker.calls > 0 and model.talker.code_predictor.static.calls > 0
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
+def test_compiled_decode_steps_equal_eager(tiny_model):
+    """engine.enable_torch_compile: inductor on the CPU, two buckets, eager's frames."""
+    from omni_core.engine.interface import EngineSettings
+
+    prompts = _prompts(tiny_model)[:2]
+    params = [SamplingParams(temperature=0.0, max_new_tokens=10) for _ in prompts]
+    base = dict(max_running_requests=2, max_total_tokens=1024)
+    eager = _engine_frames(tiny_model, prompts, params, EngineSettings(**base))
+    model = _fresh_tiny()
+    settings = EngineSettings(enable_torch_compile=True, cuda_graph_max_bs=2, **base)
+    compiled = _engine_frames(model, prompts, params, settings)
+    for a, b in zip(eager, compiled, strict=True):
+        assert torch.equal(a, b)
+    assert model._static_talker.calls > 0 and model.talker.code_predictor.static.calls > 0

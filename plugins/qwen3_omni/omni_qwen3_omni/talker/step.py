@@ -145,14 +145,37 @@ class TalkerStepModel:
         starts = [int(s.cached) for s in sequences]
         total = max(starts) + 1
         starts_t = torch.tensor(starts, device=self.device)
-        ones = torch.ones(batch, dtype=torch.long, device=self.device)
-        mask = causal_mask(starts_t, ones, 1, total)
-        store = SlotStore(cache, [int(s.slot) for s in sequences], starts, total)
-        out = self.talker(x[:, None], positions, mask, store)
+        static = getattr(self, "_static", None)
+        out = None
+        if static is not None and static.owns(cache.k) and static.fits(x):
+            slots = torch.tensor([int(s.slot) for s in sequences], device=self.device)
+            out = static(x[:, None], positions, starts_t[:, None], slots)
+        if out is None:
+            ones = torch.ones(batch, dtype=torch.long, device=self.device)
+            mask = causal_mask(starts_t, ones, 1, total)
+            store = SlotStore(cache, [int(s.slot) for s in sequences], starts, total)
+            out = self.talker(x[:, None], positions, mask, store)
         for seq in sequences:
             seq.cached += 1
             seq.state["step"] += 1
         return self._emit(sequences, out[:, -1])
+
+    def prepare_static(self, context: Any) -> None:
+        """The static decode steps the engine compiles: the talker's and its code predictor's.
+
+        The talker's experts route on the host, so they run eagerly between
+        the compiled parts and its step is not captured as a CUDA graph; the
+        code predictor's (dense) is.
+        """
+        self._static = context.decoder(
+            "talker",
+            self.talker,
+            hidden=self.config.text.hidden_size,
+            dtype=self.dtype,
+            rope_streams=3,
+            graph_safe=False,
+        )
+        self.talker.code_predictor.prepare_static(context, self.dtype, self.device)
 
     def _emit(self, sequences: list[Any], hidden: torch.Tensor) -> list[StepResult]:
         """Codebook 0 for every row, then the predictor's codebooks for the rows that go on."""

@@ -85,6 +85,9 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(x.dtype), experts
 
+    # Routing reads expert counts on the host: a compiled decode step runs it eagerly
+    # (one clean graph break) instead of recompiling for every count.
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., H]`` -> same shape: the routed mixture of expert outputs."""
         shape = x.shape

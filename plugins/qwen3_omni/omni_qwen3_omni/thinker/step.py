@@ -18,6 +18,7 @@ previous token), so they cost no extra forward pass.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -33,6 +34,9 @@ from ..config import TextConfig
 
 class ThinkerStepModel:
     """Batched prefill and decode of the thinker's decoder over the engine's slot cache."""
+
+    #: ``accept_hidden_layer`` values spoken requests will capture (compiled up front)
+    expected_captures: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -125,7 +129,9 @@ class ThinkerStepModel:
         slots = [int(s.slot) for s in sequences]
         layers = self._layers(sequences)
         x = self.lm.embed(ids)
-        out = self._forward(cache, [x, positions, mask, slots, starts, total, None], layers)
+        out = self._static_decode(cache, x, positions, starts_t, slots, layers)
+        if out is None:
+            out = self._forward(cache, [x, positions, mask, slots, starts, total, None], layers)
         out, captured = out if layers else (out, {})
         for seq in sequences:
             seq.cached += 1
@@ -146,6 +152,50 @@ class ThinkerStepModel:
         """After the engine stopped: release the other ranks of a tensor-parallel group."""
         if self.mirror is not None:
             self.mirror.close()
+
+    def prepare_static(self, context: Any) -> None:
+        """The static decode steps the engine compiles: one per set of captured layers.
+
+        A batch with a spoken request also returns layer 0 and its
+        ``accept_hidden_layer`` rows, a different graph; the layers the stage
+        will ask for are in :attr:`expected_captures` (set before the engine
+        starts), so both are compiled at start-up. The sparse experts route on
+        the host, so they run eagerly between the compiled parts, and the
+        step is never captured as a CUDA graph.
+        """
+        cfg = self.config
+        dense = not any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+        self._static = {}
+        for accept in (None, *self.expected_captures):
+            layers = None if accept is None else frozenset({0, accept})
+            name = "thinker" if layers is None else f"thinker (rows of layers 0, {accept})"
+            self._static[layers] = context.decoder(
+                name,
+                functools.partial(_static_forward, self.lm, layers),
+                hidden=cfg.hidden_size,
+                dtype=self.dtype,
+                rope_streams=3,
+                graph_safe=dense,
+            )
+
+    def _static_decode(
+        self,
+        cache: Any,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        starts: torch.Tensor,
+        slots: list[int],
+        layers: set[int] | None,
+    ) -> Any:
+        """The compiled step's output (``engine.enable_torch_compile``), or None: run eagerly."""
+        variants = getattr(self, "_static", None)
+        if not variants or getattr(self, "mirror", None) is not None:
+            return None  # tensor parallelism: every rank must run the same eager step
+        static = variants.get(None if layers is None else frozenset(layers))
+        if static is None or not static.owns(cache.k) or not static.fits(x):
+            return None
+        slot_rows = torch.tensor(slots, device=self.device)
+        return static(x, positions, starts[:, None], slot_rows)
 
     def _emit(
         self,
@@ -174,6 +224,13 @@ class ThinkerStepModel:
                 }
             results.append(StepResult(output=output, finished=token in self.eos_ids))
         return results
+
+
+def _static_forward(
+    lm: Any, layers: frozenset[int] | None, x: Any, positions: Any, mask: Any, store: Any
+) -> Any:
+    """The decoder for a static step: no deepstack (decode), the given captured layers."""
+    return lm(x, positions, mask, store, deepstack=None, capture_layers=layers)
 
 
 def _as_prompt(prompt: Any) -> EmbeddedPrompt:

@@ -1,0 +1,267 @@
+"""Compiled (and, on CUDA, captured) decode steps with static shapes per batch bucket.
+
+A model that can decode with static shapes implements
+``prepare_static(context)``: it asks the :class:`StaticContext` the engine
+hands it for one :class:`StaticDecoder` per decoder it runs (a talker and its
+code predictor; a backbone; a thinker), and from then on calls each in its
+decode step. A :class:`StaticDecoder` takes the step's new rows, their rotary
+positions, their cache positions and their slots, pads the batch up to its
+bucket (:mod:`.buckets`), runs the compiled or captured step
+(:mod:`.static_kv` gives the static-shape cache; :mod:`.cuda_graphs` the
+capture) and returns the real rows; for a batch above the largest bucket it
+returns None and the model runs its eager step. All buckets are compiled at
+start-up (:meth:`StaticContext.warm_up`), before the process says ready.
+
+The sampling around the step stays eager: it is per-request Python (seeded
+generators, repetition penalties) and reads little memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .buckets import StaticPlan, bucket_for
+from .cuda_graphs import CapturedStep, graph_pool
+from .static_kv import StaticSlotStore, static_mask
+
+log = logging.getLogger(__name__)
+
+#: Dynamo keeps this many compiled graphs per code object; each bucket, each
+#: step length and each decoder sharing a layer class adds one.
+RECOMPILE_LIMIT = 256
+
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], Any]
+
+
+def _pad(tensor: torch.Tensor, rows: int, dim: int, fill: float | int) -> torch.Tensor:
+    """``tensor`` with its ``dim`` extended to ``rows`` entries of ``fill``."""
+    missing = rows - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor, tensor.new_full(shape, fill)], dim=dim)
+
+
+def _rows(output: Any, batch: int) -> Any:
+    """The first ``batch`` rows of a step's output (a tensor, a tuple or dict of them), copied.
+
+    Copied because a captured graph's output buffer is overwritten by the next replay.
+    """
+    if isinstance(output, torch.Tensor):
+        return output[:batch].clone()
+    if isinstance(output, dict):
+        return {key: _rows(item, batch) for key, item in output.items()}
+    return type(output)(_rows(item, batch) for item in output)
+
+
+class StaticDecoder:
+    """One decoder's step over a fixed-capacity cache, one static shape per bucket.
+
+    ``forward(x, positions, mask, store)`` is the decoder (``x`` ``[B, T, H]``,
+    ``positions`` its rotary positions, ``[B, T]`` or ``[3, B, T]``); ``k_cache``
+    / ``v_cache`` ``[layers, slots, heads, capacity, dim]`` the cache it
+    writes, whose slot ``pad_slot`` no sequence owns (padding rows write
+    there). ``steps``: the new-token counts per row it is warmed up for (1
+    for a decoder; a code predictor also starts a frame with 2).
+    ``graph_safe``: whether the step can be captured as a CUDA graph (a
+    mixture of experts that reads its routing on the host cannot).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        forward: Forward,
+        plan: StaticPlan,
+        *,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        pad_slot: int,
+        hidden: int,
+        dtype: torch.dtype,
+        rope_streams: int = 1,
+        steps: Sequence[int] = (1,),
+        graph_safe: bool = True,
+    ):
+        self.name, self.forward, self.plan = name, forward, plan
+        self.k_cache, self.v_cache, self.pad_slot = k_cache, v_cache, pad_slot
+        self.hidden, self.dtype, self.rope_streams = hidden, dtype, rope_streams
+        self.steps = tuple(steps)
+        self.device = k_cache.device
+        self.use_graphs = plan.cuda_graphs and graph_safe and self.device.type == "cuda"
+        self.note = ""
+        if plan.cuda_graphs and not graph_safe:
+            self.note = f"{name}: not captured as CUDA graphs (its step reads data on the host)"
+        self._step: Callable[..., Any] = self._eager_step
+        if plan.compile:
+            torch._dynamo.config.recompile_limit = max(
+                torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT
+            )
+            torch._dynamo.config.accumulated_recompile_limit = max(
+                torch._dynamo.config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT
+            )
+            self._step = torch.compile(self._eager_step, dynamic=False)
+        self._graphs: dict[tuple[int, int], CapturedStep] = {}
+        self.calls = 0  # steps run statically (tests and figures)
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return self.plan.buckets
+
+    def owns(self, k_cache: torch.Tensor) -> bool:
+        """Whether ``k_cache`` is the cache this decoder was prepared for."""
+        return k_cache is self.k_cache
+
+    def fits(self, x: torch.Tensor) -> bool:
+        """Whether rows ``x`` ``[B, ...]`` can take the static step (a bucket holds B)."""
+        return x.device == self.device and bucket_for(x.shape[0], self.buckets) is not None
+
+    def _eager_step(
+        self, x: torch.Tensor, positions: torch.Tensor, cache_pos: torch.Tensor, slots: torch.Tensor
+    ) -> Any:
+        store = StaticSlotStore(self.k_cache, self.v_cache, slots, cache_pos)
+        return self.forward(x, positions, static_mask(cache_pos, self.k_cache.shape[3]), store)
+
+    def __call__(
+        self, x: torch.Tensor, positions: torch.Tensor, cache_pos: torch.Tensor, slots: torch.Tensor
+    ) -> Any:
+        """The step's output for the ``B`` real rows, or None when ``B`` is above every bucket."""
+        batch, steps = x.shape[0], x.shape[1]
+        bucket = bucket_for(batch, self.buckets)
+        if bucket is None:
+            return None
+        inputs = self._padded(bucket, x, positions, cache_pos, slots)
+        graph = self._graphs.get((bucket, steps))
+        self.calls += 1
+        out = graph(*inputs) if graph is not None else self._step(*inputs)
+        return _rows(out, batch)
+
+    def _padded(
+        self,
+        bucket: int,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache_pos: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        row_dim = 1 if positions.dim() == 3 else 0
+        return (
+            _pad(x, bucket, 0, 0),
+            _pad(positions, bucket, row_dim, 0),
+            _pad(cache_pos, bucket, 0, 0),
+            _pad(slots, bucket, 0, self.pad_slot),
+        )
+
+    def example(self, bucket: int, steps: int) -> tuple[torch.Tensor, ...]:
+        """Inputs of a bucket made of padding rows only (for warm-up and capture)."""
+        device = self.device
+        x = torch.zeros(bucket, steps, self.hidden, dtype=self.dtype, device=device)
+        where = torch.arange(steps, device=device)[None].expand(bucket, steps).contiguous()
+        positions = where if self.rope_streams == 1 else where[None].expand(3, -1, -1).contiguous()
+        slots = torch.full((bucket,), self.pad_slot, dtype=torch.long, device=device)
+        return x, positions, where, slots
+
+    def warm_up(self) -> None:
+        """Compile (and capture) every bucket and step length, largest bucket first."""
+        pool = graph_pool() if self.use_graphs else None
+        for bucket in sorted(self.buckets, reverse=True):
+            for steps in self.steps:
+                example = self.example(bucket, steps)
+                if self.use_graphs:
+                    self._graphs[(bucket, steps)] = CapturedStep(self._step, example, pool=pool)
+                else:
+                    self._step(*example)
+
+
+def dense_linears(model: Any) -> int:
+    """Turn oneDNN-packed linear layers under ``model`` back into ``nn.Linear``; how many.
+
+    Inductor cannot trace a oneDNN tensor, and it generates its own CPU
+    kernels for the step anyway. Looks through the model object's module
+    attributes (a step model holds its network as one); the dense weight is
+    the packed one's values, so outputs do not change beyond float rounding.
+    """
+    from torch import nn
+
+    from .cpu_linear import PackedLinear
+
+    roots = [model] if isinstance(model, nn.Module) else []
+    roots += [v for v in vars(model).values() if isinstance(v, nn.Module)]
+    count = 0
+    for root in roots:
+        for parent in list(root.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, PackedLinear):
+                    linear = nn.Linear(child.in_features, child.out_features, bias=False)
+                    linear.weight = nn.Parameter(child.packed.to_dense(), requires_grad=False)
+                    linear.bias = child.bias
+                    setattr(parent, name, linear)
+                    count += 1
+    return count
+
+
+class StaticContext:
+    """What the engine gives a model's ``prepare_static``: the plan, the cache, the decoders.
+
+    ``cache`` is the engine's :class:`~.kv_cache.SlotKVCache`, allocated with
+    one spare slot for padding rows. ``decoder`` builds a decoder over it;
+    ``scratch_decoder`` one over a cache of the model's own (a code
+    predictor's per-frame positions).
+    """
+
+    def __init__(self, plan: StaticPlan, cache: Any):
+        self.plan, self.cache = plan, cache
+        self.decoders: list[StaticDecoder] = []
+
+    def decoder(self, name: str, forward: Forward, **kwargs: Any) -> StaticDecoder:
+        """A static decoder over the engine's slot cache."""
+        if self.cache.spare_slot is None:
+            raise ValueError("the engine's cache has no spare slot for padding rows")
+        built = StaticDecoder(
+            name,
+            forward,
+            self.plan,
+            k_cache=self.cache.k,
+            v_cache=self.cache.v,
+            pad_slot=self.cache.spare_slot,
+            **kwargs,
+        )
+        self.decoders.append(built)
+        return built
+
+    def scratch_decoder(
+        self,
+        name: str,
+        forward: Forward,
+        *,
+        layers: int,
+        kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        **kwargs: Any,
+    ) -> StaticDecoder:
+        """A static decoder over a cache of its own: one row per bucket row, plus a spare."""
+        rows = max(self.plan.buckets) + 1
+        shape = (layers, rows, kv_heads, capacity, head_dim)
+        k = torch.zeros(shape, dtype=dtype, device=device)
+        v = torch.zeros(shape, dtype=dtype, device=device)
+        built = StaticDecoder(
+            name, forward, self.plan, k_cache=k, v_cache=v, pad_slot=rows - 1, dtype=dtype, **kwargs
+        )
+        self.decoders.append(built)
+        return built
+
+    def warm_up(self) -> float:
+        """Compile and capture every decoder's buckets; the seconds it took."""
+        started = time.perf_counter()
+        with torch.inference_mode():
+            for decoder in self.decoders:
+                decoder.warm_up()
+        return time.perf_counter() - started

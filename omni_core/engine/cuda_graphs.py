@@ -1,0 +1,61 @@
+"""One batch bucket's decode step captured as a CUDA graph, and replayed.
+
+On a GPU a one-token decode step is a few hundred small kernels; launching
+them from Python costs more than running them. Capturing the step once per
+batch bucket and replaying it launches them all at once. A captured graph
+reads and writes fixed addresses, so the step's inputs are copied into
+buffers owned here before each replay, and its output is a buffer the next
+replay overwrites (the caller takes what it needs before stepping again).
+The KV cache the step writes is the engine's own, fixed for its lifetime.
+
+Everything the step does must stay on the GPU (no ``.item()``, no host
+tensors): a step that syncs cannot be captured, and the capture's error is
+raised to the caller, who runs that model eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+#: Eager runs on a side stream before capturing: the first runs allocate
+#: workspaces (cuBLAS, inductor's buffers) that must not be allocated inside the capture.
+WARMUP_RUNS = 2
+
+
+class CapturedStep:
+    """``fn(*inputs)`` captured once for inputs shaped like ``example``; call to replay it."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        example: Sequence[torch.Tensor],
+        *,
+        pool: Any = None,
+    ):
+        if not all(t.is_cuda for t in example):
+            raise ValueError("a CUDA graph captures CUDA tensors only")
+        self.inputs = [t.clone() for t in example]
+        side = torch.cuda.Stream(device=self.inputs[0].device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                fn(*self.inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.output = fn(*self.inputs)
+
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        """Copy ``inputs`` (the captured shapes) into the graph's buffers and replay it."""
+        for buffer, value in zip(self.inputs, inputs, strict=True):
+            buffer.copy_(value, non_blocking=True)
+        self.graph.replay()
+        return self.output
+
+
+def graph_pool() -> Any:
+    """A memory pool the buckets of one model share (captured largest first, as SGLang does)."""
+    return torch.cuda.graph_pool_handle()

@@ -1,0 +1,57 @@
+"""A KV store with static shapes, for compiled and captured decode steps.
+
+The eager step reads each batch's slots only up to the longest sequence, so
+its shapes change every step; a compiled (or CUDA-graph) step must see the
+same shapes every time. This store writes the new keys and values at each
+row's own cache position (one ``index_put_``, no Python loop) and returns the
+rows' slots at their full capacity; :func:`static_mask` hides every key past
+the row's position. Masked keys add exactly zero to the softmax, so the
+result equals the eager step's within float rounding.
+
+The cache tensors are arguments, not attributes read at trace time, so one
+compiled graph serves every step, and a CUDA graph replays over the same
+storage. Padding rows of a bucket point at a spare slot no sequence owns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class StaticSlotStore:
+    """``update(layer, k, v)`` over ``k_cache``/``v_cache`` ``[layers, slots, heads, L, dim]``.
+
+    ``slots`` ``[B]``: each row's slot; ``positions`` ``[B, T]``: the cache
+    position of each new key (T new keys per row, usually one).
+    """
+
+    def __init__(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+    ):
+        self.k, self.v = k_cache, v_cache
+        self.rows = slots[:, None].expand_as(positions)
+        self.positions = positions
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``k``/``v`` ``[B, heads, T, dim]``; return their slots ``[B, heads, L, dim]``."""
+        k_layer, v_layer = self.k[layer], self.v[layer]
+        k_layer[self.rows, :, self.positions] = k.transpose(1, 2)
+        v_layer[self.rows, :, self.positions] = v.transpose(1, 2)
+        slots = self.rows[:, 0]
+        return k_layer.index_select(0, slots), v_layer.index_select(0, slots)
+
+
+def static_mask(positions: torch.Tensor, capacity: int) -> torch.Tensor:
+    """Boolean ``[B, 1, T, capacity]``: query at ``positions[b, t]`` sees keys ``0..that``.
+
+    The same keys the eager causal mask lets a decoding row see (its cached
+    prefix and itself); stale contents of the slot past the row are hidden.
+    """
+    keys = torch.arange(capacity, device=positions.device)
+    return (keys[None, None, :] <= positions[:, :, None])[:, None]

@@ -1,0 +1,266 @@
+"""Static-shape decode steps: buckets, padding, the static KV store, compile and CUDA graphs.
+
+The toy decoder (``omni_core.engine.toy_model``) is the model here; the
+families' own static steps are tested in their plugins. One test compiles
+through inductor (one bucket of a one-layer model, to keep it short); the
+rest run the same static-shape step without compiling, which is what the
+compiled graph computes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from omni_core.engine.backends import EngineSettingsError, validate_engine_settings  # noqa: E402
+from omni_core.engine.buckets import (  # noqa: E402
+    StaticPlan,
+    batch_buckets,
+    bucket_for,
+    static_plan,
+)
+from omni_core.engine.compiled import StaticContext  # noqa: E402
+from omni_core.engine.interface import EngineSettings, SamplingParams, Sequence  # noqa: E402
+from omni_core.engine.kv_cache import SlotKVCache  # noqa: E402
+from omni_core.engine.static_kv import StaticSlotStore, static_mask  # noqa: E402
+from omni_core.engine.torch_engine import TorchEngine  # noqa: E402
+from omni_core.engine.toy_model import TinyDecoder  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11]]
+
+
+def test_buckets_are_powers_of_two_up_to_the_largest():
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(8) == (1, 2, 4, 8)
+    assert batch_buckets(6) == (1, 2, 4, 6)  # the largest is a bucket even off the powers
+    assert [bucket_for(n, (1, 2, 4, 8)) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, None]
+    with pytest.raises(ValueError, match=">= 1"):
+        batch_buckets(0)
+
+
+def test_the_plan_follows_the_settings_and_the_device():
+    eager = static_plan(EngineSettings(), "cpu")
+    assert not eager.enabled and "enable_torch_compile is off" in eager.reason
+    compiled = static_plan(EngineSettings(enable_torch_compile=True, cuda_graph_max_bs=4), "cpu")
+    assert (compiled.compile, compiled.cuda_graphs, compiled.buckets) == (True, False, (1, 2, 4))
+    graphs = static_plan(EngineSettings(max_running_requests=16), "cuda")
+    assert (graphs.compile, graphs.cuda_graphs) == (False, True)  # on by default on CUDA
+    assert graphs.buckets == (1, 2, 4, 8, 16)  # default: max_running_requests
+    off = static_plan(EngineSettings(disable_cuda_graph=True), "cuda")
+    assert not off.enabled and "disable_cuda_graph" in off.reason
+    capped = static_plan(
+        EngineSettings(enable_torch_compile=True, max_running_requests=4, cuda_graph_max_bs=64),
+        "cpu",
+    )
+    assert capped.buckets == (1, 2, 4)  # a batch above max_running_requests never forms
+
+
+def test_the_torch_backend_takes_sglangs_names_for_these_keys():
+    settings = validate_engine_settings(
+        "tts_engine",
+        {"enable_torch_compile": True, "cuda_graph_max_bs": 4, "disable_cuda_graph": True},
+    )
+    assert (settings.enable_torch_compile, settings.cuda_graph_max_bs) == (True, 4)
+    assert settings.disable_cuda_graph is True
+    with pytest.raises(EngineSettingsError, match="cuda_graph_max_bs"):
+        validate_engine_settings("tts_engine", {"cuda_graph_max_bs": 0})
+
+
+def test_the_static_store_attends_like_the_eager_read():
+    """Writes land at each row's position; attention over the masked full slot is the same."""
+    from omni_core.engine.interface import CacheLayout
+
+    torch.manual_seed(0)
+    layout = CacheLayout(1, 2, 4, torch.float32, torch.device("cpu"))
+    cache = SlotKVCache(layout, 3, 10, spare=True)
+    assert cache.k.shape[1] == 4 and cache.spare_slot == 3 and len(cache.free) == 3
+    cache.k.normal_()
+    cache.v.normal_()
+    slots, starts = [2, 0], [5, 2]
+    k, v = torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4)
+    q = torch.randn(2, 2, 1, 4)
+    eager = cache.k.clone(), cache.v.clone()
+    positions = torch.tensor(starts)[:, None]
+    store = StaticSlotStore(cache.k, cache.v, torch.tensor(slots), positions)
+    k_all, v_all = store.update(0, k, v)
+    assert k_all.shape == (2, 2, 10, 4)  # each row's whole slot
+    static_out = torch.nn.functional.scaled_dot_product_attention(
+        q, k_all, v_all, attn_mask=static_mask(positions, 10)
+    )
+    reference = SlotKVCache(layout, 3, 10)
+    reference.k.copy_(eager[0][:, :3])
+    reference.v.copy_(eager[1][:, :3])
+    reference.write(0, slots, starts, k, v)
+    assert torch.equal(reference.k, cache.k[:, :3]) and torch.equal(reference.v, cache.v[:, :3])
+    for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
+        keys, values = reference.read(0, [slot], start + 1)
+        want = torch.nn.functional.scaled_dot_product_attention(q[row : row + 1], keys, values)
+        torch.testing.assert_close(static_out[row : row + 1], want)
+
+
+def _manual(model: TinyDecoder, buckets: tuple[int, ...], num_slots: int):
+    """A cache with a spare slot and the model's static step, not compiled (same computation)."""
+    cache = SlotKVCache(model.cache_layout(), num_slots, 32, spare=True)
+    context = StaticContext(StaticPlan(False, False, buckets, "test"), cache)
+    model.prepare_static(context)
+    context.warm_up()
+    return cache
+
+
+def _drive(model: TinyDecoder, cache: SlotKVCache, prompts: list[list[int]], steps: int):
+    """Prefill every prompt, then decode them together: each one's token ids."""
+    seqs = []
+    for i, prompt in enumerate(prompts):
+        seq = Sequence(str(i), prompt, SamplingParams(temperature=0))
+        seq.slot = cache.allocate()
+        seqs.append(seq)
+    model.prefill(seqs, cache)
+    for _ in range(steps):
+        model.decode(seqs, cache)
+    return [seq.state["generated"] for seq in seqs]
+
+
+def test_padded_static_steps_equal_eager_and_spare_the_other_slots():
+    model = TinyDecoder(vocab_size=64, dim=32, num_heads=2, num_layers=2, seed=3)
+    eager = _drive(model, SlotKVCache(model.cache_layout(), 4, 32), PROMPTS[:3], 12)
+    cache = _manual(model, (1, 4), 4)
+    bystander = cache.allocate()  # a slot the batch does not use must not change
+    cache.k[:, bystander].fill_(7.0)
+    static = _drive(model, cache, PROMPTS[:3], 12)  # 3 rows run in the 4-bucket
+    assert static == eager
+    assert model.static.calls == 12
+    assert torch.all(cache.k[:, bystander] == 7.0)
+
+
+def test_a_batch_above_the_largest_bucket_runs_eagerly():
+    model = TinyDecoder(num_layers=1, seed=4)
+    eager = _drive(model, SlotKVCache(model.cache_layout(), 4, 32), PROMPTS, 5)
+    cache = _manual(model, (1, 2), 4)
+    assert _drive(model, cache, PROMPTS, 5) == eager
+    assert model.static.calls == 0  # 4 rows: no bucket holds them
+
+
+def test_a_step_on_another_cache_is_eager():
+    """``generate``-style callers bring their own cache: the static step is not theirs."""
+    model = TinyDecoder(num_layers=1, seed=5)
+    _manual(model, (1, 2), 2)
+    other = SlotKVCache(model.cache_layout(), 2, 32)
+    _drive(model, other, PROMPTS[:2], 3)
+    assert model.static.calls == 0
+
+
+async def _engine_tokens(model: TinyDecoder, settings: EngineSettings) -> tuple[list, Any]:
+    engine = TorchEngine(model, settings)
+    out: dict[int, list[int]] = {}
+    async with engine:
+
+        async def one(i: int) -> None:
+            sampling = SamplingParams(temperature=0, max_new_tokens=8)
+            out[i] = [t async for t in engine.enqueue(str(i), PROMPTS[i], sampling)]
+
+        async with anyio.create_task_group() as group:
+            for i in range(2):
+                group.start_soon(one, i)
+    return [out[i] for i in range(2)], engine
+
+
+@pytest.mark.anyio
+async def test_the_engine_compiles_through_inductor_and_equals_eager(capsys):
+    """One bucket, one layer: the compiled decode step gives eager's tokens."""
+    eager_model = TinyDecoder(num_layers=1, seed=6)
+    compiled_model = TinyDecoder(num_layers=1, seed=6)
+    base = dict(max_running_requests=2, max_total_tokens=64)
+    eager, engine = await _engine_tokens(eager_model, EngineSettings(**base))
+    assert engine.warm_up_seconds is None and engine.cache.spare_slot is None
+    settings = EngineSettings(enable_torch_compile=True, cuda_graph_max_bs=2, **base)
+    compiled, engine = await _engine_tokens(compiled_model, settings)
+    assert compiled == eager
+    assert engine.cache.spare_slot == 2 and engine.warm_up_seconds is not None
+    assert compiled_model.static.calls > 0
+    logged = capsys.readouterr().out
+    assert "torch.compile for batch sizes 1, 2" in logged and "toy decoder ready in" in logged
+
+
+def test_a_model_without_a_static_step_decodes_eagerly(caplog):
+    class Plain(TinyDecoder):
+        prepare_static = None  # type: ignore[assignment]
+
+    engine = TorchEngine(Plain(num_layers=1), EngineSettings(enable_torch_compile=True))
+    assert engine.warm_up_seconds is None and engine.cache.spare_slot is None
+    assert "decodes eagerly" in caplog.text
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_cuda_graph_capture_replays_the_step():
+    from omni_core.engine.cuda_graphs import CapturedStep
+
+    def step(x, y):
+        return torch.relu(x @ y) + 1
+
+    x, y = torch.randn(4, 8, device="cuda"), torch.randn(8, 3, device="cuda")
+    captured = CapturedStep(step, [x, y])
+    x2 = torch.randn(4, 8, device="cuda")
+    torch.testing.assert_close(captured(x2, y), step(x2, y))
+
+
+@cuda
+@pytest.mark.anyio
+async def test_cuda_graphs_decode_the_toy_model_like_eager():
+    base = dict(max_running_requests=2, max_total_tokens=64)
+    eager_model = TinyDecoder(num_layers=2, seed=7, device="cuda")
+    graph_model = TinyDecoder(num_layers=2, seed=7, device="cuda")
+    eager, _ = await _engine_tokens(eager_model, EngineSettings(disable_cuda_graph=True, **base))
+    graphed, engine = await _engine_tokens(graph_model, EngineSettings(**base))
+    assert engine.static.cuda_graphs and graph_model.static.use_graphs
+    assert graphed == eager and graph_model.static.calls > 0
+
+
+@pytest.mark.anyio
+async def test_the_engine_runs_an_uncompiled_static_plan_when_given_one():
+    model = TinyDecoder(num_layers=1, seed=8)
+    settings = EngineSettings(max_running_requests=2, max_total_tokens=64)
+    eager, _ = await _engine_tokens(TinyDecoder(num_layers=1, seed=8), settings)
+    engine_tokens, engine = await _engine_tokens_with(model, settings, (1, 2))
+    assert engine_tokens == eager and model.static.calls > 0
+    assert not engine.static.compile and engine.cache.spare_slot == 2
+
+
+async def _engine_tokens_with(model, settings, buckets):
+    engine = TorchEngine(model, settings, static=StaticPlan(False, False, buckets, "test"))
+    out: dict[int, list[int]] = {}
+    async with engine:
+
+        async def one(i: int) -> None:
+            sampling = SamplingParams(temperature=0, max_new_tokens=8)
+            out[i] = [t async for t in engine.enqueue(str(i), PROMPTS[i], sampling)]
+
+        async with anyio.create_task_group() as group:
+            for i in range(2):
+                group.start_soon(one, i)
+    return [out[i] for i in range(2)], engine
+
+
+def test_packed_linears_are_made_dense_again_for_inductor():
+    from omni_core.engine.compiled import dense_linears
+    from omni_core.engine.cpu_linear import PackedLinear, pack_linear_weights
+
+    model = TinyDecoder(num_layers=2, seed=9)
+    x = torch.randn(3, 1, model.dim)
+    with torch.no_grad():
+        want = model.blocks[0].qkv(x)
+    packed = pack_linear_weights(model, min_elements=0)
+    if not packed:
+        pytest.skip("this torch build cannot pack linear layers")
+    assert dense_linears(model) == packed
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(model.blocks[0].qkv(x), want)
