@@ -320,6 +320,34 @@ def test_temporal_patches_attend_separately():
     torch.testing.assert_close(double, torch.cat([single, single]), rtol=1e-5, atol=1e-5)
 
 
+def test_videos_and_images_in_one_batch_equal_each_alone():
+    """A request's images and videos go to the tower together, in prompt order: each one's
+    rows must be what it gives alone (attention per temporal patch, positions per grid)."""
+    from omni_qwen3_omni.vision.video import first_resize, plan_video, video_to_patches
+
+    model = _encoder()
+    cfg = ImageProcessorConfig()
+    rng = np.random.default_rng(7)
+    items = []
+    for height, width, frames in ((48, 64, 20), (40, 40, 12)):
+        plan = plan_video(height, width, frames, 10.0, cfg)
+        raw = rng.integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
+        items.append(
+            video_to_patches([first_resize(raw[i], plan) for i in plan.indices], plan, cfg)
+        )
+    items.insert(1, image_to_patches(_image(64, 96, 5)))
+    assert [g[0] for _, g in items] == [2, 1, 2]
+    with torch.no_grad():
+        alone = [model(rows, [grid]) for rows, grid in items]
+        mixed = model(torch.cat([r for r, _ in items]), [g for _, g in items])
+    counts = [image_token_count(g) for _, g in items]
+    for got, want in zip(mixed[0].split(counts), [a[0] for a in alone], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for k in range(2):
+        for got, want in zip(mixed[1][k].split(counts), [a[1][k] for a in alone], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_encoder_input_checks():
     model = VisionEncoder(TINY)
     rows, grid = image_to_patches(_image(64, 64))
