@@ -29,6 +29,7 @@ def check_outside(resolution: Resolution, plugins: OmniPlugins) -> None:
     problems = [
         *resolution.config.model_source_problems(),
         *resolution.config.process_problems(),
+        *resolution.config.tensor_parallel_problems(),
         *_media_dir_problems(resolution),
         *_transport_problems(resolution, plugins),
         *_engine_problems(resolution),

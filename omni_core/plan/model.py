@@ -85,6 +85,9 @@ class ProcessPlan:
     num_replicas: int = 1
     tp_rank: int | None = None
     tp_size: int = 1
+    # Tensor-parallel ranks the stage's engine starts itself inside this one process
+    # (SGLang's scheduler processes, on consecutive GPUs from ``gpu``); 0: none.
+    engine_ranks: int = 0
     env: dict[str, str] = field(default_factory=dict)
     gpu_memory_fraction: float | None = None
     total_reserve_bytes: int | None = None
@@ -111,6 +114,7 @@ class ProcessPlan:
             "num_replicas": self.num_replicas,
             "tp_rank": self.tp_rank,
             "tp_size": self.tp_size,
+            "engine_ranks": self.engine_ranks,
             "leader": self.leader,
             "env": dict(sorted(self.env.items())),
             "gpu_memory_fraction": round_fraction(self.gpu_memory_fraction),

@@ -110,6 +110,10 @@ def _plan(
     )
     problems = list(expansion.problems)
     result = policy.place(request)
+    problems += [  # tp_size where nothing runs it (the CLI says who wrote it, in config checks)
+        Refusal(message, stage=paths[0][1], fix=fix)
+        for paths, message, fix in config.tensor_parallel_problems()
+    ]
     problems += result.refusals
     if problems:
         raise Infeasible(problems)

@@ -3,7 +3,8 @@
 Stages with one ``process`` name share one OS process and one event loop:
 payloads pass as Python objects, but one stage's crash takes the process
 down and GPU start-up inside it is serialised. A tensor-parallel stage gets
-one process per rank (``<process>_tp<rank>``, rank 0 leads). A process has one
+one process per rank (``<process>_tp<rank>``, rank 0 leads), unless its engine
+backend starts the ranks itself (SGLang: one process, ``engine_ranks``). A process has one
 environment, so its stages' ``env`` defaults must agree.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..schema import StageConfig
+from ..schema.tensor_parallel import engine_runs_ranks
 from .expand import Expansion, tp_process_name
 from .model import (
     Assignment,
@@ -58,6 +60,12 @@ def build_processes(
     for instance in expansion.instances:
         assignment = assignments[instance.name]
         ranks = instance.tp_size if instance.tp_size > 1 else 0
+        engine_ranks = 0
+        if ranks and engine_runs_ranks(expansion.members[instance.logical_process][0]):
+            # SGLang's own tensor parallelism: one omni process, whose engine starts the
+            # ranks (its scheduler processes) on consecutive GPUs from the first one.
+            engine_ranks, ranks = ranks, 0
+            _check_consecutive(instance, assignment, problems)
         names = [tp_process_name(instance.process, r) for r in range(ranks)] or [instance.process]
         for rank, name in enumerate(names):
             plan = processes.get(name)
@@ -71,6 +79,7 @@ def build_processes(
                     num_replicas=instance.num_replicas,
                     tp_rank=rank if ranks else None,
                     tp_size=instance.tp_size,
+                    engine_ranks=engine_ranks,
                     env=dict(envs[instance.logical_process]),
                 )
                 members[name] = []
@@ -104,6 +113,24 @@ def build_processes(
         plan.stages = tuple(members[name])
         plan.gpu_memory_fraction = round_fraction(plan.gpu_memory_fraction)
     return list(processes.values()), placements, problems
+
+
+def _check_consecutive(
+    instance: StageInstance, assignment: Assignment, problems: list[Refusal]
+) -> None:
+    """SGLang puts rank r on ``base_gpu_id + r``: the stage's GPUs must be consecutive."""
+    gpus = list(assignment.gpus)
+    if gpus and gpus != list(range(gpus[0], gpus[0] + len(gpus))):
+        problems.append(
+            Refusal(
+                f"stage {instance.name!r}: tp_size {instance.tp_size} on the sglang backend "
+                f"runs SGLang's ranks on GPUs {gpus[0]}..{gpus[0] + len(gpus) - 1} (its "
+                f"base_gpu_id plus the rank), but the stage is placed on GPUs {gpus}",
+                stage=instance.stage,
+                fix=f"give the stage consecutive GPUs (--{instance.stage}.gpu "
+                f"'{list(range(gpus[0], gpus[0] + len(gpus)))}')",
+            )
+        )
 
 
 def _engine_sizing(instance: StageInstance, assignment: Assignment) -> float | None:

@@ -44,6 +44,13 @@ def _threads(plan: DeploymentPlan) -> str:
     return "; ".join(f"{source}: {', '.join(names)}" for source, names in groups.items())
 
 
+def _tp_column(process: Any) -> str:
+    """``rank/size`` of a rank process; ``N in SGLang`` where the engine starts the ranks."""
+    if process.engine_ranks:
+        return f"{process.engine_ranks} in SGLang"
+    return "-" if process.tp_rank is None else f"{process.tp_rank}/{process.tp_size}"
+
+
 def render_plan(
     plan: DeploymentPlan, file: IO[str] | None = None, width: int | None = None
 ) -> None:
@@ -64,7 +71,7 @@ def render_plan(
             _where(process),
             ", ".join(process.stages),
             f"{process.replica}/{process.num_replicas}" if process.num_replicas > 1 else "-",
-            "-" if process.tp_rank is None else f"{process.tp_rank}/{process.tp_size}",
+            _tp_column(process),
             _share(process.gpu_memory_fraction, process.total_reserve_bytes)
             if process.gpu_memory_fraction is not None or process.total_reserve_bytes is not None
             else _engine_share(plan, process.name),
@@ -114,6 +121,14 @@ def render_plan(
     else:
         say("GPUs: none used (every stage runs on the host)")
 
+    for process in plan.processes:
+        if process.engine_ranks:
+            gpus = f"GPUs {process.gpu}..{process.gpu + process.engine_ranks - 1}"
+            say(
+                f"tensor parallel: {process.name} is one omni process; its SGLang engine starts "
+                f"{process.engine_ranks} scheduler ranks "
+                f"({gpus if process.gpu is not None else 'on the host'}, SGLang's tp_size)"
+            )
     if plan.weight_share.mode == "on":
         for group in plan.weight_share.groups:
             where = "the host" if group.gpu is None else f"GPU {group.gpu}"

@@ -66,6 +66,10 @@ class PipelineConfig(BaseModel):
     stored ``voice_prompt``. A checkpoint that turns out unable (Qwen3-TTS
     CustomVoice, say) refuses the enrollment with a RequestError saying why.
     """
+    tensor_parallel_stages: ClassVar[tuple[str, ...]] = ()
+    """Stages whose factory splits the weights over ``tp_size`` ranks (one process each,
+    ``omni_core.engine.tp``); ``tp_size > 1`` on any other stage is refused at planning,
+    unless its engine backend runs its ranks itself (SGLang)."""
 
     # -- deployment settings ------------------------------------------------
     model_path: str = ""
@@ -120,6 +124,22 @@ class PipelineConfig(BaseModel):
         ``FileNotFoundError`` with a one-line reason. Torch-free. The default
         fetches nothing (a pipeline that reads only local paths).
         """
+
+    def tensor_parallel_sizes(self, stage: str) -> dict[str, int]:
+        """The sizes a ``tp_size`` of ``stage`` must divide (``{"KV heads": 4, ...}``).
+
+        Read from the checkpoint's config without loading it (torch-free);
+        empty when unknown here (a hub id not downloaded yet): the factory
+        then refuses an indivisible size when it loads.
+        """
+        return {}
+
+    def tensor_parallel_problems(self) -> list[SourceProblem]:
+        """``tp_size > 1`` where no rank processes or engine ranks can run it, or where it
+        does not divide the model (see :mod:`omni_core.schema.tensor_parallel`)."""
+        from .tensor_parallel import tensor_parallel_problems
+
+        return tensor_parallel_problems(self)
 
     def builtin_voices(self) -> list[str] | None:
         """The model's own voice names, read without loading it (torch-free).

@@ -42,6 +42,7 @@ class TpPipeline(PipelineConfig):
 
     pipeline_name: ClassVar[str] = "test-tp"
     entry_stage: ClassVar[str] = "front"
+    tensor_parallel_stages: ClassVar[tuple[str, ...]] = ("big",)
 
     @classmethod
     def default_stages(cls) -> list[StageConfig]:

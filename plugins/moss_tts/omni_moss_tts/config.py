@@ -172,3 +172,13 @@ class GenerationDefaults:
     def from_dict(cls, raw: dict[str, Any]) -> GenerationDefaults:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in names and v is not None})
+
+
+def backbone_split_sizes(cfg: MossTTSConfig) -> dict[str, int]:
+    """What a backbone ``tp_size`` must divide: head counts and the MLP width it slices."""
+    b = cfg.backbone
+    return {
+        "attention heads": b.num_attention_heads,
+        "KV heads": b.num_key_value_heads,
+        "intermediate_size": b.intermediate_size,
+    }

@@ -86,6 +86,9 @@ class MossTTSModel:
     """Network + codec + tokenizer + prompt builder, and the engine's ``StepModel``."""
 
     def __init__(
+    #: Ranks the backbone is split over (rank 0's cache holds its share of the KV heads)
+    tp_size: int = 1
+
         self,
         config: MossTTSConfig,
         generation: GenerationDefaults,
@@ -132,7 +135,11 @@ class MossTTSModel:
     def cache_layout(self) -> CacheLayout:
         b = self.config.backbone
         return CacheLayout(
-            b.num_hidden_layers, b.num_key_value_heads, b.head_dim, self.dtype, self.device
+            b.num_hidden_layers,
+            b.num_key_value_heads // self.tp_size,
+            b.head_dim,
+            self.dtype,
+            self.device,
         )
 
     def prompt_length(self, prompt: Any) -> int:

@@ -53,3 +53,18 @@ class MossTTSPipeline(TTSPipeline):
 
     def builtin_voices(self) -> list[str] | None:
         return [DEFAULT_VOICE]
+    # The backbone splits over tp_size ranks (tensor_parallel.py says how)
+    tensor_parallel_stages: ClassVar[tuple[str, ...]] = ("tts_engine",)
+
+
+    def tensor_parallel_sizes(self, stage: str) -> dict[str, int]:
+        """What the backbone's split divides, from a local ``config.json`` (else unknown)."""
+        config = SOURCE.local_config(self.model_path)
+        if stage != "tts_engine" or not isinstance(config, dict):
+            return {}
+        from .config import MossTTSConfig, backbone_split_sizes
+
+        try:
+            return backbone_split_sizes(MossTTSConfig.from_dict(config))
+        except Exception:  # a config the model-source checks refuse, saying why
+            return {}

@@ -251,8 +251,9 @@ def create_preprocessing(
 
 
 class TTSEngine:
-    def __init__(self, model: MossTTSModel, engine: Any):
-        self.model, self.engine = model, engine
+    def __init__(self, model: MossTTSModel, engine: Any, mirror: Any = None):
+        # mirror: rank 0 of a tensor-parallel backbone (omni_core.engine.tp.Mirror)
+        self.model, self.engine, self.mirror = model, engine, mirror
 
     async def run(self, request: Any) -> dict[str, Any]:
         data = request.data
@@ -305,6 +306,8 @@ class TTSEngine:
 
     async def aclose(self) -> None:
         await self.engine.aclose()
+        if self.mirror is not None:  # after the engine's last step: release the other ranks
+            self.mirror.close()
 
 
 def create_tts_engine(
@@ -317,18 +320,80 @@ def create_tts_engine(
     seed: int = 0,
     codec_path: str | None = None,
     pack_weights: bool = True,
-) -> TTSEngine:
+    tp_rank: int = 0,
+    tp_size: int = 1,
+) -> Any:
     settings = engine_settings or EngineSettings()
     if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
         settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
     device = torch_device(gpu_id, "tts_engine")
+    group = _tp_group(tp_rank, tp_size)
+    if group is not None and not group.leader:
+        return _backbone_follower(model_path, load_format, dtype, device, seed, group, pack_weights)
     model = load_model(model_path, load_format, dtype, device, seed, codec_path)
+    mirror = None
+    if group is not None:
+        from omni_core.engine.tp import Mirror
+
+        from .tensor_parallel import mirror_backbone, shard_backbone
+
+        shard_backbone(model.network, model.config, group)
+        mirror = Mirror(group)
+        mirror_backbone(model.network.language_model, mirror)
+        model.tp_size = group.size
     if pack_weights and device == "cpu":
         from omni_core.engine.cpu_linear import pack_linear_weights
 
         # the backbone's layers only: the heads are read as raw weights (model.network)
         pack_linear_weights(model.network.language_model)
-    return TTSEngine(model, create_engine(model, settings, device=device))
+    engine = create_engine(model, settings, device=device)
+    if mirror is not None:
+        mirror.setup(engine.plan.num_slots, engine.plan.slot_len)
+    return TTSEngine(model, engine, mirror)
+
+
+def _tp_group(tp_rank: int, tp_size: int) -> Any:
+    """This process's tensor-parallel group (the runtime formed it), or None at tp_size 1."""
+    if tp_size == 1:
+        return None
+    from omni_core.engine.tp import current_group
+
+    group = current_group()
+    if group is None or (group.rank, group.size) != (tp_rank, tp_size):
+        raise RuntimeError(
+            f"stage tts_engine has tp_size {tp_size}, but this process is not rank {tp_rank} "
+            "of a tensor-parallel group; run it through omni's runtime, which forms the group"
+        )
+    return group
+
+
+def _backbone_follower(
+    model_path: str,
+    load_format: str,
+    dtype: str | None,
+    device: str,
+    seed: int,
+    group: Any,
+    pack_weights: bool,
+) -> Any:
+    """Ranks 1..N-1: the backbone's shard, run on what rank 0 mirrors (no codec, no heads)."""
+    from omni_core.engine.tp import FollowerStage
+
+    from .tensor_parallel import follower_forward, shard_backbone
+
+    model = MossTTSModel.from_pretrained(
+        model_path, load_format=load_format, dtype=dtype, device=device, seed=seed, with_codec=False
+    )
+    shard_backbone(model.network, model.config, group)
+    model.tp_size = group.size
+    backbone = model.network.language_model
+    if pack_weights and device == "cpu":
+        from omni_core.engine.cpu_linear import pack_linear_weights
+
+        pack_linear_weights(backbone)
+    return FollowerStage(
+        group, model.cache_layout(), follower_forward(backbone), stage="tts_engine"
+    )
 
 
 # -- vocoder ----------------------------------------------------------------------

@@ -169,6 +169,21 @@ class _Qwen3OmniSource(SourceChecks):
     """The kit's model-path checks at resolve time (torch-free), and the talker's voices."""
 
     model_source: ClassVar = SOURCE
+    # The thinker splits over tp_size ranks (thinker/tensor_parallel.py says how)
+    tensor_parallel_stages: ClassVar[tuple[str, ...]] = ("thinker",)
+
+    def tensor_parallel_sizes(self, stage: str) -> dict[str, int]:
+        """What the thinker's split divides, from a local ``config.json`` (else unknown)."""
+        config = SOURCE.local_config(self.model_path)  # type: ignore[attr-defined]
+        if stage != "thinker" or not isinstance(config, dict):
+            return {}
+        from .config import ThinkerConfig
+        from .thinker.sizes import split_sizes
+
+        try:
+            return split_sizes(ThinkerConfig.from_dict(config).text)
+        except Exception:  # a config the model-source checks refuse, saying why
+            return {}
 
     def builtin_voices(self) -> list[str] | None:
         """The talker's speakers (``talker_config.speaker_id``), read from a local config."""

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import torch
 
-from omni_core import NotImplementedYet, RequestError
+from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.kit.stages import engine_settings as kit_engine_settings
@@ -220,14 +220,10 @@ def create_thinker(
 
     settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
     device = torch_device(gpu_id, "thinker")
-    if settings.backend == "sglang":
-        if tp_size != 1:
-            raise NotImplementedYet(
-                "omni-qwen3-omni: the thinker on SGLang with tp_size > 1 needs SGLang's own "
-                "scheduler ranks, which this build does not start yet",
-                hint="set tp_size = 1 for the thinker on SGLang, or use engine.backend = torch",
-            )
-        return _sglang_thinker(model_path, settings, device, load_format, dtype, seed, talker_stage)
+    if settings.backend == "sglang":  # tp_size: SGLang's own ranks, started by its engine
+        return _sglang_thinker(
+            model_path, settings, device, load_format, dtype, seed, talker_stage, tp_size
+        )
     lm, config, root = load_part(model_path, "thinker", load_format, dtype, device, seed)
     model_dtype = lm.model.embed_tokens.weight.dtype
     group = _tp_group(tp_rank, tp_size)
@@ -320,9 +316,14 @@ def _sglang_thinker(
     talker_stage: str | None,
 ) -> Thinker:
     """The thinker on SGLang's engine (``engine.backend = "sglang"``; see sglang_adapter).
+    tp_size: int = 1,
 
     For dummy weights omni's seeded decoder is built once, written out for SGLang
     and dropped; a real checkpoint is handed to SGLang as it is (only the talker's
+    With ``tp_size > 1`` this one process starts SGLang's engine with that
+    ``tp_size``: SGLang spawns the scheduler ranks (on GPUs ``base_gpu_id``
+    onwards), which is how the plan shows it (``engine_ranks``).
+
     three embedding rows are read here).
     """
     from .chat import ChatPrompter
@@ -361,6 +362,7 @@ def _sglang_thinker(
         feeds_talker=talker_stage is not None,
     )
     return Thinker(create_engine(model, settings, device=device), model, config, speech)
+        tp_size=tp_size,
 
 
 # -- talker -----------------------------------------------------------------------

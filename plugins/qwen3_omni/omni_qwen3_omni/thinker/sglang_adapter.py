@@ -101,11 +101,13 @@ class ThinkerSGLangModel:
         owned_directory: bool = False,
         dtype: str | None = None,
         feeds_talker: bool = False,
+        tp_size: int = 1,
     ):
         self.checkpoint, self.eos_ids, self.hidden_size = checkpoint, set(eos_ids), hidden_size
         self.seed, self.owned = seed, owned_directory
         self.dtype = _DTYPES.get(str(dtype or "auto"), "auto")
         self.feeds_talker = feeds_talker
+        self.tp_size = tp_size  # the stage's: SGLang starts that many scheduler ranks
         self.captured: dict[str, int] = {}
         if owned_directory:
             atexit.register(self.close)
@@ -126,6 +128,7 @@ class ThinkerSGLangModel:
             "enable_return_hidden_states": True,
             "random_seed": self.seed,
             "dtype": self.dtype,  # the stage's factory.dtype (engine.dtype is omni's to set)
+            "tp_size": self.tp_size,  # the stage's tp_size (placement's; see sglang_settings)
         }
         if self.feeds_talker:
             # The talker reads every prompt position's hidden states; a prefix-cache hit

@@ -39,20 +39,7 @@ from omni_qwen3_tts.tensor_parallel import check_divisible, shard_decoder_layer
 
 from ..config import TextConfig
 from .moe import SparseMoE
-
-
-def split_sizes(cfg: TextConfig) -> dict[str, int]:
-    """The sizes a ``tp_size`` must divide (the plan checks them from config.json too)."""
-    sizes = {
-        "attention heads": cfg.num_attention_heads,
-        "KV heads": cfg.num_key_value_heads,
-    }
-    layers = range(cfg.num_hidden_layers)
-    if any(cfg.is_moe_layer(i) for i in layers):
-        sizes["moe_intermediate_size"] = cfg.moe_intermediate_size
-    if not all(cfg.is_moe_layer(i) for i in layers):
-        sizes["intermediate_size"] = cfg.intermediate_size
-    return sizes
+from .sizes import split_sizes
 
 
 def _shard_moe(layer: DecoderLayer, group: TPGroup) -> None:
