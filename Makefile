@@ -113,7 +113,27 @@ moss-reference-env: $(STAMP)
 	  $(MOSS_REFERENCE_VENV)/bin/python -c "import transformers, torchaudio.functional, soundfile" && \
 	  touch $(MOSS_REFERENCE_VENV)/.omni-moss-ref )
 
-test-reference: $(STAMP) moss-reference-env
+# Qwen3-ASR's release (qwen-asr 0.0.6, which pins transformers 4.57.6) in its own
+# environment, seeing omni's CPU torch through a .pth file. Its package imports
+# nagisa (Japanese word splitting for the forced aligner, a compiled DyNet build) at
+# import time; a stand-in module takes its place, since no test aligns Japanese.
+QWEN_ASR_REFERENCE_VENV ?= /tmp/qwen-asr-ref
+.PHONY: qwen-asr-reference-env
+qwen-asr-reference-env: $(STAMP)
+	test -f $(QWEN_ASR_REFERENCE_VENV)/.omni-asr-ref || ( \
+	  rm -rf $(QWEN_ASR_REFERENCE_VENV) && \
+	  $(PYTHON) -m venv $(QWEN_ASR_REFERENCE_VENV) && \
+	  echo "$(CURDIR)/$(VENV)/lib/python3.11/site-packages" \
+	    > $(QWEN_ASR_REFERENCE_VENV)/lib/python3.11/site-packages/zz_omni_torch.pth && \
+	  $(QWEN_ASR_REFERENCE_VENV)/bin/pip install $(PIP_QUIET) --no-deps qwen-asr==0.0.6 && \
+	  $(QWEN_ASR_REFERENCE_VENV)/bin/pip install $(PIP_QUIET) transformers==4.57.6 \
+	    accelerate==1.12.0 librosa soundfile && \
+	  sp=$(QWEN_ASR_REFERENCE_VENV)/lib/python3.11/site-packages && \
+	  mkdir -p $$sp/nagisa && echo '"""stand-in: no test splits Japanese"""' > $$sp/nagisa/__init__.py && \
+	  $(QWEN_ASR_REFERENCE_VENV)/bin/python -c "import qwen_asr, transformers" && \
+	  touch $(QWEN_ASR_REFERENCE_VENV)/.omni-asr-ref )
+
+test-reference: $(STAMP) moss-reference-env qwen-asr-reference-env
 	test -x $(REFERENCE_VENV)/bin/python || ( \
 	  $(PYTHON) -m venv $(REFERENCE_VENV) && \
 	  echo "$(CURDIR)/$(VENV)/lib/python3.11/site-packages" \
@@ -129,8 +149,10 @@ test-reference: $(STAMP) moss-reference-env
 	  $(REFERENCE_VENV)/bin/pip install $(PIP_QUIET) --no-deps qwen-omni-utils==0.0.9
 	QWEN_TTS_REF_PYTHON=$(REFERENCE_VENV)/bin/python \
 	  MOSS_TTS_REF_PYTHON=$(MOSS_REFERENCE_VENV)/bin/python \
-	  MOSS_TTS_REF_SRC=$(MOSS_REFERENCE_VENV)/src $(BIN)/pytest -q \
-	  plugins/qwen3_tts/tests plugins/qwen3_omni/tests plugins/moss_tts/tests -m reference
+	  MOSS_TTS_REF_SRC=$(MOSS_REFERENCE_VENV)/src \
+	  QWEN_ASR_REF_PYTHON=$(QWEN_ASR_REFERENCE_VENV)/bin/python $(BIN)/pytest -q \
+	  plugins/qwen3_tts/tests plugins/qwen3_omni/tests plugins/moss_tts/tests \
+	  plugins/qwen3_asr/tests -m reference
 
 # The opt-in SGLang engine backend (engine.backend = "sglang"): SGLang 0.5.23 in its own
 # environment, .venv-sglang, with omni and its plugins installed in it, so

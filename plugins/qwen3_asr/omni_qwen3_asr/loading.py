@@ -67,14 +67,21 @@ def load_model(
     config = read_config(resolved.path)
     target = torch.device(device)
     torch_dtype = parse_dtype(dtype, target)
-    encoder = construct(lambda: AudioEncoder(config.audio), target, torch_dtype)
-    lm = construct(lambda: ThinkerLM(config.text), target, torch_dtype)
+    encoder, lm = construct_parts(config, target, torch_dtype)
     if load_format == "dummy":
         dummy_fill(encoder, part_seed(seed, "audio_encoder"))
         dummy_fill(lm, part_seed(seed, "thinker"))
     else:
         load_weights(Checkpoint.open(resolved.path), encoder, lm, config)
     return ASRModel(encoder, lm, config, resolved.path)
+
+
+def construct_parts(
+    config: ASRConfig, device: torch.device, dtype: torch.dtype
+) -> tuple[AudioEncoder, ThinkerLM]:
+    """The tower and the decoder on ``device``, parameters uninitialised, in ``dtype``."""
+    encoder = construct(lambda: AudioEncoder(config.audio), device, dtype)
+    return encoder, construct(lambda: ThinkerLM(config.text), device, dtype)
 
 
 def load_weights(checkpoint: Checkpoint, encoder: AudioEncoder, lm: ThinkerLM, config: Any) -> int:
