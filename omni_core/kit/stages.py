@@ -67,9 +67,9 @@ class WorkerThreadStage:
 
         # Tokenizing and decoding a reference clip can take long enough to
         # silence this process's heartbeat if run on its event loop.
-        return await anyio.to_thread.run_sync(self._checked, dict(request.data or {}))
+        return await anyio.to_thread.run_sync(self._prepare_checked, dict(request.data or {}))
 
-    def _checked(self, data: dict[str, Any]) -> dict[str, Any]:
+    def _prepare_checked(self, data: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(data) - set(self.request_keys))
         if unknown:
             raise RequestError(

@@ -27,9 +27,12 @@ import torch
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams, check_sampling
-from omni_core.engine.text_budget import check_text_tokens
+from omni_core.kit.stages import TTSPreprocessing, torch_device
+from omni_core.kit.stages import engine_settings as kit_engine_settings
+from omni_core.kit.stages import number as _number
+from omni_core.kit.stages import text as _text
 from omni_core.media import AudioLimits, decode_base64_audio
-from omni_qwen3_tts.stages import Vocoder, torch_device
+from omni_qwen3_tts.stages import Vocoder
 from omni_qwen3_tts.tokenizer import TextTokenizer
 
 from .codec import AudioTokenizer, prepare_reference
@@ -81,27 +84,10 @@ def load_model(
 # -- preprocessing ---------------------------------------------------------------
 
 
-def _number(data: dict[str, Any], key: str, default: Any, kind: type) -> Any:
-    value = data.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PromptError(f"{key!r} must be a number, got {value!r}")
-    if kind is int and value != int(value):
-        raise PromptError(f"{key!r} must be an integer, got {value!r}")
-    return kind(value)
+class Preprocessing(TTSPreprocessing):
+    pipeline = "moss-tts"
+    request_keys = REQUEST_KEYS
 
-
-def _text(data: dict[str, Any], key: str) -> str | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise PromptError(f"{key!r} must be a string, got {type(value).__name__}")
-    return value
-
-
-class Preprocessing:
     def __init__(
         self,
         model_path: str,
@@ -112,29 +98,15 @@ class Preprocessing:
         root = model_root(model_path, "dummy")
         self.config, self.defaults = read_config(root)
         self.prompts = PromptBuilder(self.config, TextTokenizer.from_dir(root))
-        self.max_ref_audio_seconds = max_ref_audio_seconds
-        self.max_frames = max_frames or self.defaults.max_new_tokens
-        self.max_input_tokens = max_input_tokens
-
-    async def run(self, request: Any) -> dict[str, Any]:
-        # In a worker thread: tokenizing and decoding the reference clip can take
-        # long enough to silence this process's heartbeat if run on its loop.
-        return await anyio.to_thread.run_sync(self._prepare, dict(request.data or {}))
-
-    def _prepare(self, data: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(data) - REQUEST_KEYS)
-        if unknown:
-            raise RequestError(
-                f"unknown field {unknown[0]!r} for moss-tts",
-                hint="accepted: " + ", ".join(sorted(REQUEST_KEYS)),
-            )
-        check_text_tokens(
+        super().__init__(
             self.prompts.tokenizer.encode,
-            data,
-            ("input", "instructions", "ref_text"),
-            self.max_input_tokens,
-            "factory.max_input_tokens of the preprocessing stage",
+            self.defaults.max_new_tokens,
+            max_ref_audio_seconds,
+            max_frames,
+            max_input_tokens,
         )
+
+    def prepare(self, data: dict[str, Any]) -> dict[str, Any]:
         try:
             if data.get("voice_enroll"):
                 if not data.get("ref_audio"):
@@ -323,9 +295,7 @@ def create_tts_engine(
     tp_rank: int = 0,
     tp_size: int = 1,
 ) -> Any:
-    settings = engine_settings or EngineSettings()
-    if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
-        settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
+    settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
     device = torch_device(gpu_id, "tts_engine")
     group = _tp_group(tp_rank, tp_size)
     if group is not None and not group.leader:
