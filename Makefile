@@ -213,8 +213,20 @@ agents-env: $(AGENTS_STAMP)
 test-agents: $(AGENTS_STAMP)
 	$(AGENTS_VENV)/bin/pytest -q -p no:cacheprovider plugins/qwen3_omni/tests/test_agent_framework.py
 
+# Every benchmark at its full size (minutes each; a reference that is not installed is left
+# out, saying so). Each also takes --smoke (tiny sizes, one repeat, seconds), which make test
+# runs for every one of them (tests/benchmarks).
 bench: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(BIN)/python $$script || exit 1; done
+
+# On a machine with CUDA, under 10 minutes: the tests marked cuda, every examples/*_demo.toml
+# served on the GPU in bf16 answering one request, and throughput / first audio / RTF at
+# concurrency 1, 8, 32 with dummy weights at release sizes beside the peers' published figures,
+# also written as JSON to $(GPU_CHECK_OUT). Without CUDA it exits 2 saying so.
+GPU_CHECK_OUT ?= /tmp/omni-gpu-check.json
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py --out $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -31,9 +31,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_cuda_unless_available([item for item in items if "cuda" in item.keywords])
     if config.getoption("--slow") or os.environ.get("OMNI_SLOW_TESTS") == "1":
         return
     skip = pytest.mark.skip(reason="slow: run with --slow or OMNI_SLOW_TESTS=1 (make test-all)")
     for item in items:
         if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def skip_cuda_unless_available(items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` need a CUDA device (``benchmarks/gpu_check.py`` runs them).
+
+    torch is imported only when such a test was collected: most runs never pay for it.
+    """
+    if not items:
+        return
+    try:
+        import torch
+
+        available = torch.cuda.is_available()
+    except ImportError:
+        available = False
+    if not available:
+        skip = pytest.mark.skip(reason="cuda: no CUDA device here (make gpu-check runs these)")
+        for item in items:
             item.add_marker(skip)

@@ -378,14 +378,16 @@ async def measure_ours(
     requests: list[dict[str, Any]],
     flags: list[str],
     deploy: Path | None = None,
+    policy: str | None = "cpu",
 ) -> dict[str, Any]:
-    """The qwen3-omni graph planned on the CPU with ``flags`` (and ``deploy``), driven as a
-    client drives it, at each of ``args.levels``."""
+    """The qwen3-omni graph planned with ``flags`` (and ``deploy``), driven as a client
+    drives it, at each of ``args.levels``. ``policy``: the placement policy (``cpu``: every
+    stage off the GPU; None: the deployment's own, as ``benchmarks/gpu_check.py`` uses it)."""
     from omni_core.harness import plan_on_cpu
     from omni_core.plugins import OmniPlugins
 
     planned = plan_on_cpu(
-        OmniPlugins(env={}), base, pipeline="qwen3-omni", deploy=deploy, flags=flags
+        OmniPlugins(env={}), base, pipeline="qwen3-omni", deploy=deploy, flags=flags, policy=policy
     )
     started = time.perf_counter()
     levels, cpu = [], {}

@@ -36,6 +36,7 @@ GROUPS = {
     "bench_thinker_backends.py": "served",
     "bench_ray_transport.py": "processes",
     "soak.py": "processes",
+    "bench_weight_share.py": "processes",
     "gpu_check.py": "gpu_check",
 }
 # What each script's figures look like, beyond the generic check (a decimal number).
@@ -54,6 +55,7 @@ FIGURES = {
     "bench_plan.py": "us/instance",
     "bench_cli.py": "x floor",
     "bench_cpu_linear.py": "GB/s",
+    "bench_weight_share.py": "total PSS",
     "soak.py": "soak: PASS",
     "gpu_check.py": "throughput",
 }
@@ -115,7 +117,7 @@ def run_smoke(no_pytest_path: Path, shipped_plugins_env: dict[str, str]):
             env=env,
             capture_output=True,
             text=True,
-            timeout=600,  # a hang fails; --smoke runs take seconds (see the README)
+            timeout=1200,  # a hang fails; --smoke runs take seconds (see the README)
             check=False,
         )
         return Ran(name, done.returncode, done.stdout, done.stderr)

@@ -1,0 +1,79 @@
+"""``benchmarks/gpu_check.py`` checked on the CPU: ``--device cpu --smoke`` and its refusals.
+
+On a GPU machine the script runs the CUDA tests, the demos and the
+release-size measurements (``make gpu-check``); here the same code runs
+with tiny sizes, so that the script cannot rot before a GPU is lent.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+GROUP = "gpu_check"
+
+
+def test_gpu_check_smoke_runs_every_phase_on_the_cpu(run_smoke, short_tmp):
+    """Its tests phase runs pytest by design, so this run keeps pytest importable;
+    the measuring child below runs without it."""
+    out = short_tmp / "gpu_check.json"
+    ran = run_smoke("gpu_check.py", "--device", "cpu", "--out", str(out), block=False)
+    ran.check()
+    doc = json.loads(out.read_text())
+    assert doc["device"] == "cpu" and doc["smoke"] is True and doc["failed"] == []
+    tests = doc["phases"]["tests"]
+    # the cuda-marked tests were collected, and skipped for want of a device
+    assert tests["status"] == "passed" and tests["skipped"] >= 3 and "passed" not in tests
+    assert doc["phases"]["demos"]["qwen3_tts_demo.toml"].startswith("ok: ")
+    models = {row["model"] for row in doc["table"]}
+    assert models == {"Qwen3-TTS tiny", "MOSS-TTS tiny", "Qwen3-Omni tiny"}
+    assert {row["concurrency"] for row in doc["table"]} == {1, 2}
+    for row in doc["table"]:
+        assert row["audio_s_per_s"] > 0 and row["first_audio_ms"] > 0 and row["rtf"] > 0
+    assert [p["system"] for p in doc["peers"]] == ["vLLM-Omni", "SGLang-Omni", "SGLang-Omni"]
+    assert any("Qwen3-TTS 1.7B" in s for s in doc["skipped"])  # what --smoke left out, said
+
+
+def test_a_measuring_child_imports_no_pytest(run_smoke, short_tmp):
+    out = short_tmp / "rows.json"
+    ran = run_smoke(
+        "gpu_check.py", "--device", "cpu", "--measure", "qwen3-tts-0.6b", "--out", str(out)
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["concurrency"] for r in rows] == [1, 2]
+
+
+def _gpu_check(*args: str) -> subprocess.CompletedProcess[str]:
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, check=False
+    )
+
+
+def test_without_a_cuda_device_it_fails_fast_with_exit_2():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the check would run")
+    done = _gpu_check()
+    assert done.returncode == 2
+    assert "no CUDA device here" in done.stderr and "--device cpu --smoke" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--device", "cpu"), "--device cpu runs only with --smoke"),
+        (("--device", "tpu"), "use cuda, cuda:N, or cpu with --smoke"),
+        (("--device", "cpu", "--smoke", "--phases", "tests,speed"), "--phases: unknown"),
+    ],
+)
+def test_usage_errors_exit_2_saying_what_to_do(args, said):
+    done = _gpu_check(*args)
+    assert done.returncode == 2
+    assert said in done.stderr
