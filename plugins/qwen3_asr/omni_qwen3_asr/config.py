@@ -35,6 +35,10 @@ class ASRConfig:
     audio_token_id: int = 151646  # the reference constructor's default; releases set it
     audio_start_token_id: int = 151647
     support_languages: tuple[str, ...] = ()
+    # Qwen3-ForcedAligner's checkpoint (same architecture, a classifier head):
+    classify_num: int | None = None  # the head's classes (None: the vocabulary, for ASR)
+    timestamp_token_id: int | None = None
+    timestamp_segment_time: float | None = None  # milliseconds per class
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ASRConfig:
@@ -62,5 +66,9 @@ class ASRConfig:
         ids = {
             k: int(section[k]) for k in ("audio_token_id", "audio_start_token_id") if k in section
         }
+        if "forced_aligner" in str(section.get("model_type", "")):
+            ids["classify_num"] = int(section["classify_num"])
+            ids["timestamp_token_id"] = int(raw["timestamp_token_id"])
+            ids["timestamp_segment_time"] = float(raw["timestamp_segment_time"])
         languages = tuple(str(x) for x in raw.get("support_languages") or ())
         return cls(audio=audio, text=text, support_languages=languages, **ids)

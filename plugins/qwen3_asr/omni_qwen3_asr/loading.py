@@ -81,7 +81,15 @@ def construct_parts(
 ) -> tuple[AudioEncoder, ThinkerLM]:
     """The tower and the decoder on ``device``, parameters uninitialised, in ``dtype``."""
     encoder = construct(lambda: AudioEncoder(config.audio), device, dtype)
-    return encoder, construct(lambda: ThinkerLM(config.text), device, dtype)
+    return encoder, construct(lambda: _decoder(config), device, dtype)
+
+
+def _decoder(config: ASRConfig) -> ThinkerLM:
+    """The decoder and its head: the vocabulary's (ASR) or the aligner's classes."""
+    lm = ThinkerLM(config.text)
+    if config.classify_num is not None:
+        lm.lm_head = torch.nn.Linear(config.text.hidden_size, config.classify_num, bias=False)
+    return lm
 
 
 def load_weights(checkpoint: Checkpoint, encoder: AudioEncoder, lm: ThinkerLM, config: Any) -> int:
