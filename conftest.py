@@ -25,6 +25,11 @@ _STATE = tempfile.mkdtemp(prefix="omni-test-state-")
 os.environ["XDG_STATE_HOME"] = _STATE
 atexit.register(shutil.rmtree, _STATE, ignore_errors=True)
 
+# factory.dtype = auto follows the CPU's flags (bf16 where AMX / AVX512-BF16 computes it
+# fast): the suite, and the servers it starts, see a CPU without them, so auto is float32
+# on every machine; tests of the bf16 decision inject flags (omni_core.engine.precision).
+os.environ.setdefault("OMNI_CPU_FLAGS", "")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow", action="store_true", help="also run the tests marked slow")

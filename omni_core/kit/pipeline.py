@@ -39,9 +39,18 @@ class WeightArgs(FactoryArgs):
 
 
 class TypedWeightArgs(WeightArgs):
-    """Weights in a dtype the stage's factory reads (``parse_dtype``'s names)."""
+    """Weights in a dtype the stage's factory reads (``omni_core.engine.precision``'s names).
 
-    dtype: DType | None = None  # default: bfloat16 on CUDA, float32 on CPU
+    ``checkpoint_config`` (under model_path) names the file whose ``torch_dtype``
+    says the weights' dtype; ``release_dtype`` is assumed without one.
+    """
+
+    checkpoint_config: ClassVar[str] = "config.json"
+    release_dtype: ClassVar[str] = "bfloat16"
+
+    # auto/none: the checkpoint's dtype where the device computes it fast, else float32
+    # (omni_core.engine.precision; omni plan prints the decision)
+    dtype: DType | None = None
 
 
 class ChunkArgs(FactoryArgs):

@@ -111,8 +111,13 @@ def engine_tokens(stage: Any) -> int:
 
 
 def factory_dtype(stage: Any, default: str = "bfloat16") -> str:
-    """The dtype a stage's factory loads in (``factory.dtype``), if it has one."""
-    return str(getattr(stage.factory, "dtype", None) or default)
+    """The dtype a stage's factory loads in on a GPU (``factory.dtype``; ``auto``: ``default``).
+
+    Estimates size GPU memory, and on a GPU ``auto`` is the checkpoint's dtype
+    (:func:`omni_core.engine.precision.decide`): ``default`` is the release's.
+    """
+    value = getattr(stage.factory, "dtype", None)
+    return default if value in (None, "", "auto") else str(value)
 
 
 def engine_estimate(
@@ -135,11 +140,16 @@ def engine_estimate(
     per_token = kv_bytes_per_token(
         layers=shape["layers"], kv_heads=shape["kv_heads"], head_dim=shape["head_dim"], dtype=dtype
     )
+    weights, label = weights_bytes(params, dtype), dtype
+    if getattr(stage.factory, "quantization", None) == "int8":
+        # int8 linear layers plus their per-channel scales; embeddings and heads are not
+        # converted, but at release sizes they are a few percent: counted at 1 byte too
+        weights, label = params, f"int8 weights, {dtype} activations"
     return MemoryEstimate(
-        weights_bytes(params, dtype),
+        weights,
         per_token * tokens,
         overhead_bytes,
-        f"{source}, {dtype}, KV for {tokens} tokens",
+        f"{source}, {label}, KV for {tokens} tokens",
     )
 
 

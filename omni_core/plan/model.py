@@ -358,6 +358,8 @@ class DeploymentPlan:
     endpoints: EndpointsPlan
     start_waves: list[list[str]]
     estimates: dict[str, MemoryEstimate] = field(default_factory=dict)
+    # stage -> engine.precision.Precision: the weights' dtype (and quantization), and why
+    precisions: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     edges: list[EdgePlan] = field(default_factory=list)
     nodes: NodesPlan | None = None
@@ -393,6 +395,7 @@ class DeploymentPlan:
             "edges": [e.to_dict() for e in self.edges],
             "nodes": self.nodes.to_dict() if self.nodes else None,
             "estimates": {k: self.estimates[k].to_dict() for k in sorted(self.estimates)},
+            "precisions": {k: self.precisions[k].to_dict() for k in sorted(self.precisions)},
             "notes": list(self.notes),
             "admission_limit": self.admission_limit,
         }

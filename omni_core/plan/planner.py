@@ -35,6 +35,7 @@ from .inventory import inventory_from_cluster
 from .model import DeploymentPlan, GpuInventory, PlacementRequest, Refusal
 from .mps import plan_mps
 from .nodes import assign_nodes
+from .precision import plan_precisions
 from .processes import build_processes
 from .threads import plan_cpu_threads
 from .transports import check_cross_node, check_transports, plan_edges
@@ -130,6 +131,8 @@ def _plan(
     problems += process_problems
     nodes = assign_nodes(config, processes, inventory, problems)
     edges = plan_edges(config, processes, stages)
+    stage_of = {i.name: i.stage for i in request.instances}
+    precisions = plan_precisions(config, assignments, stage_of, inventory, problems)
     problems += check_cross_node(config, edges, plugins)
     engines = {name for name, group in expansion.members.items() if any(s.is_engine for s in group)}
     plan_cpu_threads(processes, engines, config.runtime.cpu_threads)
@@ -163,6 +166,7 @@ def _plan(
         endpoints=endpoints,
         start_waves=start_waves(processes),
         estimates=dict(estimates),
+        precisions=precisions,
         notes=notes,
         edges=edges,
         nodes=nodes,

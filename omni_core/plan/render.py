@@ -145,6 +145,8 @@ def render_plan(
     if len(plan.start_waves) > 1:
         waves = "; ".join(f"wave {i}: {', '.join(w)}" for i, w in enumerate(plan.start_waves))
         say(f"start-up: {waves}")
+    for stage, precision in sorted(plan.precisions.items()):
+        say(f"precision {stage}: {precision.describe()}")
     for stage, estimate in sorted(plan.estimates.items()):
         say(
             f"estimate {stage}: {format_bytes(estimate.total_bytes)} (weights "

@@ -16,6 +16,7 @@ from .groups import (
     EngineArgs,
     FactoryArgs,
     LoadFormat,
+    Quantization,
     SettingsGroup,
 )
 from .pipeline import PipelineConfig
@@ -37,6 +38,7 @@ __all__ = [
     "PipelineConfig",
     "PlacementConfig",
     "ProcessConfig",
+    "Quantization",
     "RayConfig",
     "RuntimeConfig",
     "ServerConfig",

@@ -23,6 +23,8 @@ PLACEMENT_OWNED_FACTORY_KEYS = frozenset(
 # Spellings the model plugins' loaders accept, for their factory.* declarations.
 DType = Literal["auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"]
 LoadFormat = Literal["auto", "safetensors", "dummy"]  # dummy: seeded random weights
+# factory.quantization of a decoder: int8 weight-only linear layers (omni_core.engine.quantize)
+Quantization = Literal["none", "int8"]
 
 
 class SettingsGroup(BaseModel):

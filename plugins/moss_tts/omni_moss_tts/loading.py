@@ -143,4 +143,5 @@ __all__ = [
     "model_root",
     "parse_dtype",
     "read_config",
+    "read_json",
 ]

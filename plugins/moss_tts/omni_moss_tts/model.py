@@ -38,6 +38,7 @@ from .loading import (
     model_root,
     parse_dtype,
     read_config,
+    read_json,
 )
 from .network import MossNetwork
 from .prompt import MossPrompt, PromptBuilder
@@ -125,7 +126,9 @@ class MossTTSModel:
         root = model_root(model_path, load_format)
         dev = torch.device(device)
         config, generation = read_config(root)
-        network = load_network(root, config, load_format, parse_dtype(dtype, dev), dev, seed)
+        # auto: the checkpoint's dtype (its config.json) where this device is fast
+        weights_dtype = parse_dtype(dtype, dev, config=read_json(root / "config.json"))
+        network = load_network(root, config, load_format, weights_dtype, dev, seed)
         if codec is None and with_codec:
             codec = load_codec(model_path, codec_path, load_format, dev, seed)
         return cls(config, generation, network, codec, TextTokenizer.from_dir(root), root)

@@ -11,6 +11,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from omni_core.kit.pipeline import ChunkArgs, TTSPipeline, TypedWeightArgs, WeightArgs
+from omni_core.schema import Quantization
 
 from .source import SOURCE  # torch-free
 
@@ -22,6 +23,8 @@ class EngineFactoryArgs(TypedWeightArgs):
     codec_path: str | None = None
     # CPU only: repack the backbone's float32 linear weights for oneDNN
     pack_weights: bool = True
+    # int8: the backbone's large linear layers as int8 weights (needs dtype bfloat16)
+    quantization: Quantization = "none"
 
 
 class VocoderArgs(WeightArgs, ChunkArgs):

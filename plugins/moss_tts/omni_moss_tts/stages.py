@@ -27,6 +27,7 @@ import torch
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams, check_sampling
+from omni_core.engine.quantize import apply_quantization
 from omni_core.kit.stages import TTSPreprocessing, torch_device
 from omni_core.kit.stages import engine_settings as kit_engine_settings
 from omni_core.kit.stages import number as _number
@@ -294,9 +295,15 @@ def create_tts_engine(
     pack_weights: bool = True,
     tp_rank: int = 0,
     tp_size: int = 1,
+    quantization: str = "none",
 ) -> Any:
     settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
     device = torch_device(gpu_id, "tts_engine")
+    if quantization != "none" and tp_size > 1:
+        raise ValueError(
+            f"stage 'tts_engine': factory.quantization = {quantization!r} with tp_size {tp_size}: "
+            "not implemented yet (int8 layers are not sharded); use one of them"
+        )
     group = _tp_group(tp_rank, tp_size)
     if group is not None and not group.leader:
         return _backbone_follower(model_path, load_format, dtype, device, seed, group, pack_weights)
@@ -316,6 +323,8 @@ def create_tts_engine(
 
         # the backbone's layers only: the heads are read as raw weights (model.network)
         pack_linear_weights(model.network.language_model)
+    # int8 weight-only backbone layers (bf16 models only; the heads stay as they are)
+    apply_quantization(model.network.language_model, quantization, stage="tts_engine")
     engine = create_engine(model, settings, device=device)
     if mirror is not None:
         mirror.setup(engine.plan.num_slots, engine.plan.slot_len)

@@ -116,7 +116,8 @@ def load_part(
     model_path: str, part: str, load_format: str, dtype: str | None, device: str, seed: int = 0
 ) -> Any:
     """The ``part`` of the checkpoint at ``model_path`` (one of :data:`OWNERS`), ready to run."""
-    from omni_qwen3_tts.weights import dummy_fill, parse_dtype
+    from omni_core.engine.precision import torch_dtype
+    from omni_qwen3_tts.weights import dummy_fill
 
     if load_format not in LOAD_FORMATS:
         raise ValueError(
@@ -131,7 +132,7 @@ def load_part(
     raw = read_raw_config(resolved.path)
     config = ThinkerConfig.from_dict(raw)
     target = torch.device(device)
-    module = construct(_factory(part, raw), target, parse_dtype(dtype, target))
+    module = construct(_factory(part, raw), target, torch_dtype(dtype, target, config=raw))
 
     def fill(module: nn.Module) -> None:
         if load_format == "dummy":

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfig
 from omni_core.kit.pipeline import SourceChecks, StreamingVocoderArgs, TypedWeightArgs
-from omni_core.schema import DType
+from omni_core.schema import DType, Quantization
 
 from .plugin import CHECKPOINT_NAMES as ALIASES  # one list: the plugin registers them by name
 from .source import SOURCE  # torch-free
@@ -53,19 +53,25 @@ class PreprocessingArgs(FactoryArgs):
 
 
 class EncoderArgs(FactoryArgs):
-    dtype: DType = "bfloat16"
+    # auto/none: the checkpoint's bf16 where the device is fast, else float32 (omni plan says)
+    dtype: DType | None = None
     load_format: LoadFormat = "auto"
     seed: int = Field(default=0, ge=0)  # dummy weights' seed
     max_batch_size: int = Field(default=8, ge=1)
 
 
 class EngineFactoryArgs(FactoryArgs):
-    dtype: DType = "bfloat16"
+    dtype: DType | None = None  # auto, as EncoderArgs
     load_format: LoadFormat = "auto"
     seed: int = Field(default=0, ge=0)  # dummy weights' seed
 
 
-class TalkerArgs(EngineFactoryArgs):
+class DecoderArgs(EngineFactoryArgs):
+    # int8: the decoder's large linear layers as int8 weights (needs dtype bfloat16)
+    quantization: Quantization = "none"
+
+
+class TalkerArgs(DecoderArgs):
     # frames a spoken answer may take (12.5 per second: 2048 is 164 s)
     max_frames: int = Field(default=2048, ge=1)
 
@@ -120,7 +126,7 @@ def _speech_stages(*, talker_gpu: int, processes: dict[str, str]):
             stream_to=["talker_ar", "decode"],
             process=processes["thinker"],
             gpu=0,
-            factory=EngineFactoryArgs(),
+            factory=DecoderArgs(),
             author_kwargs={"talker_stage": "talker_ar"},
         ),
         StageConfig(
@@ -274,7 +280,7 @@ class Qwen3OmniTextPipeline(_Qwen3OmniSource, PipelineConfig):
                 stream_to=["decode"],
                 process="pipeline",
                 gpu=0,
-                factory=EngineFactoryArgs(),
+                factory=DecoderArgs(),
             ),
             StageConfig(
                 name="decode",

@@ -24,6 +24,7 @@ import torch
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.engine.quantize import apply_quantization
 from omni_core.kit.stages import engine_settings as kit_engine_settings
 from omni_core.kit.stages import torch_device
 
@@ -213,6 +214,7 @@ def create_thinker(
     seed: int = 0,
     pack_weights: bool = True,
     talker_stage: str | None = None,
+    quantization: str = "none",
 ) -> Thinker:
     from .chat import ChatPrompter
     from .loading import read_raw_config
@@ -220,6 +222,11 @@ def create_thinker(
 
     settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
     device = torch_device(gpu_id, "thinker")
+    if quantization != "none" and (settings.backend == "sglang" or tp_size > 1):
+        raise ValueError(
+            f"stage 'thinker': factory.quantization = {quantization!r} runs on omni's own "
+            "engine with tp_size 1 only: not implemented yet with SGLang or tensor parallelism"
+        )
     if settings.backend == "sglang":  # tp_size: SGLang's own ranks, started by its engine
         return _sglang_thinker(
             model_path, settings, device, load_format, dtype, seed, talker_stage, tp_size
@@ -247,6 +254,8 @@ def create_thinker(
 
         # Not the experts: each sees a row or two per step, where MKL beats oneDNN.
         pack_linear_weights(lm, skip=lambda name: ".experts." in name)
+    # int8 weight-only layers, experts included (bf16 models only; lm_head stays)
+    apply_quantization(lm, quantization, stage="thinker")
     eos = ChatPrompter.from_dir(root).eos_token_ids
     mirror = None
     if group is not None:
@@ -520,6 +529,7 @@ def create_talker(
     max_frames: int = 2048,
 ) -> TalkerStage:
     from .talker.step import TalkerStepModel
+    quantization: str = "none",
 
     settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
     device = torch_device(gpu_id, "talker_ar")
@@ -531,6 +541,7 @@ def create_talker(
     dtype_of = next(talker.parameters()).dtype
     model = TalkerStepModel(talker, config, device=torch.device(device), dtype=dtype_of)
     return TalkerStage(create_engine(model, settings, device=device), config, max_frames)
+    apply_quantization(talker, quantization, stage="talker_ar")  # bf16 only; heads stay
 
 
 def create_code2wav(

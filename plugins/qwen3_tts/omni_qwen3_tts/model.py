@@ -65,6 +65,35 @@ def _as_prompt(prompt: Any) -> TTSPrompt:
     )
 
 
+def build_speech_tokenizer(
+    root: Path,
+    load_format: str,
+    dtype: str | torch.dtype | None,
+    device: torch.device,
+    seed: int,
+) -> SpeechTokenizer:
+    """The 12 Hz speech tokenizer under ``root/speech_tokenizer``.
+
+    Its weights are released in float32 and ``auto`` keeps them so (bf16 audio
+    is audibly worse; the codec is small next to the talker).
+    """
+    st_dir = root / "speech_tokenizer"
+    raw = read_json(st_dir / "config.json")
+    st_cfg = SpeechTokenizerConfig.from_dict(raw)
+    st_dtype = parse_dtype(dtype, device, config=raw, release="float32")
+    speech = build_empty(lambda: SpeechTokenizer(st_cfg), device, st_dtype)
+    share_weights(
+        f"qwen3-tts:{root}:{load_format}:{st_dtype}:{seed}:speech_tokenizer",
+        speech,
+        lambda m: (
+            dummy_fill(m, seed + 1)
+            if load_format == "dummy"
+            else load_state(m, checkpoint_files(st_dir), f"{st_dir}")
+        ),
+    )
+    return speech
+
+
 class Qwen3TTSModel:
     """The whole model: network, speech tokenizer, text tokenizer, prompt builder, step API."""
 
@@ -101,12 +130,15 @@ class Qwen3TTSModel:
         seed: int = 0,
         load_speech_tokenizer: bool = True,
         allow_download: bool = True,
+        speech_dtype: str | torch.dtype | None = None,
     ) -> Qwen3TTSModel:
         """Load from a preset name, a local checkpoint directory or a hub id.
 
         ``load_format``: ``auto``/``safetensors`` read the checkpoint's weights
         (strictly: every tensor must match); ``dummy`` builds seeded random
-        weights from the configs alone (presets ship configs only).
+        weights from the configs alone (presets ship configs only). ``dtype``
+        and ``speech_dtype`` (the speech tokenizer's): ``auto``/None picks the
+        checkpoint's where this device is fast (``omni_core.engine.precision``).
         """
         if load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
@@ -118,8 +150,9 @@ class Qwen3TTSModel:
                 "load it with load_format='dummy'"
             )
         dev = torch.device(device)
-        torch_dtype = parse_dtype(dtype, dev)
-        config = Qwen3TTSConfig.from_dict(read_json(root / "config.json"))
+        raw_config = read_json(root / "config.json")
+        torch_dtype = parse_dtype(dtype, dev, config=raw_config)
+        config = Qwen3TTSConfig.from_dict(raw_config)
         generation = GenerationDefaults.from_dict(
             read_json(root / "generation_config.json", required=False)
         )
@@ -137,20 +170,7 @@ class Qwen3TTSModel:
         )
         speech = None
         if load_speech_tokenizer:
-            st_dir = root / "speech_tokenizer"
-            st_cfg = SpeechTokenizerConfig.from_dict(read_json(st_dir / "config.json"))
-            # The codec decoder runs in float32 unless asked otherwise: it is small and
-            # bf16 audio is audibly worse.
-            speech = build_empty(lambda: SpeechTokenizer(st_cfg), dev, torch.float32)
-            share_weights(
-                f"{key}:speech_tokenizer",
-                speech,
-                lambda m: (
-                    dummy_fill(m, seed + 1)
-                    if load_format == "dummy"
-                    else load_state(m, checkpoint_files(st_dir), f"{st_dir}")
-                ),
-            )
+            speech = build_speech_tokenizer(root, load_format, speech_dtype, dev, seed)
         tokenizer = None
         if (root / "vocab.json").is_file() or (root / "tokenizer.json").is_file():
             tokenizer = TextTokenizer.from_dir(root)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from omni_core.kit.pipeline import TTSPipeline, TypedWeightArgs
+from omni_core.kit.pipeline import StreamingVocoderArgs, TTSPipeline, TypedWeightArgs
+from omni_core.schema import Quantization
 
 from .source import SOURCE  # torch-free
 
@@ -18,6 +19,15 @@ class EngineFactoryArgs(TypedWeightArgs):
     # CPU only: repack the talker's large float32 linear weights for oneDNN, which
     # streams them ~1.7x faster than MKL at decoding batch sizes (omni_core.engine.cpu_linear)
     pack_weights: bool = True
+    # int8: the talker's and code predictor's large linear layers as int8 weights with
+    # per-channel scales (needs dtype bfloat16; omni_core.engine.quantize)
+    quantization: Quantization = "none"
+
+
+class VocoderArgs(StreamingVocoderArgs):
+    # the speech tokenizer's weights: released in float32, kept so by auto (bf16 audio is worse)
+    checkpoint_config: ClassVar[str] = "speech_tokenizer/config.json"
+    release_dtype: ClassVar[str] = "float32"
 
 
 class Qwen3TTSPipeline(TTSPipeline):
@@ -35,6 +45,7 @@ class Qwen3TTSPipeline(TTSPipeline):
     model_source: ClassVar = SOURCE
     stages_module: ClassVar[str] = "omni_qwen3_tts.stages"
     engine_args: ClassVar = EngineFactoryArgs
+    vocoder_args: ClassVar = VocoderArgs
     # the kit's StreamingVocoderArgs: chunk_frames 4 (0.32 s of audio); stateful
     # decoding re-decodes nothing, so a short first chunk costs ~5% more codec work
     # in all and brings the first audio 8 frames earlier than the release's 12

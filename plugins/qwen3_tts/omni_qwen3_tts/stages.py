@@ -27,6 +27,7 @@ import torch
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.engine.quantize import apply_quantization
 from omni_core.kit.stages import TTSPreprocessing, torch_device
 from omni_core.kit.stages import engine_settings as kit_engine_settings
 from omni_core.kit.stages import number as kit_number
@@ -34,8 +35,9 @@ from omni_core.media import AudioLimits, decode_base64_audio
 
 from .config import GenerationDefaults, Qwen3TTSConfig
 from .decode_batcher import DecodeBatcher
-from .model import Qwen3TTSModel
+from .model import Qwen3TTSModel, build_speech_tokenizer
 from .prompt import PromptBuilder, PromptError
+from .speech_tokenizer import SpeechTokenizer
 from .tokenizer import TextTokenizer
 from .weights import read_json, resolve_model_path
 
@@ -58,10 +60,30 @@ REQUEST_KEYS = {
 def load_model(
     model_path: str, load_format: str, dtype: str | None, device: str, seed: int
 ) -> Qwen3TTSModel:
-    """One model per process and checkpoint, shared by the stages that need it."""
-    return Qwen3TTSModel.from_pretrained(
-        model_path, load_format=load_format, dtype=dtype, device=device, seed=seed
+    """One model per process and checkpoint, shared by the stages that need it.
+
+    Its speech tokenizer (for voice cloning) is :func:`load_codec`'s in its
+    default dtype, which is the vocoder's too unless the vocoder sets another.
+    """
+    model = Qwen3TTSModel.from_pretrained(
+        model_path,
+        load_format=load_format,
+        dtype=dtype,
+        device=device,
+        seed=seed,
+        load_speech_tokenizer=False,
     )
+    model.speech_tokenizer = load_codec(model_path, load_format, None, device, seed)
+    return model
+
+
+@functools.lru_cache(maxsize=4)
+def load_codec(
+    model_path: str, load_format: str, dtype: str | None, device: str, seed: int
+) -> SpeechTokenizer:
+    """The speech tokenizer alone (the vocoder needs no talker), once per process and dtype."""
+    root = resolve_model_path(model_path).path
+    return build_speech_tokenizer(root, load_format, dtype, torch.device(device), seed)
 
 
 # -- preprocessing ---------------------------------------------------------------
@@ -275,6 +297,7 @@ def create_tts_engine(
     load_format: str = "auto",
     seed: int = 0,
     pack_weights: bool = True,
+    quantization: str = "none",
 ) -> TTSEngine:
     settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
     device = torch_device(gpu_id, "tts_engine")
@@ -283,6 +306,8 @@ def create_tts_engine(
         from omni_core.engine.cpu_linear import pack_linear_weights
 
         pack_linear_weights(model.network)  # idempotent: the model is shared per process
+    # int8 weight-only talker and code predictor (bf16 models only; idempotent as well)
+    apply_quantization(model.network.talker, quantization, stage="tts_engine")
     return TTSEngine(model, create_engine(model, settings, device=device))
 
 
@@ -436,8 +461,5 @@ def create_vocoder(
     max_batch_size: int | None = None,
 ) -> Vocoder:
     device = torch_device(gpu_id, "vocoder")
-    model = load_model(model_path, load_format, dtype, device, seed)
-    if model.speech_tokenizer is None:
-        raise RuntimeError("the vocoder needs the speech tokenizer")
-    decoder = model.speech_tokenizer.decoder
+    decoder = load_codec(model_path, load_format, dtype, device, seed).decoder
     return Vocoder(decoder, chunk_frames, left_context_frames, max_batch_size, max_chunk_frames)

@@ -18,6 +18,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+# The one dtype rule (auto: the checkpoint's where the device is fast), under the loaders' name.
+from omni_core.engine.precision import checkpoint_dtype  # noqa: F401 - re-exported
+from omni_core.engine.precision import torch_dtype as parse_dtype  # noqa: F401 - re-exported
 from omni_core.kit.weights import (  # noqa: F401 - re-exported: the loaders' names for them
     CheckpointError,
     checkpoint_files,
@@ -109,21 +112,3 @@ def _gain(name: str, tensor: torch.Tensor) -> float:
     if name.startswith("decoder.") and tensor.dim() == 3 and tensor.shape[0] == 1:
         return 0.05  # the waveform head (Qwen3-TTS's decoder.decoder.N, code2wav's decoder.N)
     return 1.0
-
-
-def parse_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    table = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if dtype not in table:
-        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(table)}")
-    return table[dtype]

@@ -1,0 +1,148 @@
+"""int8 weight-only linear layers (``factory.quantization = "int8"``): half of bf16's bytes.
+
+Why: a decode step reads every weight once for a handful of rows, so its
+time is the weights' bytes over the memory bandwidth. Storing the large
+matrices as int8 with one scale per output channel halves what bfloat16
+reads. The matmul is torch's own kernel, ``aten._weight_int8pack_mm`` (int8
+weights, per-channel scales, activations in bfloat16 / float16), not
+hand-written arithmetic: the weights are dequantised inside the kernel.
+
+Quantized at load, after the checkpoint's weights are in: symmetric
+per-output-channel scales ``max|w| / 127``, weights rounded to the nearest
+step. Only large ``nn.Linear`` layers are converted: at least
+``min_elements`` weights, or a quarter of the largest layer's in a model
+smaller than that (small ones live in cache, where bytes do not bound the
+time; the quarter rule lets the tiny test models exercise the same path),
+and never output heads (``*head*``, ``lm_head``): their logits pick tokens,
+and they read few bytes next to the body. Embeddings are tables, not
+``nn.Linear``, and stay as they are.
+
+Where it runs: torch's CPU kernel, with bfloat16 (or float16) activations;
+float32 activations run the same kernel several times slower than float32
+weights would, so a float32 stage is refused (:func:`quantization_problem`).
+Imported only in stage processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+DEFAULT_MIN_ELEMENTS = 1 << 20  # 2 MiB of bf16: beyond the per-core caches
+QUANTIZATIONS = ("none", "int8")
+
+
+def quantization_problem(quantization: str, dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why ``quantization`` cannot run on ``device`` with ``dtype`` activations, or None."""
+    if quantization in (None, "none"):
+        return None
+    if quantization not in QUANTIZATIONS:
+        return f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}"
+    if torch.device(device).type != "cpu":
+        return (
+            "int8 weight-only layers use torch's CPU kernel (aten._weight_int8pack_mm); "
+            "not implemented yet on CUDA: remove factory.quantization for GPU stages"
+        )
+    if dtype not in (torch.bfloat16, torch.float16):
+        return (
+            f"int8 weight-only layers compute in bfloat16 or float16, and this stage's dtype is "
+            f'{str(dtype).removeprefix("torch.")}: set factory.dtype = "bfloat16" '
+            "(float32 activations make torch's int8 kernel slower than float32 weights)"
+        )
+    return None
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` with int8 weights and per-output-channel scales; same call, same shapes."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        dtype = weight.dtype
+        w32 = weight.float()
+        scales = w32.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        q = torch.round(w32 / scales[:, None]).clamp(-128, 127).to(torch.int8)
+        self.register_buffer("qweight", q.contiguous())
+        self.register_buffer("scales", scales.to(dtype))
+        bias = linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantised weight, for code that inspects weights (never on the hot path)."""
+        return self.qweight.to(self.scales.dtype) * self.scales[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, self.in_features)
+        if flat.dtype != self.scales.dtype:
+            flat = flat.to(self.scales.dtype)
+        out = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), self.qweight, self.scales)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8=per-channel"
+
+
+def is_head(name: str) -> bool:
+    """Output heads keep their dtype: ``codec_head``, ``lm_head``, ``heads.3`` …"""
+    leaf = name.rsplit(".", 2)
+    return any("head" in part for part in leaf[-2:])
+
+
+def quantize_linear_weights(
+    module: nn.Module,
+    min_elements: int = DEFAULT_MIN_ELEMENTS,
+    skip: Callable[[str], bool] | None = None,
+) -> int:
+    """Replace every eligible ``nn.Linear`` under ``module`` with :class:`Int8Linear`; count them.
+
+    Eligible: bfloat16 or float16 weights on the CPU, at least
+    ``min_elements`` of them (or a quarter of the largest), not a head
+    (:func:`is_head`), not named by ``skip``. Idempotent (a converted layer is
+    no longer an ``nn.Linear``); a layer shared by several parents is
+    converted once and stays shared.
+    """
+    candidates = [
+        (parent, name, child)
+        for prefix, parent in module.named_modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+        and child.weight.dtype in (torch.bfloat16, torch.float16)
+        and child.weight.device.type == "cpu"
+        and not is_head(f"{prefix}.{name}" if prefix else name)
+        and not (skip and skip(f"{prefix}.{name}" if prefix else name))
+    ]
+    done_sizes = [m.qweight.numel() for m in module.modules() if isinstance(m, Int8Linear)]
+    largest = max([c.weight.numel() for _, _, c in candidates] + done_sizes, default=0)
+    floor = min(min_elements, largest // 4)
+    targets = [(p, n) for p, n, c in candidates if c.weight.numel() >= max(floor, 1)]
+    done: dict[int, Int8Linear] = {}
+    for parent, name in targets:
+        child = getattr(parent, name)
+        if id(child) not in done:
+            done[id(child)] = Int8Linear(child)
+        setattr(parent, name, done[id(child)])
+    return len(done)
+
+
+def apply_quantization(
+    module: nn.Module,
+    quantization: str | None,
+    *,
+    stage: str,
+    skip: Callable[[str], bool] | None = None,
+) -> int:
+    """A stage factory's one call: refuse what cannot run here (ValueError), else convert."""
+    if quantization in (None, "none"):
+        return 0
+    param = next(module.parameters())
+    problem = quantization_problem(str(quantization), param.dtype, param.device)
+    if problem is not None:
+        raise ValueError(f"stage {stage!r}: factory.quantization = {quantization!r}: {problem}")
+    return quantize_linear_weights(module, skip=skip)

@@ -1,0 +1,111 @@
+"""Each stage's weight dtype (and quantization), decided at plan time where the device is known.
+
+The decision is :func:`omni_core.engine.precision.decide`'s, the same call a
+stage process makes when it loads, so ``omni plan`` prints what will load:
+after placement, each stage with a ``factory.dtype`` field is judged on the
+device it landed on (the host's CPU flags, or the GPU's NVML name). A choice
+the device cannot run well is a refusal naming the path and the fix (exit 2).
+
+The checkpoint's dtype is read from the ``config.json`` a stage's weights
+come with (``checkpoint_config`` on its factory-argument class, default
+``config.json``) under a local ``model_path``; a hub id or a preset without
+one gets the release's dtype (``release_dtype``, default bfloat16).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..engine.precision import Precision, PrecisionError, checkpoint_dtype, decide
+from .estimates import read_local_config
+from .model import Assignment, GpuInventory, Refusal
+
+
+def stage_checkpoint_dtype(stage: Any, model_path: str) -> tuple[str, str]:
+    """(dtype, source) of the weights ``stage`` loads, without loading them."""
+    args = type(stage.factory)
+    release = str(getattr(args, "release_dtype", "bfloat16"))
+    name = str(getattr(args, "checkpoint_config", "config.json"))
+    directory, file = os.path.split(os.path.join(model_path or "", name))
+    config = read_local_config(directory, file) if model_path else None
+    return checkpoint_dtype(config, release)
+
+
+def has_dtype(stage: Any) -> bool:
+    return "dtype" in type(stage.factory).model_fields
+
+
+def quantization_of(stage: Any) -> str:
+    return str(getattr(stage.factory, "quantization", None) or "none")
+
+
+def plan_precisions(
+    config: Any,
+    assignments: Mapping[str, Assignment],
+    instances: Mapping[str, str],
+    inventory: GpuInventory,
+    problems: list[Refusal],
+) -> dict[str, Precision]:
+    """The precision of every stage with a ``factory.dtype``, by stage name.
+
+    ``instances`` maps instance names to stage names; a stage is judged on its
+    first instance's device (replicas of one stage share a device kind).
+    Refusals are appended to ``problems``.
+    """
+    first: dict[str, Assignment] = {}
+    for instance, assignment in assignments.items():
+        first.setdefault(instances.get(instance, instance), assignment)
+    names = {d.index: d.name for d in inventory.devices}
+    found: dict[str, Precision] = {}
+    for stage in config.stages:
+        if not has_dtype(stage) or stage.name not in first:
+            continue
+        gpus = first[stage.name].gpus
+        device = "cuda" if gpus else "cpu"
+        path = f"stages.{stage.name}.factory.dtype"
+        dtype, source = stage_checkpoint_dtype(stage, config.model_path)
+        try:
+            precision = decide(
+                stage.factory.dtype,
+                device=device,
+                checkpoint=dtype,
+                checkpoint_source=source,
+                gpu_name=names.get(gpus[0]) if gpus else None,
+                what=path,
+            )
+        except PrecisionError as exc:
+            problems.append(Refusal(exc.message, stage=stage.name, fix=exc.hint))
+            continue
+        quantization = quantization_of(stage)
+        if quantization != "none":
+            problem = quantization_problem(quantization, device, precision.dtype, stage.name)
+            if problem is not None:
+                problems.append(problem)
+                continue
+            precision = Precision(
+                precision.dtype, f"{precision.reason}; {quantization} weight-only linear layers"
+            )
+        found[stage.name] = precision
+    return found
+
+
+def quantization_problem(quantization: str, device: str, dtype: str, stage: str) -> Refusal | None:
+    """int8 weight-only runs on torch's CPU kernel with bf16/fp16 activations; else refused."""
+    path = f"stages.{stage}.factory.quantization"
+    if quantization == "int8" and device != "cpu":
+        return Refusal(
+            f"{path} = 'int8' on a GPU: omni's int8 weight-only layers use torch's CPU kernel "
+            "(aten._weight_int8pack_mm); not implemented yet on CUDA",
+            stage=stage,
+            fix=f'remove {path}, or run the stage on the host (placement policy "cpu")',
+        )
+    if quantization == "int8" and dtype == "float32":
+        return Refusal(
+            f"{path} = 'int8' with float32 activations (stages.{stage}.factory.dtype resolves "
+            "to float32): torch's int8 kernel is slower then than float32 weights",
+            stage=stage,
+            fix=f'set stages.{stage}.factory.dtype = "bfloat16" (or remove {path})',
+        )
+    return None
