@@ -149,24 +149,34 @@ class Runtime:
         for child in children:
             self.on_progress("loading", child.name, {"stages": list(child.plan.stages)})
             await self._spawn(child)
-        errors: list[str] = []
+        await self._wait_ready(children, report=True)
 
+    async def _wait_ready(self, children: list[Child], *, report: bool = False) -> None:
+        """Until every child of ``children`` is ready; StartupError with each one's failure.
+
+        A failed rank of a tensor-parallel group stops its siblings at once: they
+        would wait at the rendezvous until runtime.startup_timeout, and the error
+        says which rank failed rather than that the others timed out.
+        """
+        errors: list[str] = []
         stopped: dict[str, str] = {}  # TP ranks stopped because another rank failed: why
 
         async def wait(child: Child) -> None:
             try:
                 await child.wait_ready(self.config.runtime.startup_timeout)
-                self.on_progress(
-                    "ready", child.name, {"seconds": child.ready_seconds, "stages": child.timings}
-                )
+                if report:
+                    self.on_progress(
+                        "ready",
+                        child.name,
+                        {"seconds": child.ready_seconds, "stages": child.timings},
+                    )
             except StartupError as exc:
                 if child.name in stopped:
                     errors.append(f"process {child.name} was stopped: {stopped[child.name]}")
                     return
                 errors.append(exc.render())
-                # Its group's other ranks would wait at the rendezvous until they time out.
                 for sibling in self._tp_siblings(child):
-                    if sibling.name not in stopped and sibling.state == "starting":
+                    if sibling.name not in stopped and sibling.state in ("starting", "restarting"):
                         stopped[sibling.name] = (
                             f"rank {child.plan.tp_rank} ({child.name}) of its tensor-parallel "
                             "group failed to start"
@@ -432,8 +442,7 @@ class Runtime:
                         child.restarts += 1
                         await self._spawn(child)
                         child.state = "restarting"
-                    for child in wave:
-                        await child.wait_ready(self.config.runtime.startup_timeout)
+                    await self._wait_ready(wave)
             except StartupError as exc:
                 self.on_progress(
                     "restart-failed", failed.name, {"attempt": attempt, "error": exc.message}

@@ -82,6 +82,7 @@ RANK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # ~20 s: two rank processes and a reference run (the thinker's is in make test)
 def test_two_ranks_give_the_codes_of_one_frame_for_frame(tmp_path: Path):
     procs = [
         subprocess.Popen(
