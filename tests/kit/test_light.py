@@ -11,6 +11,7 @@ LIGHT = (
     "omni_core.kit.pipeline",
     "omni_core.kit.plugin",
     "omni_core.kit.memory",
+    "omni_core.kit.config",
     "omni_core.kit.stages",  # torch only inside torch_device
     "omni_core.kit.weights",  # torch only inside its functions
 )

@@ -9,10 +9,10 @@ Torch-free: planning reads these too.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from omni_core.kit.config import FromDict, known_fields
 from omni_qwen3_tts.config import TransformerConfig
 
 MODEL_TYPE = "moss_tts_delay"
@@ -111,8 +111,7 @@ class MossTTSConfig:
         language = raw.get("language_config")
         if not isinstance(language, dict):
             raise ValueError(f"{where}: no language_config section (the Qwen3 backbone)")
-        names = {f.name for f in dataclasses.fields(cls)} - {"backbone"}
-        known = {k: v for k, v in raw.items() if k in names and v is not None}
+        known = known_fields(cls, raw, exclude={"backbone"})
         cfg = cls(backbone=backbone_config(language, f"{where}: language_config"), **known)
         cfg.validate(where)
         return cfg
@@ -148,7 +147,7 @@ class MossTTSConfig:
 
 
 @dataclass(frozen=True)
-class GenerationDefaults:
+class GenerationDefaults(FromDict):
     """Sampling defaults: ``generate()``'s in the release, overridden by ``generation_config.json``.
 
     Text and audio are sampled with separate parameters. The audio values are
@@ -167,11 +166,6 @@ class GenerationDefaults:
     audio_top_k: int = 25
     audio_repetition_penalty: float = 1.0
     max_new_tokens: int = 4096
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> GenerationDefaults:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in names and v is not None})
 
 
 def backbone_split_sizes(cfg: MossTTSConfig) -> dict[str, int]:

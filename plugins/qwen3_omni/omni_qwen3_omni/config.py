@@ -18,21 +18,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from omni_core.kit.config import known_fields as _pick  # this plugin's name for it
+
 MODEL_TYPE = "qwen3_omni_moe"
 
 
 class ConfigError(ValueError):
     """A config.json the model code cannot run."""
-
-
-def _pick(cls: type, raw: dict[str, Any], aliases: dict[str, str] | None = None) -> dict[str, Any]:
-    """The keys of ``raw`` that name fields of ``cls``; releases add keys we do not use."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    out = {k: v for k, v in raw.items() if k in names and v is not None}
-    for alias, name in (aliases or {}).items():
-        if name not in out and raw.get(alias) is not None:
-            out[name] = raw[alias]
-    return out
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ Keys we do not model are ignored: we only read configs, never write them back.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+from omni_core.kit.config import FromDict, known_fields
 
 MODEL_TYPE = "qwen3_tts"
 SPEECH_TOKENIZER_TYPE = "qwen3_tts_tokenizer_12hz"
@@ -37,12 +38,6 @@ def _rope_type(raw: dict[str, Any]) -> str:
         if kind:
             return str(kind)
     return "default"
-
-
-def _known_fields(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
-    """The keys of ``raw`` that name fields of ``cls`` (releases add keys we do not use)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in raw.items() if k in names}
 
 
 @dataclass(frozen=True)
@@ -216,7 +211,7 @@ class SpeakerEncoderConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> SpeakerEncoderConfig:
-        known = _known_fields(cls, raw)
+        known = known_fields(cls, raw)
         for key in ("enc_channels", "enc_kernel_sizes", "enc_dilations"):
             if key in known:
                 known[key] = tuple(int(v) for v in known[key])
@@ -281,7 +276,7 @@ class Qwen3TTSConfig:
 
 
 @dataclass(frozen=True)
-class GenerationDefaults:
+class GenerationDefaults(FromDict):
     """``generation_config.json``: the release's sampling defaults (talker and sub-talker)."""
 
     do_sample: bool = True
@@ -295,11 +290,6 @@ class GenerationDefaults:
     subtalker_temperature: float = 0.9
     max_new_tokens: int = 2048
     min_new_tokens: int = 2
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> GenerationDefaults:
-        known = _known_fields(cls, raw)
-        return cls(**known)
 
 
 @dataclass(frozen=True)
@@ -339,7 +329,7 @@ class DecoderConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> DecoderConfig:
-        known = _known_fields(cls, raw)
+        known = known_fields(cls, raw)
         for key in ("upsample_rates", "upsampling_ratios"):
             if key in known:
                 known[key] = tuple(int(v) for v in known[key])
@@ -411,7 +401,7 @@ class EncoderConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> EncoderConfig:
-        known = _known_fields(cls, raw)
+        known = known_fields(cls, raw)
         if "upsampling_ratios" in known:
             known["upsampling_ratios"] = tuple(int(v) for v in known["upsampling_ratios"])
         known["rope_theta"] = _rope_theta(raw, 10000.0)

@@ -1,0 +1,26 @@
+"""omni_core.kit.config: a release's JSON into a frozen dataclass; extra keys and nulls left."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omni_core.kit.config import FromDict, known_fields
+
+
+@dataclass(frozen=True)
+class Sampling(FromDict):
+    top_k: int = 50
+    temperature: float = 0.9
+    nested: dict | None = None
+
+
+def test_known_non_null_keys_are_read_and_the_rest_keep_their_defaults():
+    raw = {"top_k": 5, "temperature": None, "transformers_version": "4.57", "model_type": "x"}
+    assert Sampling.from_dict(raw) == Sampling(top_k=5)
+    assert known_fields(Sampling, raw) == {"top_k": 5}
+
+
+def test_aliases_fill_a_field_only_when_its_own_spelling_is_absent_and_exclude_skips():
+    assert known_fields(Sampling, {"k": 3}, {"k": "top_k"}) == {"top_k": 3}
+    assert known_fields(Sampling, {"k": 3, "top_k": 4}, {"k": "top_k"}) == {"top_k": 4}
+    assert known_fields(Sampling, {"nested": {}, "top_k": 1}, exclude={"nested"}) == {"top_k": 1}
