@@ -133,10 +133,13 @@ class Piece:
     - ``"usage"``: ``{"prompt_tokens": int, "completion_tokens": int}`` ->
       ``Piece("usage", {"prompt_tokens", "completion_tokens", "total_tokens"})``.
       Only the :attr:`Serving.usage_stage` counts (a speech pipeline's text
-      stage, not its audio stage: the counts are never summed across stages).
+      stage, not its audio stage: the counts are never summed across stages);
+    - ``"language"`` (what the model heard) and ``"words"`` (``[{"word", "start",
+      "end"}]``, seconds) from the text stage -> ``Piece("details", {...})``, for
+      a transcription's ``verbose_json``.
     """
 
-    kind: str  # "text", "audio", "finish" or "usage"
+    kind: str  # "text", "audio", "finish", "usage" or "details"
     data: Any
 
 
@@ -351,6 +354,9 @@ class Service:
         usage = event.data.get("usage")
         if usage is not None and event.stage == serving.usage_stage:
             found.append(Piece("usage", _usage(usage, event.stage)))
+        details = {k: event.data[k] for k in ("language", "words") if event.data.get(k)}
+        if details and event.stage == serving.text_stage:
+            found.append(Piece("details", details))
         return found
 
     def _piece(self, event: Any, streamed: set[str]) -> Piece | None:

@@ -36,6 +36,7 @@ class TranscriptionForm:
     response_format: str
     temperature: float | None
     stream: bool
+    words: bool = False  # timestamp_granularities includes "word"
 
 
 async def parse_form(form: Any, task: str) -> TranscriptionForm:
@@ -53,7 +54,7 @@ async def parse_form(form: Any, task: str) -> TranscriptionForm:
         raise APIError(
             400, "'file' must be an uploaded audio file (a multipart file part)", param="file"
         )
-    _check_extras(form)
+    words = _check_extras(form)
     response_format = _text(form, "response_format") or "json"
     if response_format not in FORMATS:
         raise APIError(
@@ -70,6 +71,13 @@ async def parse_form(form: Any, task: str) -> TranscriptionForm:
             "or set stream to false",
             param="stream",
         )
+    if words and response_format != "verbose_json":
+        raise APIError(
+            400,
+            "timestamp_granularities 'word' needs response_format verbose_json (the only "
+            "format with word timings)",
+            param="timestamp_granularities",
+        )
     return TranscriptionForm(
         task=task,
         file=await upload.read(),
@@ -80,25 +88,23 @@ async def parse_form(form: Any, task: str) -> TranscriptionForm:
         response_format=response_format,
         temperature=_temperature(form),
         stream=stream,
+        words=words,
     )
 
 
-def _check_extras(form: Any) -> None:
-    """OpenAI's options this server cannot honour are refused; the harmless ones accepted."""
-    for granularity in form.getlist("timestamp_granularities[]"):
-        if granularity == "word":
-            raise APIError(
-                400,
-                "timestamp_granularities 'word' is not implemented yet: no pipeline here times "
-                "words (Qwen3-ASR's forced aligner, Qwen3-ForcedAligner, is not built yet); use "
-                "'segment' (one segment covers the whole clip)",
-                param="timestamp_granularities",
-            )
-        if granularity != "segment":
+def _check_extras(form: Any) -> bool:
+    """OpenAI's options this server cannot honour are refused; the harmless ones accepted.
+
+    Returns whether word timings were asked for (a pipeline that gives none is
+    a 400 once it has answered; qwen3-asr's ``align`` stage gives them).
+    """
+    granularities = form.getlist("timestamp_granularities[]")
+    for granularity in granularities:
+        if granularity not in ("segment", "word"):
             raise APIError(
                 400,
                 f"timestamp_granularities {granularity!r} is not supported; use 'segment' "
-                "(one segment covers the whole clip)",
+                "(one segment covers the whole clip) or 'word'",
                 param="timestamp_granularities",
             )
     for wanted in form.getlist("include[]"):
@@ -114,6 +120,7 @@ def _check_extras(form: Any) -> None:
             "chunking_strategy must be 'auto' or left out: the whole clip is heard at once",
             param="chunking_strategy",
         )
+    return "word" in granularities
 
 
 def _text(form: Any, name: str) -> str | None:

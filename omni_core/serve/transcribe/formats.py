@@ -7,6 +7,10 @@ fields, ``start``, ``end``, ``text``, ``temperature`` and
 ``compression_ratio`` (zlib over the text, as Whisper computes it) are
 real; ``tokens`` is empty, and ``avg_logprob`` and ``no_speech_prob`` are 0,
 because the pipeline reports neither token ids nor log probabilities.
+``verbose_json`` with ``timestamp_granularities`` ``word`` adds ``words``
+(``word``, ``start``, ``end``) from a pipeline that times them (qwen3-asr's
+forced aligner), and its ``language`` is what the model heard when the
+client gave none and the pipeline says.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ class Transcript:
     text: str
     seconds: float  # the clip's decoded duration
     usage: dict[str, int] | None  # prompt/completion/total tokens, or None if not reported
+    language: str | None = None  # what the model heard, when it says (qwen3-asr)
+    words: list[dict[str, Any]] | None = None  # [{"word", "start", "end"}], when asked for
 
 
 def token_usage(usage: dict[str, int] | None) -> dict[str, Any] | None:
@@ -57,10 +63,11 @@ def render(form: TranscriptionForm, transcript: Transcript) -> Response:
     if kind == "verbose_json":
         body = {
             "task": form.task,
-            "language": _language(form),
+            "language": _language(form, transcript.language),
             "duration": round(transcript.seconds, 3),
             "text": text,
             "segments": [_segment(form, transcript)],
+            **({"words": transcript.words} if form.words else {}),
             # whisper-1's shape for verbose_json: billed by duration, not tokens
             "usage": {"type": "duration", "seconds": round(transcript.seconds, 3)},
         }
@@ -88,11 +95,12 @@ def _segment(form: TranscriptionForm, transcript: Transcript) -> dict[str, Any]:
     }
 
 
-def _language(form: TranscriptionForm) -> str:
-    """The output's language: English for a translation, else the client's hint if given."""
+def _language(form: TranscriptionForm, heard: str | None) -> str:
+    """The output's language: English for a translation, else the client's hint, else what
+    the model says it heard (lower case, as OpenAI's names are)."""
     if form.task == "translate":
         return "english"
-    return form.language or "unknown"
+    return form.language or (heard or "unknown").lower()
 
 
 def _stamp(seconds: float, comma: str) -> str:

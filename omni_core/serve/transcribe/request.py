@@ -15,8 +15,9 @@ transcription hook of its own:
 - greedy decoding (temperature 0) unless the client sends a temperature.
 
 The raw fields also travel as ``data["transcription"]`` (task, language,
-prompt) and ``params["api"] == "transcription"``, so a later dedicated ASR
-model's entry stage can read them directly and ignore the chat turns.
+prompt, ``timestamps``: ``["word"]`` when word timings are asked for) and
+``params["api"] == "transcription"``, so a dedicated ASR model's entry stage
+(qwen3-asr's) reads them directly and ignores the chat turns.
 """
 
 from __future__ import annotations
@@ -70,5 +71,10 @@ def chat_data(form: TranscriptionForm, clip: Clip) -> dict[str, Any]:
             "stop": [],
             "repetition_penalty": None,
         },
-        "transcription": {"task": form.task, "language": form.language, "prompt": form.prompt},
+        "transcription": {
+            "task": form.task,
+            "language": form.language,
+            "prompt": form.prompt,
+            "timestamps": ["word"] if form.words else [],
+        },
     }

@@ -63,7 +63,7 @@ async def create_transcription(
         await pieces.aclose()
         await service.finish(handle, "the client disconnected")
 
-    ended: dict[str, Any] = {"usage": None}
+    ended: dict[str, Any] = {"usage": None, "details": {}}
     if not form.stream:
 
         async def collect() -> str:
@@ -71,15 +71,24 @@ async def create_transcription(
             async for piece in pieces:
                 if piece.kind == "text":
                     text.append(piece.data)
-                elif piece.kind == "usage":
-                    ended["usage"] = piece.data
+                elif piece.kind in ("usage", "details"):
+                    ended[piece.kind] = piece.data
             return "".join(text)
 
         try:
             text = await unless_disconnected(request, collect)
         finally:
             await close()
-        return render(form, Transcript(text, clip.seconds, ended["usage"]))
+        details = ended["details"]
+        if form.words and "words" not in details and text.strip():
+            raise APIError(
+                400,
+                f"pipeline {service.serving.pipeline!r} gives no word timings; leave out "
+                "timestamp_granularities 'word' (qwen3-asr gives them with a forced aligner)",
+                param="timestamp_granularities",
+            )
+        transcript = Transcript(text, clip.seconds, ended["usage"], **details)
+        return render(form, transcript)
 
     async def first_text() -> Piece | None:
         async for piece in pieces:

@@ -65,15 +65,50 @@ def load_model(
             'it needs load_format = "dummy"'
         )
     config = read_config(resolved.path)
+    if config.classify_num is not None:
+        raise ValueError(
+            f"model {model_path!r} is a Qwen3-ForcedAligner checkpoint, not Qwen3-ASR; "
+            "it goes in stages.align.factory.aligner_path"
+        )
+    encoder, lm = _filled(resolved.path, config, load_format, dtype, device, seed)
+    return ASRModel(encoder, lm, config, resolved.path)
+
+
+def load_aligner(
+    aligner_path: str, load_format: str, dtype: str | None, device: str, seed: int = 0
+) -> tuple[AudioEncoder, ThinkerLM, ASRConfig, Path]:
+    """A Qwen3-ForcedAligner checkpoint (or the ``tiny-aligner`` preset), ready to run."""
+    resolved = resolve_model_path(aligner_path)
+    if resolved.preset and load_format != "dummy":
+        raise ValueError(
+            f"aligner {aligner_path!r} is the {resolved.preset!r} preset (configs only); "
+            'it needs aligner_load_format = "dummy"'
+        )
+    config = read_config(resolved.path)
+    if config.classify_num is None:
+        raise ValueError(
+            f"aligner {aligner_path!r} is not a Qwen3-ForcedAligner checkpoint "
+            "(its thinker_config.model_type does not name the forced aligner)"
+        )
+    encoder, lm = _filled(resolved.path, config, load_format, dtype, device, seed)
+    return encoder, lm, config, resolved.path
+
+
+def _filled(
+    root: Path, config: ASRConfig, load_format: str, dtype: str | None, device: str, seed: int
+) -> tuple[AudioEncoder, ThinkerLM]:
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(
+            f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}"
+        )
     target = torch.device(device)
-    torch_dtype = parse_dtype(dtype, target)
-    encoder, lm = construct_parts(config, target, torch_dtype)
+    encoder, lm = construct_parts(config, target, parse_dtype(dtype, target))
     if load_format == "dummy":
         dummy_fill(encoder, part_seed(seed, "audio_encoder"))
         dummy_fill(lm, part_seed(seed, "thinker"))
     else:
-        load_weights(Checkpoint.open(resolved.path), encoder, lm, config)
-    return ASRModel(encoder, lm, config, resolved.path)
+        load_weights(Checkpoint.open(root), encoder, lm, config)
+    return encoder, lm
 
 
 def construct_parts(

@@ -1,9 +1,11 @@
-"""The ``qwen3-asr`` pipeline: preprocessing -> asr -> decode, one process.
+"""The ``qwen3-asr`` pipeline: preprocessing -> asr -> decode -> align, one process.
 
 ``asr`` is the engine stage (the seed's ``stages.asr.engine.*`` and
 ``stages.asr.factory.dtype``); it holds the audio tower and the decoder, so
-the tower's rows never cross a process boundary. Served on
-``/v1/audio/transcriptions`` and ``/v1/audio/translations``.
+the tower's rows never cross a process boundary. ``align`` passes the
+transcript on as it streams and, when a request asks for word timings and
+``factory.aligner_path`` names a Qwen3-ForcedAligner, times its words. Served
+on ``/v1/audio/transcriptions`` and ``/v1/audio/translations``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pydantic import Field
 from omni_core import FactoryArgs, PipelineConfig, StageConfig
 from omni_core.kit.pipeline import SourceChecks, Step, TypedWeightArgs, chain
 from omni_core.kit.source import ModelSource
+from omni_core.schema import DType, LoadFormat
 
 from .plugin import CHECKPOINT_NAMES
 from .source import SOURCE
@@ -34,6 +37,15 @@ class ASRArgs(TypedWeightArgs):
     pass
 
 
+class AlignArgs(FactoryArgs):
+    # a Qwen3-ForcedAligner checkpoint (a directory, a hub id, or the tiny-aligner preset):
+    # word timings for verbose_json; none: a request for them is refused
+    aligner_path: str | None = None
+    aligner_load_format: LoadFormat = "auto"
+    dtype: DType | None = None
+    seed: int = Field(default=0, ge=0)  # of dummy aligner weights
+
+
 class Qwen3ASRPipeline(SourceChecks, PipelineConfig):
     pipeline_name: ClassVar[str] = "qwen3-asr"
     aliases: ClassVar[tuple[str, ...]] = CHECKPOINT_NAMES
@@ -44,7 +56,7 @@ class Qwen3ASRPipeline(SourceChecks, PipelineConfig):
     entry_stage: ClassVar[str] = "preprocessing"
     default_model_path: ClassVar[str] = "Qwen/Qwen3-ASR-1.7B"
     api: ClassVar[tuple[str, ...]] = ("transcription",)
-    text_stage: ClassVar[str | None] = "decode"
+    text_stage: ClassVar[str | None] = "align"
     model_source: ClassVar[ModelSource] = SOURCE
 
     @classmethod
@@ -54,6 +66,7 @@ class Qwen3ASRPipeline(SourceChecks, PipelineConfig):
             [
                 Step("preprocessing", PreprocessingArgs()),
                 Step("asr", ASRArgs(), engine=True, gpu=0, stream=True),
-                Step("decode"),
+                Step("decode", stream=True),
+                Step("align", AlignArgs(), gpu=0),
             ],
         )

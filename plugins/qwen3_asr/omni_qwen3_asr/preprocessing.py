@@ -63,10 +63,12 @@ class Preprocessing:
             except ValueError as exc:
                 raise RequestError(str(exc)) from None
         context = str(asked.get("prompt") or "")
+        words = "word" in (asked.get("timestamps") or [])
         sampling = self._sampling(data.get("sampling") or {})
-        return await anyio.to_thread.run_sync(
+        prepared = await anyio.to_thread.run_sync(
             self._prepare, where, encoded, context, language, sampling
         )
+        return {**prepared, "words": words}
 
     def _prepare(
         self, where: str, encoded: Any, context: str, language: str | None, sampling: dict

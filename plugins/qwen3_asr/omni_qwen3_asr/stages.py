@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import torch
 
+from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.prompt import EmbeddedPrompt
@@ -53,7 +54,9 @@ class ASR:
                 f"the prompt holds {index.numel()} audio placeholders for {rows.shape[0]} rows"
             )
         prompt = EmbeddedPrompt(ids, embeddings=rows, embedding_index=index)
-        await request.emit({"language": data.get("language"), "prompt_tokens": len(ids)})
+        align = data["mel"] if data.get("words") else None  # the clip, for the aligner
+        header = {"language": data.get("language"), "prompt_tokens": len(ids), "align": align}
+        await request.emit(header)
         tokens = 0
         sampling = SamplingParams(**data["sampling"])
         async with self.engine.enqueue(request.request_id, prompt, sampling) as stream:
@@ -111,11 +114,12 @@ class Decode:
     async def run(self, request: Any) -> dict[str, Any]:
         detok = Detokenizer(self.tokenizer.decode, skip=self.special)
         parser = AnswerParser()
-        reason, usage = None, None
+        reason, usage, align = None, None, None
         async for item in request.stream:
             if isinstance(item, dict):  # the asr stage's header or trailer
                 if "prompt_tokens" in item:
                     parser = AnswerParser(forced=item.get("language"))
+                    align = item.get("align")
                 reason = item.get("finish_reason", reason)
                 usage = item.get("usage", usage)
                 continue
@@ -125,10 +129,77 @@ class Decode:
         rest = parser.feed(detok.flush()) + parser.flush()
         if rest:
             await request.emit(rest)
-        return {"finish_reason": reason, "usage": usage, "language": parser.language}
+        ending = {"finish_reason": reason, "usage": usage, "language": parser.language}
+        await request.emit({**ending, "align": align})  # the align stage's trailer
+        return ending
 
 
 def create_decode(model_path: str) -> Decode:
     from omni_qwen3_tts.tokenizer import TextTokenizer
 
     return Decode(TextTokenizer.from_dir(resolve_model_path(model_path).path))
+
+
+class Align:
+    """The text stage: passes the transcript on as it streams; times its words when asked.
+
+    Word timings come from the release's forced aligner (:mod:`.aligner`),
+    loaded when ``factory.aligner_path`` names one; without it a request for
+    them is refused, saying which setting to add.
+    """
+
+    def __init__(self, aligner: Any | None):
+        self.aligner = aligner
+        self.limiter = anyio.CapacityLimiter(1)
+
+    async def run(self, request: Any) -> dict[str, Any]:
+        text: list[str] = []
+        trailer: dict[str, Any] = {}
+        async for item in request.stream:
+            if isinstance(item, str):
+                text.append(item)
+                await request.emit(item)
+            else:
+                trailer = item
+        out = {k: trailer.get(k) for k in ("finish_reason", "usage", "language")}
+        mel = trailer.get("align")
+        if mel is None:
+            return out
+        if self.aligner is None:
+            raise RequestError(
+                "word timings need the forced aligner, which this deployment does not load",
+                hint="set stages.align.factory.aligner_path to a Qwen3-ForcedAligner checkpoint "
+                "(e.g. Qwen/Qwen3-ForcedAligner-0.6B)",
+            )
+        language = out["language"] or "English"
+        try:
+            words = await anyio.to_thread.run_sync(
+                self.aligner.align, mel, "".join(text), language, limiter=self.limiter
+            )
+        except NotImplementedError as exc:
+            raise RequestError(str(exc)) from None
+        out["words"] = [{"word": w.word, "start": w.start, "end": w.end} for w in words]
+        return out
+
+
+def create_align(
+    model_path: str,
+    gpu_id: int | None = None,
+    aligner_path: str | None = None,
+    aligner_load_format: str = "auto",
+    dtype: str | None = None,
+    seed: int = 0,
+) -> Align:
+    if aligner_path is None:
+        return Align(None)
+    from .aligner import ForcedAligner
+    from .loading import load_aligner
+
+    device = torch_device(gpu_id, "align")
+    encoder, lm, config, root = load_aligner(aligner_path, aligner_load_format, dtype, device, seed)
+    from omni_qwen3_omni.chat import ChatPrompter
+
+    # The release's aligner ships the ASR model's tokenizer; a directory without one
+    # (the tiny preset) reads the ASR model's.
+    tokenizer_dir = root if (root / "vocab.json").is_file() else resolve_model_path(model_path).path
+    return Align(ForcedAligner(encoder, lm, ChatPrompter.from_dir(tokenizer_dir), config))

@@ -87,11 +87,14 @@ def test_a_checkpoint_loads_strictly_by_prefix(tmp_path) -> None:
 
 def test_a_spoken_clip_runs_through_every_stage(plugins, short_tmp, hello_wav) -> None:
     planned = plan_on_cpu(plugins, short_tmp, deploy=DEMO)
-    detected = planned.run(_request(hello_wav))["decode"]
-    forced = planned.run(_request(hello_wav, language="de", prompt="Grafana"))["decode"]
-    for out in (detected, forced):
+    detected = planned.run(_request(hello_wav))["align"]
+    forced = planned.run(_request(hello_wav, language="de", prompt="Grafana"))["align"]
+    timed = planned.run(_request(hello_wav, timestamps=["word"]))["align"]
+    for out in (detected, forced, timed):
         assert out["finish_reason"] == "length" and out["usage"]["completion_tokens"] == 12
     assert forced["language"] == "German"
+    assert "words" not in detected and timed["words"]  # the demo loads the tiny aligner
+    assert {"word", "start", "end"} == set(timed["words"][0])
     # the context and the forced header lengthen the prompt by their tokens
     assert forced["usage"]["prompt_tokens"] > detected["usage"]["prompt_tokens"]
 
@@ -117,3 +120,41 @@ def test_bad_requests_are_refused_naming_the_field(plugins, short_tmp, hello_wav
     assert "at most 16" in refused({**_request(hello_wav), "sampling": {"max_tokens": 17}})
     garbage = _request(b"not audio at all")
     assert "messages.0.content.0.input_audio.data" in refused(garbage)
+
+
+class _Streamed:
+    def __init__(self, items: list):
+        self.items, self.emitted = items, []
+
+    @property
+    async def stream(self):
+        for item in self.items:
+            yield item
+
+    async def emit(self, item) -> None:
+        self.emitted.append(item)
+
+
+def test_word_timings_without_an_aligner_are_refused_naming_the_setting() -> None:
+    import anyio
+
+    from omni_qwen3_asr.stages import create_align
+
+    trailer = {"finish_reason": "stop", "usage": None, "language": None}
+    stage = create_align("tiny")  # no aligner_path
+    plain = _Streamed(["hi", " there", {**trailer, "align": None}])
+    assert anyio.run(stage.run, plain)["finish_reason"] == "stop"
+    assert plain.emitted == ["hi", " there"]  # the text passes on as it streams
+    asked = _Streamed(["hi", {**trailer, "align": torch.zeros(128, 50)}])
+    with pytest.raises(RequestError) as refused:
+        anyio.run(stage.run, asked)
+    assert "stages.align.factory.aligner_path" in refused.value.render()
+
+
+def test_an_aligner_and_an_asr_checkpoint_are_not_confused() -> None:
+    from omni_qwen3_asr.loading import load_aligner
+
+    with pytest.raises(ValueError, match=r"goes in stages\.align\.factory\.aligner_path"):
+        load_model("tiny-aligner", "dummy", "float32", "cpu")
+    with pytest.raises(ValueError, match="is not a Qwen3-ForcedAligner checkpoint"):
+        load_aligner("tiny", "dummy", "float32", "cpu")

@@ -66,6 +66,24 @@ def test_every_response_format_carries_the_same_greedy_transcript(server, hello_
     assert segment.start == 0.0 and segment.text == verbose.text
 
 
+def test_word_timings_come_from_the_forced_aligner(server, hello_wav) -> None:
+    plain = _transcribe(server, hello_wav, response_format="verbose_json")
+    assert getattr(plain, "words", None) is None  # not asked for: not sent
+    timed = _transcribe(
+        server,
+        hello_wav,
+        response_format="verbose_json",
+        timestamp_granularities=["word", "segment"],
+    )
+    assert timed.text == plain.text
+    words = [w.word for w in timed.words]
+    # the aligner times the transcript's words: letters and digits, split at spaces
+    assert words == ["".join(filter(str.isalnum, w)) for w in timed.text.split()]
+    starts = [w.start for w in timed.words]
+    assert starts == sorted(starts)  # repaired into order, whatever the random head says
+    assert all(0.0 <= w.start <= w.end for w in timed.words)
+
+
 def test_a_forced_language_and_a_context_change_the_prompt_not_the_protocol(
     server, hello_wav
 ) -> None:
@@ -105,11 +123,18 @@ def test_client_mistakes_are_400s_naming_the_field(server, hello_wav) -> None:
         _transcribe(server, hello_wav, language="Klingon")
     assert "Klingon" in str(language.value) and "ISO-639-1" in str(language.value)
     with pytest.raises(openai.BadRequestError) as words:
-        _transcribe(
-            server, hello_wav, response_format="verbose_json", timestamp_granularities=["word"]
-        )
-    assert "'word' is not implemented yet" in str(words.value)
+        _transcribe(server, hello_wav, timestamp_granularities=["word"])  # json: no timings
+    assert "needs response_format verbose_json" in str(words.value)
     assert words.value.body["param"] == "timestamp_granularities"
+    with pytest.raises(openai.BadRequestError) as japanese:
+        _transcribe(
+            server,
+            hello_wav,
+            language="ja",
+            response_format="verbose_json",
+            timestamp_granularities=["word"],
+        )
+    assert "Japanese are not implemented yet" in str(japanese.value)
     with pytest.raises(openai.BadRequestError) as garbage:
         _transcribe(server, b"RIFF not a wave file at all")
     assert "'file'" in str(garbage.value)

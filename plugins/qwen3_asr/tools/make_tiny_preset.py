@@ -24,6 +24,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve()
 OUT = HERE.parents[1] / "omni_qwen3_asr" / "presets" / "tiny"
+ALIGNER_OUT = OUT.with_name("tiny-aligner")  # config only: it reads the ASR model's tokenizer
 OMNI_TOOL = HERE.parents[2] / "qwen3_omni" / "tools" / "make_tiny_preset.py"
 
 AUDIO_PAD_ID = 151676
@@ -177,6 +178,18 @@ def main() -> None:
     }
     for name, doc in files.items():
         (OUT / name).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    ALIGNER_OUT.mkdir(exist_ok=True)
+    (ALIGNER_OUT / "config.json").write_text(
+        json.dumps(aligner_config(), indent=1) + "\n", encoding="utf-8"
+    )
+
+
+def aligner_config() -> dict[str, Any]:
+    """Qwen3-ForcedAligner at the same toy size: a 40-class head, 80 ms per class."""
+    config = model_config()
+    config["thinker_config"].update(model_type="qwen3_forced_aligner", classify_num=40)
+    config.update(timestamp_token_id=TIMESTAMP_ID, timestamp_segment_time=80.0)
+    return config
 
 
 if __name__ == "__main__":
