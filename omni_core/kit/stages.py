@@ -19,7 +19,7 @@ called), but it serves stage factories only, in the processes that run them:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, ClassVar
 
 from ..engine.interface import EngineSettings
@@ -89,25 +89,30 @@ class WorkerThreadStage:
 class TTSPreprocessing(WorkerThreadStage):
     """A TTS preprocessing stage's bounds: the ``factory.*`` of ``TTSPreprocessingArgs``.
 
-    ``max_frames`` defaults to the release's ``max_new_tokens``; the text
-    fields are counted in tokens (``encode``) against ``max_input_tokens``
-    before :meth:`prepare` sees the request.
+    The class is its own stage factory (its parameters are those settings,
+    ``model_path`` injected): a family implements :meth:`load`, reading its
+    configs and tokenizer, and :meth:`prepare`. ``max_frames`` defaults to the
+    release's cap; the text fields are counted in tokens against
+    ``max_input_tokens`` before :meth:`prepare` sees the request.
     """
 
     text_fields: ClassVar[tuple[str, ...]] = ("input", "instructions", "ref_text")
 
     def __init__(
         self,
-        encode: Any,
-        max_new_tokens: int,
-        max_ref_audio_seconds: float,
-        max_frames: int | None,
-        max_input_tokens: int,
+        model_path: str,
+        max_ref_audio_seconds: float = 30.0,
+        max_frames: int | None = None,
+        max_input_tokens: int = 8192,
     ):
-        self.encode = encode
+        self.encode, max_new_tokens = self.load(model_path)
         self.max_ref_audio_seconds = max_ref_audio_seconds
         self.max_frames = max_frames or max_new_tokens
         self.max_input_tokens = max_input_tokens
+
+    def load(self, model_path: str) -> tuple[Callable[[str], list[int]], int]:
+        """Read the family's configs and tokenizer: (the text encoder, the frame cap)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement load()")
 
     def check(self, data: dict[str, Any]) -> None:
         from ..engine.text_budget import check_text_tokens

@@ -40,9 +40,9 @@ class Demo(TTSPreprocessing):
     pipeline = "demo-tts"
     request_keys = frozenset({"input", "instructions", "ref_text", "max_frames"})
 
-    def __init__(self, **limits):
-        super().__init__(lambda s: s.split(), 100, 30.0, limits.get("max_frames"), 4)
+    def load(self, model_path):
         self.threads: list[str] = []
+        return str.split, 100
 
     def prepare(self, data):
         self.threads.append(threading.current_thread().name)
@@ -54,8 +54,8 @@ def run(stage: Demo, data: dict) -> dict:
 
 
 def test_a_tts_preprocessing_refuses_unknown_fields_and_long_texts_before_its_own_work():
-    stage = Demo()
-    assert stage.max_frames == 100 and Demo(max_frames=7).max_frames == 7
+    stage = Demo("tiny", max_input_tokens=4)
+    assert stage.max_frames == 100 and Demo("tiny", max_frames=7).max_frames == 7
     assert run(stage, {"input": "a b c", "max_frames": 9}) == {"frames": 9}
     assert stage.threads and stage.threads[0] != threading.main_thread().name
     with pytest.raises(RequestError, match="unknown field 'speed' for demo-tts") as caught:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni_core.kit.config import FromDict, known_fields
+from omni_core.kit.config import rope_theta as _rope_theta
+from omni_core.kit.config import rope_type as _rope_type
 from omni_qwen3_tts.config import TransformerConfig
 
 MODEL_TYPE = "moss_tts_delay"
@@ -34,23 +36,6 @@ _QWEN3_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _rope_theta(raw: dict[str, Any]) -> float:
-    """Either spelling: ``rope_theta`` (transformers 4) or ``rope_parameters`` (5)."""
-    for source in (raw, raw.get("rope_parameters") or {}, raw.get("rope_scaling") or {}):
-        if source.get("rope_theta") is not None:
-            return float(source["rope_theta"])
-    return float(_QWEN3_DEFAULTS["rope_theta"])
-
-
-def _rope_type(raw: dict[str, Any]) -> str:
-    for key in ("rope_scaling", "rope_parameters"):
-        section = raw.get(key) or {}
-        kind = section.get("rope_type", section.get("type"))
-        if kind:
-            return str(kind)
-    return "default"
-
-
 def backbone_config(raw: dict[str, Any], where: str) -> TransformerConfig:
     """The ``language_config`` section as the geometry of one Qwen3 decoder stack."""
     merged = {**_QWEN3_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
@@ -68,7 +53,7 @@ def backbone_config(raw: dict[str, Any], where: str) -> TransformerConfig:
         num_key_value_heads=int(merged.get("num_key_value_heads") or heads),
         head_dim=int(merged.get("head_dim") or int(merged["hidden_size"]) // heads),
         rms_norm_eps=float(merged["rms_norm_eps"]),
-        rope_theta=_rope_theta(raw),
+        rope_theta=_rope_theta(raw, _QWEN3_DEFAULTS["rope_theta"]),
         attention_bias=bool(merged["attention_bias"]),
         hidden_act=str(merged["hidden_act"]),
         max_position_embeddings=int(merged["max_position_embeddings"]),

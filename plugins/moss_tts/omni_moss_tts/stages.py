@@ -89,23 +89,11 @@ class Preprocessing(TTSPreprocessing):
     pipeline = "moss-tts"
     request_keys = REQUEST_KEYS
 
-    def __init__(
-        self,
-        model_path: str,
-        max_ref_audio_seconds: float,
-        max_frames: int | None,
-        max_input_tokens: int = 8192,
-    ):
+    def load(self, model_path: str) -> tuple[Any, int]:
         root = model_root(model_path, "dummy")
         self.config, self.defaults = read_config(root)
         self.prompts = PromptBuilder(self.config, TextTokenizer.from_dir(root))
-        super().__init__(
-            self.prompts.tokenizer.encode,
-            self.defaults.max_new_tokens,
-            max_ref_audio_seconds,
-            max_frames,
-            max_input_tokens,
-        )
+        return self.prompts.tokenizer.encode, self.defaults.max_new_tokens
 
     def prepare(self, data: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -211,13 +199,7 @@ class Preprocessing(TTSPreprocessing):
         return {"sampling": audio, "text_sampling": text, "max_frames": max_frames}
 
 
-def create_preprocessing(
-    model_path: str,
-    max_ref_audio_seconds: float = 30.0,
-    max_frames: int | None = None,
-    max_input_tokens: int = 8192,
-) -> Preprocessing:
-    return Preprocessing(model_path, max_ref_audio_seconds, max_frames, max_input_tokens)
+create_preprocessing = Preprocessing  # the kit's TTSPreprocessing is its own factory
 
 
 # -- tts_engine -------------------------------------------------------------------

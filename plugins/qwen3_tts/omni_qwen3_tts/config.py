@@ -15,29 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni_core.kit.config import FromDict, known_fields
+from omni_core.kit.config import rope_theta as _rope_theta
+from omni_core.kit.config import rope_type as _rope_type
 
 MODEL_TYPE = "qwen3_tts"
 SPEECH_TOKENIZER_TYPE = "qwen3_tts_tokenizer_12hz"
 VARIANTS = ("base", "custom_voice", "voice_design")
-
-
-def _rope_theta(raw: dict[str, Any], default: float) -> float:
-    """Accept both spellings: ``rope_theta`` and ``rope_parameters.rope_theta``."""
-    params = raw.get("rope_parameters") or {}
-    scaling = raw.get("rope_scaling") or {}
-    for source in (raw, params, scaling):
-        if source.get("rope_theta") is not None:
-            return float(source["rope_theta"])
-    return float(default)
-
-
-def _rope_type(raw: dict[str, Any]) -> str:
-    for key in ("rope_scaling", "rope_parameters"):
-        section = raw.get(key) or {}
-        kind = section.get("rope_type", section.get("type"))
-        if kind:
-            return str(kind)
-    return "default"
 
 
 @dataclass(frozen=True)

@@ -93,26 +93,14 @@ class Preprocessing(TTSPreprocessing):
     pipeline = "qwen3-tts"
     request_keys = REQUEST_KEYS
 
-    def __init__(
-        self,
-        model_path: str,
-        max_ref_audio_seconds: float,
-        max_frames: int | None,
-        max_input_tokens: int = 8192,
-    ):
+    def load(self, model_path: str) -> tuple[Any, int]:
         root = resolve_model_path(model_path).path
         self.config = Qwen3TTSConfig.from_dict(read_json(root / "config.json"))
         self.defaults = GenerationDefaults.from_dict(
             read_json(root / "generation_config.json", required=False)
         )
         self.prompts = PromptBuilder(self.config, TextTokenizer.from_dir(root))
-        super().__init__(
-            self.prompts.tokenizer.encode,
-            self.defaults.max_new_tokens,
-            max_ref_audio_seconds,
-            max_frames,
-            max_input_tokens,
-        )
+        return self.prompts.tokenizer.encode, self.defaults.max_new_tokens
 
     def prepare(self, data: dict[str, Any]) -> dict[str, Any]:
         if data.get("speed", 1.0) not in (1, 1.0, None):
@@ -217,13 +205,7 @@ class Preprocessing(TTSPreprocessing):
         )
 
 
-def create_preprocessing(
-    model_path: str,
-    max_ref_audio_seconds: float = 30.0,
-    max_frames: int | None = None,
-    max_input_tokens: int = 8192,
-) -> Preprocessing:
-    return Preprocessing(model_path, max_ref_audio_seconds, max_frames, max_input_tokens)
+create_preprocessing = Preprocessing  # the kit's TTSPreprocessing is its own factory
 
 
 # -- tts_engine -------------------------------------------------------------------
