@@ -15,9 +15,11 @@ printed as skipped, never silently dropped:
    GPU in bfloat16, a prefill and decode steps compared with the same model in
    float32 on the CPU; see the tests for the tolerances);
 2. **demos** (150 s): every ``examples/*_demo.toml`` served by ``omni serve``
-   on the GPU (``--placement.policy declared``, every GPU stage on GPU 0,
-   ``factory.dtype = "bfloat16"`` where the stage takes a dtype), answering one
-   request of its API (speech: a wav; chat: a completion), then stopped;
+   on the GPU (``--placement.policy declared``, every GPU stage on GPU 0 with
+   an equal share of 80 % of its memory, ``factory.dtype = "bfloat16"`` where
+   the stage takes a dtype), answering one request of its API (speech: a wav;
+   chat: a completion; transcription: the text of ``examples/media/hello.wav``),
+   then stopped;
 3. **throughput** (300 s): dummy weights at the release sizes -- Qwen3-TTS
    0.6B and 1.7B and MOSS-TTS 8B through their stages' own code
    (``bench_qwen3_tts.ours``, ``bench_moss_tts.ours``), Qwen3-Omni 30B-A3B
@@ -173,9 +175,11 @@ def demo_flags(demo: Path, device: str) -> tuple[list[str], tuple[str, ...]]:
     flags: list[str] = []
     if device.startswith("cuda"):
         flags += ["--placement.policy", "declared"]
+        on_gpu = [stage for stage in config.stages if stage.gpu is not None]
+        share = f"{0.8 / max(len(on_gpu), 1):.3f}"  # declared: processes sharing a GPU need one
+        for stage in on_gpu:
+            flags += [f"--{stage.name}.gpu", "0", f"--{stage.name}.gpu_memory_fraction", share]
         for stage in config.stages:
-            if stage.gpu is not None and stage.gpu != 0:
-                flags += [f"--{stage.name}.gpu", "0"]
             if "dtype" in type(stage.factory).model_fields:
                 flags += [f"--{stage.name}.factory.dtype", "bfloat16"]
     return flags, tuple(type(config).api)
@@ -187,6 +191,33 @@ def post_json(url: str, body: dict[str, Any], timeout: float) -> tuple[int, byte
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def post_form(
+    url: str, fields: dict[str, str], file: tuple[str, str, bytes], timeout: float
+) -> tuple[int, bytes]:
+    """A multipart/form-data POST (fields and one file), as the transcription API takes it."""
+    boundary = "omni-gpu-check-boundary"
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+        for k, v in fields.items()
+    ]
+    name, filename, data = file
+    parts.append(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"'
+        f"\r\nContent-Type: audio/wav\r\n\r\n".encode()
+        + data
+        + b"\r\n"
+    )
+    body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, body, headers), timeout=timeout
+        ) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -208,6 +239,17 @@ def ask_demo(url: str, api: tuple[str, ...], timeout: float) -> str:
         if status != 200 or data[:4] != b"RIFF" or len(data) <= 44:
             raise RuntimeError(f"speech answered {status}: {data[:300]!r}")
         return f"speech: {len(data) - 44} bytes of wav ({(len(data) - 44) / 48000:.2f} s)"
+    if "chat" not in api and "transcription" in api:
+        status, data = post_form(
+            url + "/v1/audio/transcriptions",
+            {"model": model},
+            ("file", "hello.wav", (REPO / "examples" / "media" / "hello.wav").read_bytes()),
+            timeout,
+        )
+        text = json.loads(data).get("text") if status == 200 else None
+        if not isinstance(text, str):
+            raise RuntimeError(f"transcription answered {status}: {data[:300]!r}")
+        return f"transcription: {text[:40]!r}"
     body = {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8}
     status, data = post_json(url + "/v1/chat/completions", body, timeout)
     answer = json.loads(data) if status == 200 else {}
@@ -350,7 +392,8 @@ def measure_qwen3_omni(device: str, levels: list[int], smoke: bool) -> list[Row]
         else:
             deploy, policy = None, None
             ckpt = release_omni_checkpoint(bench, Path(tmp))
-            flags += ["--model-path", str(ckpt), "--placement.policy", "declared"]
+            # auto: the plugins' memory estimates at these sizes in bf16 size each stage's share
+            flags += ["--model-path", str(ckpt), "--placement.policy", "auto"]
             flags += ["--cluster.gpus", "1", "--cluster.gpu_memory", str(gpu_memory(device))]
             for stage in bench.LOADED:
                 flags += [f"--{stage}.factory.load_format", "dummy"]
