@@ -16,13 +16,15 @@ windowed attention (``omni_qwen3_omni.audio.encoder``), the thinker's decoder
 (``omni_qwen3_omni.thinker.decoder``; with no experts every layer's
 feed-forward is the dense SwiGLU, the names Qwen3-ASR's checkpoint uses) and
 its engine step model (``thinker.step``), the chat-template renderer
-(``chat``), strict checkpoint loading by prefix (``checkpoint``). We depend on
+(``chat``). We depend on
 ``omni-qwen3-omni`` for them rather than move them: they are model code the
 two families share, which the speech kit (``omni_core.kit``) deliberately
 does not hold (the core knows no model), and Qwen3-Omni already depends on
 ``omni-qwen3-tts`` for its decoder layers the same way. The plugin-shaped
-boilerplate (model-source checks, stage chain, hook registration) comes from
-``omni_core.kit``. What is Qwen3-ASR's own lives here: the config's nesting,
+boilerplate comes from ``omni_core.kit``: model-source checks, the stage
+chain, hook registration, config parsing (``known_fields``) and strict
+safetensors loading by prefix (``kit.weights.Checkpoint``); the dtype rule is
+the core's (``engine.precision``). What is Qwen3-ASR's own lives here: the config's nesting,
 the prompt (context as the system turn, a forced language as the start of
 the answer), the output's language header, and the languages it knows.
 """

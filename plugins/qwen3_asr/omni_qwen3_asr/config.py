@@ -17,7 +17,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from omni_qwen3_omni.config import AudioEncoderConfig, ConfigError, TextConfig, _pick, _text_config
+from omni_core.kit.config import known_fields
+from omni_qwen3_omni.config import AudioEncoderConfig, ConfigError, TextConfig, _text_config
 
 MODEL_TYPE = "qwen3_asr"
 ARCHITECTURE = "Qwen3ASRForConditionalGeneration"
@@ -46,7 +47,9 @@ class ASRConfig:
         section = raw.get("thinker_config", raw)
         if not isinstance(section, dict):
             raise ConfigError("config.json: thinker_config must be an object")
-        audio = AudioEncoderConfig(**_pick(AudioEncoderConfig, section.get("audio_config") or {}))
+        audio = AudioEncoderConfig(
+            **known_fields(AudioEncoderConfig, section.get("audio_config") or {})
+        )
         text_raw = dict(section.get("text_config") or {})
         rope = text_raw.get("rope_scaling") or text_raw.get("rope_parameters") or {}
         if text_raw.get("rope_theta") is None and rope.get("rope_theta") is None:

@@ -3,7 +3,7 @@
 The release names every tensor under ``thinker.``: the audio tower under
 ``thinker.audio_tower.``, the decoder under ``thinker.model.`` and its head
 ``thinker.lm_head.`` (absent when the config ties it to the embeddings).
-Both parts load strictly (Qwen3-Omni's :class:`Checkpoint`: a missing,
+Both parts load strictly (the kit's :class:`Checkpoint`: a missing,
 unexpected or misshapen tensor is named with its shard), and a tensor under
 no known prefix is refused, so nothing in a checkpoint is silently ignored.
 """
@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
+from omni_core.engine.precision import torch_dtype
+from omni_core.kit.weights import Checkpoint, CheckpointError
 from omni_qwen3_omni.audio.encoder import AudioEncoder
-from omni_qwen3_omni.checkpoint import Checkpoint, CheckpointError
 from omni_qwen3_omni.loading import construct, part_seed
 from omni_qwen3_omni.thinker.decoder import ThinkerLM
-from omni_qwen3_tts.weights import dummy_fill, parse_dtype
+from omni_qwen3_tts.weights import dummy_fill
 
 from .config import ASRConfig
 from .source import resolve_model_path
@@ -102,7 +103,8 @@ def _filled(
             f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}"
         )
     target = torch.device(device)
-    encoder, lm = construct_parts(config, target, parse_dtype(dtype, target))
+    raw = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    encoder, lm = construct_parts(config, target, torch_dtype(dtype, target, config=raw))
     if load_format == "dummy":
         dummy_fill(encoder, part_seed(seed, "audio_encoder"))
         dummy_fill(lm, part_seed(seed, "thinker"))

@@ -66,12 +66,12 @@ def test_word_timings_equal_the_release_aligner(tmp_path, speak) -> None:
     soxr = pytest.importorskip("soxr")
     import io
 
+    from omni_core.kit.weights import Checkpoint
     from omni_qwen3_asr.aligner import ForcedAligner
     from omni_qwen3_asr.loading import construct_parts, load_weights, read_config
     from omni_qwen3_asr.source import PRESETS_DIR
     from omni_qwen3_omni.audio.mel import log_mel
     from omni_qwen3_omni.chat import ChatPrompter
-    from omni_qwen3_omni.checkpoint import Checkpoint
 
     clips = {}
     for name, said in (("short", "hello there"), ("long", "one two three four five six seven")):

@@ -13,9 +13,9 @@ from safetensors.torch import save_file  # noqa: E402
 
 import omni_qwen3_asr.plugin as asr_plugin  # noqa: E402
 from omni_core import RequestError  # noqa: E402
+from omni_core.kit.weights import CheckpointError  # noqa: E402
 from omni_core.testing import plan_on_cpu  # noqa: E402
 from omni_qwen3_asr.loading import load_model  # noqa: E402
-from omni_qwen3_omni.checkpoint import CheckpointError  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[3] / "examples" / "qwen3_asr_demo.toml"
 
@@ -46,6 +46,12 @@ def test_the_memory_estimate_sizes_both_towers_and_the_kv_cache(plugins, short_t
     # Qwen3-ASR-1.7B in bfloat16: ~1.7 G parameters at 2 bytes (tower + decoder + head)
     assert 3.0e9 < got.weights_bytes < 5.0e9
     assert got.kv_bytes > 0 and "Qwen3-ASR-1.7B" in got.source
+    # the seed's settings of its single asr stage, each where its reader finds it
+    asr = {stage.name: stage for stage in planned.config.stages}["asr"]
+    assert asr.factory.dtype == "bfloat16"
+    engine = asr.engine
+    assert (engine.max_running_requests, engine.cuda_graph_max_bs) == (32, 32)
+    assert engine.mem_fraction_static == 0.8 and engine.enable_torch_compile is True
 
 
 def _release_checkpoint(directory: Path, seed: int = 3) -> dict[str, torch.Tensor]:

@@ -36,9 +36,9 @@ torch = pytest.importorskip("torch")
 sf = pytest.importorskip("soundfile")
 soxr = pytest.importorskip("soxr")
 
+from omni_core.kit.weights import Checkpoint  # noqa: E402
 from omni_qwen3_asr.loading import load_weights, read_config  # noqa: E402
 from omni_qwen3_asr.source import PRESETS_DIR  # noqa: E402
-from omni_qwen3_omni.checkpoint import Checkpoint  # noqa: E402
 
 REFERENCE_PYTHON = Path(os.environ.get("QWEN_ASR_REF_PYTHON", "/nonexistent/qwen-asr-ref"))
 SCRIPT = Path(__file__).parent / "reference" / "asr_reference.py"
