@@ -8,6 +8,8 @@ called), but it serves stage factories only, in the processes that run them:
 - :func:`engine_settings`: an engine stage's ``engine.*`` settings, with the
   placement's memory share as the engine's bound unless
   ``engine.mem_fraction_static`` sets one;
+- :func:`tp_group`: a tensor-parallel stage's group, the one the runtime
+  formed for this process, or a clear error when there is none;
 - :class:`WorkerThreadStage`: a preprocessing stage whose checks (tokenizing,
   decoding a reference clip) run in a worker thread, so a long request cannot
   silence its process's heartbeat; it refuses unknown request fields first;
@@ -50,6 +52,21 @@ def engine_settings(
     if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
         settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
     return settings
+
+
+def tp_group(stage: str, tp_rank: int, tp_size: int) -> Any:
+    """This process's tensor-parallel group (the runtime formed it), or None at tp_size 1."""
+    if tp_size == 1:
+        return None
+    from ..engine.tp import current_group
+
+    group = current_group()
+    if group is None or (group.rank, group.size) != (tp_rank, tp_size):
+        raise RuntimeError(
+            f"stage {stage} has tp_size {tp_size}, but this process is not rank {tp_rank} of a "
+            "tensor-parallel group; run it through omni's runtime, which forms the group"
+        )
+    return group
 
 
 class WorkerThreadStage:

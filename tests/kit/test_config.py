@@ -24,3 +24,14 @@ def test_aliases_fill_a_field_only_when_its_own_spelling_is_absent_and_exclude_s
     assert known_fields(Sampling, {"k": 3}, {"k": "top_k"}) == {"top_k": 3}
     assert known_fields(Sampling, {"k": 3, "top_k": 4}, {"k": "top_k"}) == {"top_k": 4}
     assert known_fields(Sampling, {"nested": {}, "top_k": 1}, exclude={"nested"}) == {"top_k": 1}
+
+
+def test_rotary_settings_are_read_under_either_spelling():
+    from omni_core.kit.config import rope_theta, rope_type
+
+    assert rope_theta({"rope_theta": 5e5}, 1e4) == 5e5
+    assert rope_theta({"rope_parameters": {"rope_theta": 2e6, "rope_type": "default"}}, 1e4) == 2e6
+    assert rope_theta({}, 1e4) == 1e4
+    assert rope_type({"rope_scaling": {"type": "mrope"}}) == "mrope"
+    assert rope_type({"rope_parameters": {"rope_type": "yarn"}}) == "yarn"
+    assert rope_type({}) == "default"

@@ -75,3 +75,11 @@ def test_request_fields_are_checked_by_type_and_name():
     assert text({"t": "hi"}, "t") == "hi" and text({}, "t") is None
     with pytest.raises(RequestError, match="'t' must be a string, got int"):
         text({"t": 3}, "t")
+
+
+def test_a_tensor_parallel_stage_outside_a_group_the_runtime_formed_is_refused():
+    from omni_core.kit.stages import tp_group
+
+    assert tp_group("thinker", 0, 1) is None
+    with pytest.raises(RuntimeError, match="stage thinker has tp_size 2, but this process is not"):
+        tp_group("thinker", 1, 2)

@@ -28,7 +28,7 @@ from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams, check_sampling
 from omni_core.engine.quantize import apply_quantization
-from omni_core.kit.stages import TTSPreprocessing, torch_device
+from omni_core.kit.stages import TTSPreprocessing, torch_device, tp_group
 from omni_core.kit.stages import engine_settings as kit_engine_settings
 from omni_core.kit.stages import number as _number
 from omni_core.kit.stages import text as _text
@@ -286,7 +286,7 @@ def create_tts_engine(
             f"stage 'tts_engine': factory.quantization = {quantization!r} with tp_size {tp_size}: "
             "not implemented yet (int8 layers are not sharded); use one of them"
         )
-    group = _tp_group(tp_rank, tp_size)
+    group = tp_group("tts_engine", tp_rank, tp_size)
     if group is not None and not group.leader:
         return _backbone_follower(model_path, load_format, dtype, device, seed, group, pack_weights)
     model = load_model(model_path, load_format, dtype, device, seed, codec_path)
@@ -311,21 +311,6 @@ def create_tts_engine(
     if mirror is not None:
         mirror.setup(engine.plan.num_slots, engine.plan.slot_len)
     return TTSEngine(model, engine, mirror)
-
-
-def _tp_group(tp_rank: int, tp_size: int) -> Any:
-    """This process's tensor-parallel group (the runtime formed it), or None at tp_size 1."""
-    if tp_size == 1:
-        return None
-    from omni_core.engine.tp import current_group
-
-    group = current_group()
-    if group is None or (group.rank, group.size) != (tp_rank, tp_size):
-        raise RuntimeError(
-            f"stage tts_engine has tp_size {tp_size}, but this process is not rank {tp_rank} "
-            "of a tensor-parallel group; run it through omni's runtime, which forms the group"
-        )
-    return group
 
 
 def _backbone_follower(
