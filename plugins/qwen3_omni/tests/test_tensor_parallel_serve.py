@@ -5,6 +5,8 @@ a process of its own at ``tp_size = 2``: ``thinker_tp0`` takes the requests,
 ``thinker_tp1`` holds the other half of every layer. Greedy answers must be
 the ones of ``tp_size = 1`` token for token; killing a rank must fail the
 request in flight with a 503 that names it, and the group must come back.
+The speech demo (``qwen3_omni_demo.toml``) with its thinker split must speak
+the same audio: the talker reads the rows rank 0 captures.
 """
 
 from __future__ import annotations
@@ -127,3 +129,41 @@ def test_a_killed_rank_fails_its_request_with_a_503_naming_it_and_the_group_come
             health = runtime.health()["processes"]
             assert health["thinker_tp0"]["restarts"] == health["thinker_tp1"]["restarts"] == 1
             assert chat(8) == before  # the restarted group answers as the first one did
+
+
+SPEECH_DEMO = DEMO.with_name("qwen3_omni_demo.toml")
+
+
+def _spoken(messages: list[dict], voice: str) -> dict:
+    data = _request(messages)
+    return {**data, "modalities": ["text", "audio"], "voice": voice}
+
+
+async def _speech(runtime: Any, data: dict) -> tuple[str, bytes]:
+    handle = await runtime.dispatch(data)
+    text, audio = [], []
+    async for event in handle.stream():
+        if not event.final:
+            (text if event.stage == "decode" else audio).append(event.data)
+    return "".join(text), b"".join(chunk.tobytes() for chunk in audio)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_split_thinker_feeds_the_talker_the_rows_of_a_whole_one(short_tmp, anyio_backend):
+    """The talker reads rank 0's layer-0 and accept-layer rows: whole after the all-reduces."""
+    spoken = {
+        "text": _spoken([{"role": "user", "content": "Hello there"}], "ethan"),
+        "media": _spoken(user(image_part(64, 96), audio_part(1.0)), "chelsie"),
+    }
+    fast = ["--talker_ar.factory.max_frames", "40"]
+    answers = {}
+    for name, flags in (("tp1", fast), ("tp2", [*fast, *TP2[2:]])):
+        planned = plan_on_cpu(
+            OmniPlugins(env={}), short_tmp / name, deploy=SPEECH_DEMO, flags=flags
+        )
+        async with planned.runtime() as runtime:
+            answers[name] = {key: await _speech(runtime, data) for key, data in spoken.items()}
+    assert answers["tp2"] == answers["tp1"]
+    assert all(text and audio for text, audio in answers["tp1"].values())
