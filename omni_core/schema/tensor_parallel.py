@@ -51,6 +51,16 @@ def tensor_parallel_problems(config: PipelineConfig) -> list[SourceProblem]:
                 )
             )
             continue
+        if getattr(getattr(stage, "engine", None), "enable_torch_compile", False):
+            problems.append(
+                (
+                    (*path, ("stages", stage.name, "engine", "enable_torch_compile")),
+                    f"stage {stage.name!r}: engine.enable_torch_compile with tp_size {size} is "
+                    "not implemented yet (a compiled step would run its all-reduces on rank 0 "
+                    "alone)",
+                    f"set tp_size = 1 or engine.enable_torch_compile = false for {stage.name!r}",
+                )
+            )
         sizes = config.tensor_parallel_sizes(stage.name)
         bad = {name: value for name, value in sizes.items() if value % size}
         if bad:

@@ -113,3 +113,11 @@ def test_a_pipeline_that_declares_no_split_refuses_every_tp_stage():
     message = caught.value.render()
     assert "stage 'a' has tp_size 2" in message
     assert "implemented for no stage of pipeline 'test-no-tp'" in message
+
+
+def test_compiled_steps_are_refused_with_tensor_parallelism(capsys):
+    flags = [*_tp("tts_engine", 2), "--tts_engine.engine.enable_torch_compile", "true"]
+    assert main(["plan", MOSS_DEMO, *flags]) == 2
+    err = capsys.readouterr().err
+    assert "engine.enable_torch_compile with tp_size 2 is not implemented yet" in err
+    assert "--tts_engine.engine.enable_torch_compile" in err
