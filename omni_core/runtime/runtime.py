@@ -63,6 +63,14 @@ class Runtime:
                 "follower maps its leader's memory, so both must run on this host",
                 hint='set weight_share = "off", or runtime.launcher = "local"',
             )
+        ranks = [p.name for p in plan.processes if p.tp_rank is not None]
+        if ranks and config.runtime.launcher != "local":
+            raise NotImplementedYet(
+                f"the plan runs tensor-parallel rank processes ({', '.join(ranks)}), but they "
+                f"are not implemented yet for launcher {config.runtime.launcher!r}: the ranks "
+                "meet at a file in this host's runtime directory",
+                hint='set tp_size = 1, or runtime.launcher = "local"',
+            )
         self.plan, self.config = plan, config
         self.plugins = plugins or get_plugins()
         self.plugin_modules = list(plugin_modules)

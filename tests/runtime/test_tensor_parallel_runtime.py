@@ -84,3 +84,16 @@ async def test_a_rank_that_fails_to_start_is_named_and_its_group_is_stopped_at_o
     # Rank 0 was waiting for rank 1 in Mirror.setup: without being stopped it would have
     # waited the whole startup timeout.
     assert elapsed < 60
+
+
+async def test_rank_processes_are_refused_under_another_launcher(plugins, short_tmp):
+    from omni_core.errors import NotImplementedYet
+    from omni_core.runtime import Runtime
+
+    with plugins.registered(tp, tp.HERE):
+        planned = _planned(plugins, short_tmp)
+        config = planned.config.model_copy(
+            update={"runtime": planned.config.runtime.model_copy(update={"launcher": "ray"})}
+        )
+        with pytest.raises(NotImplementedYet, match="split_tp0, split_tp1"):
+            Runtime(planned.plan, config, plugins=plugins)
