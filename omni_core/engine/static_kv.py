@@ -35,16 +35,21 @@ class StaticSlotStore:
         self.k, self.v = k_cache, v_cache
         self.rows = slots[:, None].expand_as(positions)
         self.positions = positions
+        heads = torch.arange(k_cache.shape[2], device=k_cache.device)
+        # Index tensors for every dimension but the last, broadcast to [B, T, heads]: one
+        # index_put_ on the cache tensor itself, which inductor keeps in place (a write
+        # through a view of it, k_cache[layer][...] = ..., made it copy the whole cache).
+        self._where = (self.rows[..., None], heads[None, None, :], positions[..., None])
 
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store ``k``/``v`` ``[B, heads, T, dim]``; return their slots ``[B, heads, L, dim]``."""
-        k_layer, v_layer = self.k[layer], self.v[layer]
-        k_layer[self.rows, :, self.positions] = k.transpose(1, 2)
-        v_layer[self.rows, :, self.positions] = v.transpose(1, 2)
+        where = (torch.full_like(self._where[0], layer), *self._where)
+        self.k.index_put_(where, k.transpose(1, 2))
+        self.v.index_put_(where, v.transpose(1, 2))
         slots = self.rows[:, 0]
-        return k_layer.index_select(0, slots), v_layer.index_select(0, slots)
+        return self.k[layer].index_select(0, slots), self.v[layer].index_select(0, slots)
 
 
 def static_mask(positions: torch.Tensor, capacity: int) -> torch.Tensor:
