@@ -3,9 +3,9 @@
 Run: ``python benchmarks/bench_engine.py [--threads N] [--device cpu|cuda] [--compile]``
 (about a minute on two CPU cores; ``--smoke``: a tiny model, concurrency 1 and 2, a few
 seconds). ``--compile`` runs every level again with ``engine.enable_torch_compile``
-(inductor, batch buckets 1, 2, 4, 8, compiled before the clock starts) and prints
-both, each row saying which engine it was; on CUDA the eager engine is run with
-``engine.disable_cuda_graph``, the other with CUDA graphs.
+(inductor, batch buckets 1, 2, 4, 8, compiled before the clock starts), interleaved
+with the eager engine level by level, each row saying which engine it was; on CUDA
+the eager engine runs with ``engine.disable_cuda_graph``, the other with CUDA graphs.
 
 The model is :class:`~omni_core.engine.toy_model.TinyDecoder` at a size where
 a decode step is dominated by reading the weights (4 layers, width 512,
@@ -24,6 +24,7 @@ tokens/s gain over concurrency 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import anyio
@@ -84,15 +85,20 @@ async def main(args: argparse.Namespace) -> None:
         f"{'engine':>8} {'concurrency':>11} {'requests':>8} {'seconds':>8} {'steps/s':>8} "
         f"{'tokens/s':>9} {'gain':>5}"
     )
-    base = None
-    for mode, settings in modes.items():
-        engine = TorchEngine(model, settings)
+    engines = {mode: TorchEngine(model, settings) for mode, settings in modes.items()}
+    for mode, engine in engines.items():
         if engine.warm_up_seconds is not None:
             print(f"{mode:>8} {engine.static.reason}; compiled in {engine.warm_up_seconds:.1f} s")
-        async with engine:
+    base = None
+    async with contextlib.AsyncExitStack() as stack:
+        for engine in engines.values():
+            await stack.enter_async_context(engine)
             await run_level(engine, 1, 1, new_tokens)  # warm-up
-            for concurrency in levels:
-                requests = max(args.requests, concurrency)
+        # interleaved: each level runs on every engine in turn, so a busy machine's
+        # slow moments fall on both
+        for concurrency in levels:
+            requests = max(args.requests, concurrency)
+            for mode, engine in engines.items():
                 seconds, tokens, steps = await run_level(engine, concurrency, requests, new_tokens)
                 rate = tokens / seconds
                 base = base or rate
