@@ -16,7 +16,8 @@ called), but it serves stage factories only, in the processes that run them:
   :class:`TTSPreprocessing` adds a TTS request's bounds (frames, reference
   clip length, text tokens);
 - :func:`number` and :func:`text`: request fields checked by type, each
-  mistake a :class:`~omni_core.RequestError` (HTTP 400) naming the field.
+  mistake a :class:`~omni_core.RequestError` (HTTP 400) naming the field;
+  :data:`SPEECH_REQUEST_KEYS`, the fields every TTS request may carry.
 """
 
 from __future__ import annotations
@@ -26,6 +27,19 @@ from typing import Any, ClassVar
 
 from ..engine.interface import EngineSettings
 from ..errors import RequestError
+
+SPEECH_REQUEST_KEYS = frozenset(
+    {
+        # OpenAI's speech fields
+        "model", "input", "voice", "response_format", "speed", "instructions", "stream",
+        "stream_format",
+        # the server's voices (CONTRIBUTING: "Voices"): an enrollment, a stored clone prompt
+        "voice_enroll", "voice_prompt",
+        # the sampling every TTS engine reads (the OpenAI-style names) and the frame cap
+        "temperature", "top_k", "top_p", "repetition_penalty", "seed", "max_frames",
+    }
+)  # fmt: skip
+"""The request fields every TTS preprocessing stage accepts; a family adds its own."""
 
 
 def torch_device(gpu_id: int | None, stage: str) -> str:

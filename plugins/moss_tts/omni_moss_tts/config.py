@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni_core.kit.config import FromDict, known_fields
-from omni_core.kit.config import rope_theta as _rope_theta
-from omni_core.kit.config import rope_type as _rope_type
-from omni_qwen3_tts.config import TransformerConfig
+from omni_qwen3_tts.config import TransformerConfig, transformer_config
 
 MODEL_TYPE = "moss_tts_delay"
 
@@ -39,27 +37,9 @@ _QWEN3_DEFAULTS: dict[str, Any] = {
 def backbone_config(raw: dict[str, Any], where: str) -> TransformerConfig:
     """The ``language_config`` section as the geometry of one Qwen3 decoder stack."""
     merged = {**_QWEN3_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
-    if _rope_type(raw) != "default":
-        raise ValueError(f"{where}: rope type {_rope_type(raw)!r} is not supported (only default)")
     if merged.get("sliding_window") and merged.get("use_sliding_window"):
         raise ValueError(f"{where}: sliding-window attention is not supported")
-    heads = int(merged["num_attention_heads"])
-    cfg = TransformerConfig(
-        vocab_size=int(merged["vocab_size"]),
-        hidden_size=int(merged["hidden_size"]),
-        intermediate_size=int(merged["intermediate_size"]),
-        num_hidden_layers=int(merged["num_hidden_layers"]),
-        num_attention_heads=heads,
-        num_key_value_heads=int(merged.get("num_key_value_heads") or heads),
-        head_dim=int(merged.get("head_dim") or int(merged["hidden_size"]) // heads),
-        rms_norm_eps=float(merged["rms_norm_eps"]),
-        rope_theta=_rope_theta(raw, _QWEN3_DEFAULTS["rope_theta"]),
-        attention_bias=bool(merged["attention_bias"]),
-        hidden_act=str(merged["hidden_act"]),
-        max_position_embeddings=int(merged["max_position_embeddings"]),
-    )
-    cfg.validate(where)
-    return cfg
+    return transformer_config(raw, _QWEN3_DEFAULTS, where)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams, check_sampling
 from omni_core.engine.quantize import apply_quantization
-from omni_core.kit.stages import TTSPreprocessing, torch_device, tp_group
+from omni_core.kit.stages import SPEECH_REQUEST_KEYS, TTSPreprocessing, torch_device, tp_group
 from omni_core.kit.stages import engine_settings as kit_engine_settings
 from omni_core.kit.stages import number as _number
 from omni_core.kit.stages import text as _text
@@ -45,18 +45,12 @@ from .prompt import PromptBuilder, PromptError
 SAMPLE_RATE = 24000
 MIN_REF_AUDIO_SECONDS = 0.5  # under ~6 frames the codec has too little of the voice
 SILENCE_DBFS = -60.0  # a reference quieter than this has no voice to clone
-REQUEST_KEYS = {
-    # OpenAI's speech fields
-    "model", "input", "voice", "response_format", "speed", "instructions", "stream",
-    "stream_format",
-    # MOSS-TTS's message fields and voice cloning
-    "language", "tokens", "ref_audio", "ref_text",
-    # the server's voices (CONTRIBUTING: "Voices"): an enrollment, a stored clone prompt
-    "voice_enroll", "voice_prompt",
-    # sampling: audio (the OpenAI-style names) and the text channel
-    "temperature", "top_k", "top_p", "repetition_penalty", "seed", "max_frames",
-    "text_temperature", "text_top_k", "text_top_p",
-}  # fmt: skip
+# the kit's speech fields (OpenAI's, the server's voices, audio sampling) and MOSS-TTS's:
+# its message fields, voice cloning and the text channel's sampling
+REQUEST_KEYS = SPEECH_REQUEST_KEYS | {
+    *("language", "tokens", "ref_audio", "ref_text"),
+    *("text_temperature", "text_top_k", "text_top_p"),
+}
 
 
 @functools.lru_cache(maxsize=4)

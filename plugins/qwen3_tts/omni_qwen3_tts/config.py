@@ -55,7 +55,15 @@ class TransformerConfig:
             raise ValueError(f"{where}.head_dim must be even for rotary positions")
 
 
-def _transformer(raw: dict[str, Any], defaults: dict[str, Any], where: str) -> TransformerConfig:
+def transformer_config(
+    raw: dict[str, Any], defaults: dict[str, Any], where: str
+) -> TransformerConfig:
+    """One Qwen3 decoder stack's geometry from a config section, ``defaults`` filling gaps.
+
+    Shared by every family built on it (MOSS-TTS's backbone too). The rotary
+    base is read from the section itself under either spelling before the
+    defaults, so a transformers-5 ``rope_parameters`` is not shadowed by a default.
+    """
     merged = {**defaults, **{k: v for k, v in raw.items() if v is not None}}
     heads = int(merged["num_attention_heads"])
     head_dim = merged.get("head_dim") or int(merged["hidden_size"]) // heads
@@ -71,7 +79,7 @@ def _transformer(raw: dict[str, Any], defaults: dict[str, Any], where: str) -> T
         num_key_value_heads=int(kv_heads),
         head_dim=int(head_dim),
         rms_norm_eps=float(merged.get("rms_norm_eps", 1e-6)),
-        rope_theta=_rope_theta(merged, defaults.get("rope_theta", 10000.0)),
+        rope_theta=_rope_theta(raw, defaults.get("rope_theta", 10000.0)),
         attention_bias=bool(merged.get("attention_bias", False)),
         hidden_act=str(merged.get("hidden_act", "silu")),
         num_code_groups=int(merged.get("num_code_groups", 16)),
@@ -135,8 +143,8 @@ class TalkerConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TalkerConfig:
-        transformer = _transformer(raw, _TALKER_DEFAULTS, "talker_config")
-        predictor = _transformer(
+        transformer = transformer_config(raw, _TALKER_DEFAULTS, "talker_config")
+        predictor = transformer_config(
             raw.get("code_predictor_config") or {},
             _PREDICTOR_DEFAULTS,
             "talker_config.code_predictor_config",

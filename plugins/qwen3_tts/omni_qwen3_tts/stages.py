@@ -28,7 +28,7 @@ from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.quantize import apply_quantization
-from omni_core.kit.stages import TTSPreprocessing, torch_device
+from omni_core.kit.stages import SPEECH_REQUEST_KEYS, TTSPreprocessing, torch_device
 from omni_core.kit.stages import engine_settings as kit_engine_settings
 from omni_core.kit.stages import number as kit_number
 from omni_core.media import AudioLimits, decode_base64_audio
@@ -43,17 +43,8 @@ from .weights import read_json, resolve_model_path
 
 SAMPLE_RATE = 24000
 MIN_REF_AUDIO_SECONDS = 0.5  # shorter clips give the speaker encoder too little to go on
-REQUEST_KEYS = {
-    # OpenAI's speech fields
-    "model", "input", "voice", "response_format", "speed", "instructions", "stream",
-    "stream_format",
-    # Qwen3-TTS
-    "language", "ref_audio", "ref_text", "x_vector_only",
-    # the server's voices (CONTRIBUTING: "Voices"): an enrollment, a stored clone prompt
-    "voice_enroll", "voice_prompt",
-    # sampling
-    "temperature", "top_k", "top_p", "repetition_penalty", "seed", "max_frames",
-}  # fmt: skip
+# the kit's speech fields (OpenAI's, the server's voices, sampling) and Qwen3-TTS's
+REQUEST_KEYS = SPEECH_REQUEST_KEYS | {"language", "ref_audio", "ref_text", "x_vector_only"}
 
 
 @functools.lru_cache(maxsize=4)
