@@ -10,17 +10,17 @@ peers' published figures. Three phases, each with a time budget
 (``--budget-scale`` stretches them); what a phase could not do in its time is
 printed as skipped, never silently dropped:
 
-1. **tests** (150 s): ``pytest -m cuda tests plugins``: every test marked
+1. **tests** (90 s): ``pytest -m cuda tests plugins``: every test marked
    ``cuda``, among them ``tests/cuda`` (each family's tiny model loaded on the
    GPU in bfloat16, a prefill and decode steps compared with the same model in
    float32 on the CPU; see the tests for the tolerances);
-2. **demos** (150 s): every ``examples/*_demo.toml`` served by ``omni serve``
+2. **demos** (120 s): every ``examples/*_demo.toml`` served by ``omni serve``
    on the GPU (``--placement.policy declared``, every GPU stage on GPU 0 with
    an equal share of 80 % of its memory, ``factory.dtype = "bfloat16"`` where
    the stage takes a dtype), answering one request of its API (speech: a wav;
    chat: a completion; transcription: the text of ``examples/media/hello.wav``),
    then stopped;
-3. **throughput** (300 s): dummy weights at the release sizes -- Qwen3-TTS
+3. **throughput** (360 s): dummy weights at the release sizes -- Qwen3-TTS
    0.6B and 1.7B and MOSS-TTS 8B through their stages' own code
    (``bench_qwen3_tts.ours``, ``bench_moss_tts.ours``), Qwen3-Omni 30B-A3B
    speaking through the whole served graph (``bench_qwen3_omni_speech``) --
@@ -28,7 +28,10 @@ printed as skipped, never silently dropped:
    to first audio, and the real-time factor (a request's wall time over its
    audio seconds: requests of a level start together). Each model runs in a
    child process of its own (its GPU memory freed when it exits), killed when
-   the phase's time is up.
+   the phase's time is up. The models' dummy weights are drawn on the CPU
+   (the plugins' seeded ``dummy`` loaders, about 20 M values a second on a
+   loaded core here): Qwen3-Omni's 35 B may not fit the budget, and is then
+   reported as left out; ``--budget-scale 2`` gives every phase twice the time.
 
 The table is printed beside the peers' published figures and written as JSON
 to ``--out``. Exit status: 0 when every phase that ran passed, 1 when one
@@ -62,9 +65,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PHASES = ("tests", "demos", "throughput")
-BUDGETS_S = {"tests": 150.0, "demos": 150.0, "throughput": 300.0}  # 10 minutes minus slack
+BUDGETS_S = {"tests": 90.0, "demos": 120.0, "throughput": 360.0}  # 10 minutes minus slack
 SMOKE_BUDGETS_S = {"tests": 300.0, "demos": 300.0, "throughput": 300.0}  # limits, not aims
-RELEASE_MODELS = ("qwen3-tts-0.6b", "qwen3-tts-1.7b", "moss-tts-8b", "qwen3-omni-30b-a3b")
+# In this order: the models the peers published figures for first (MOSS-TTS has none).
+RELEASE_MODELS = ("qwen3-tts-0.6b", "qwen3-tts-1.7b", "qwen3-omni-30b-a3b", "moss-tts-8b")
 LABELS = {
     "qwen3-tts-0.6b": "Qwen3-TTS 0.6B",
     "qwen3-tts-1.7b": "Qwen3-TTS 1.7B",
