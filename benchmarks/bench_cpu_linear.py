@@ -1,4 +1,4 @@
-"""Linear layers at decoding batch sizes on the CPU: MKL (``F.linear``) vs oneDNN-packed.
+"""Linear layers at decoding batch sizes on the CPU: float32 MKL vs oneDNN-packed, bf16, int8.
 
 Run: ``python benchmarks/bench_cpu_linear.py [--threads 2] [--layers 40]``
 (about half a minute; ``--smoke``: two layers, one pass, a second or two).
@@ -11,6 +11,14 @@ reports the best of five passes as milliseconds per layer and weight GB/s,
 next to a plain ``sum`` over 512 MB (the machine's read bandwidth). The
 shapes are Qwen3-TTS 0.6B's (talker and code predictor share them):
 q/gate/up ``1024 -> 3072``-ish and down ``3072 -> 1024``.
+
+Beside float32 (MKL's ``F.linear`` and the oneDNN-packed layer the CPU
+stages use) it times the two cheaper layouts ``factory.dtype`` and
+``factory.quantization`` choose: bfloat16 ``F.linear`` (oneDNN, AMX where
+the CPU has it; a oneDNN-packed bf16 weight measured the same, so there is
+no bf16 packed layer) and ``Int8Linear`` (int8 weights, bf16 activations,
+``aten._weight_int8pack_mm``). GB/s counts each layout's own bytes; the
+speed-up columns are against float32 MKL.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_core.engine.cpu_linear import PackedLinear, packing_available
+from omni_core.engine.quantize import Int8Linear
 
 SHAPES = {"gate/up 1024->3072": (1024, 3072), "down 3072->1024": (3072, 1024)}
 ROWS = (1, 2, 4, 8, 16)
@@ -65,23 +74,39 @@ def main() -> None:
         for label, (k, n) in SHAPES.items():
             dense = [nn.Linear(k, n, bias=False) for _ in range(args.layers)]
             packed = [PackedLinear(layer) for layer in dense]
-            megabytes = k * n * 4 / 1e6
-            print(f"\n{label} ({megabytes:.1f} MB per weight), ms per layer (weight GB/s):")
-            print(f"{'rows':>5} {'MKL F.linear':>20} {'oneDNN packed':>20} {'speed-up':>9}")
+            half = [layer.weight.detach().to(torch.bfloat16) for layer in dense]
+            int8 = [Int8Linear(nn.Linear(k, n, bias=False).to(torch.bfloat16)) for _ in dense]
+            elements = k * n / 1e9  # GB per byte of element size
+            print(f"\n{label} ({elements * 4e3:.1f} MB per float32 weight), ms per layer (GB/s):")
+            print(
+                f"{'rows':>5} {'fp32 MKL':>17} {'fp32 oneDNN':>17} {'bf16 F.linear':>17}"
+                f" {'int8 (bf16 x)':>17}   speed-up oneDNN / bf16 / int8"
+            )
             weights = [d.weight for d in dense]
             for row_count in rows:
                 x = torch.randn(row_count, k)
-                mkl = best_per_layer(
-                    lambda x=x, ws=weights: [F.linear(x, w) for w in ws], args.layers, passes
-                )
-                onednn = best_per_layer(
-                    lambda x=x, ps=packed: [p(x) for p in ps], args.layers, passes
-                )
-                gb_mkl, gb_onednn = megabytes / 1e3 / mkl, megabytes / 1e3 / onednn
-                print(
-                    f"{row_count:>5} {mkl * 1e3:>10.3f} ({gb_mkl:>5.1f})"
-                    f" {onednn * 1e3:>11.3f} ({gb_onednn:>5.1f}) {mkl / onednn:>8.2f}x"
-                )
+                xb = x.to(torch.bfloat16)
+                runs = [
+                    (x, lambda x, w: F.linear(x, w), weights),
+                    (x, lambda x, p: p(x), packed),
+                    (xb, lambda x, w: F.linear(x, w), half),
+                    (xb, lambda x, q: q(x), int8),
+                ]
+                times = [
+                    best_per_layer(
+                        lambda x=x, call=call, items=items: [call(x, i) for i in items],
+                        args.layers,
+                        passes,
+                    )
+                    for x, call, items in runs
+                ]
+                sizes = (4, 4, 2, 1)
+                cells = [
+                    f"{t * 1e3:>8.3f} ({elements * b / t:>5.1f})"
+                    for t, b in zip(times, sizes, strict=True)
+                ]
+                ups = " / ".join(f"{times[0] / t:.2f}x" for t in times[1:])
+                print(f"{row_count:>5} {' '.join(f'{c:>17}' for c in cells)}   {ups}")
 
 
 if __name__ == "__main__":

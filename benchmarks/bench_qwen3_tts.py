@@ -59,6 +59,7 @@ import torch
 
 from omni_core.engine.cpu_linear import pack_linear_weights
 from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.engine.quantize import apply_quantization
 from omni_core.engine.torch_engine import TorchEngine
 from omni_qwen3_tts.model import Qwen3TTSModel
 from omni_qwen3_tts.prompt import assistant_text
@@ -361,7 +362,12 @@ class Baseline:
 
 
 def reference(
-    python: Path, root: Path, batch: list[Request], frames: int, threads: int
+    python: Path,
+    root: Path,
+    batch: list[Request],
+    frames: int,
+    threads: int,
+    dtype: str = "float32",
 ) -> Baseline:
     from omni_qwen3_tts.tokenizer import TextTokenizer
 
@@ -378,6 +384,7 @@ def reference(
     spec = {
         "threads": threads,
         "frames": frames,
+        "dtype": dtype,
         "warmup": {**job(requests(1, 2, 900)[0]), "frames": 2},
         "requests": [job(r) for r in batch],
     }
@@ -397,7 +404,7 @@ def reference(
         f"in {result['load_s']:.1f} s"
     )
     return Baseline(
-        "reference qwen-tts, sequential (generate + codec decode)",
+        f"reference qwen-tts ({dtype} talker), sequential (generate + codec decode)",
         [r["total_s"] for r in result["requests"]],
         [r["frames"] for r in result["requests"]],
     )
@@ -501,6 +508,18 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where ours runs (cpu, cuda, cuda:1...)")
     parser.add_argument("--dtype", default="float32", help="our weights' dtype (float32, bfloat16)")
     parser.add_argument(
+        "--quantization",
+        choices=("none", "int8"),
+        default="none",
+        help="the tts_engine stage's factory.quantization (int8 needs --dtype bfloat16)",
+    )
+    parser.add_argument(
+        "--reference-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the dtype the reference's talker runs in (its codec stays float32)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="the tiny preset, 4 frames, concurrency 1 and 2, no reference: checks the script runs",
@@ -531,9 +550,13 @@ def main() -> None:
         batch = requests(args.reference_requests, args.frames, offset=500)
         if use_reference:
             save_weights(model, root)
-            baseline = reference(args.reference_python, root, batch, args.frames, args.threads)
+            baseline = reference(
+                args.reference_python, root, batch, args.frames, args.threads, args.reference_dtype
+            )
         else:
             baseline = own_sequential(model, batch)
+        # after the reference read the dense weights: what the stage does at load
+        apply_quantization(model.network.talker, args.quantization, stage="tts_engine")
         levels_run = anyio.run(
             ours,
             model,

@@ -66,6 +66,8 @@ def main() -> None:
         ).eval()
     tensors = _load_strict(model, root / "model.safetensors")
     tensors += _load_strict(codec, root / "speech_tokenizer" / "model.safetensors")
+    if job.get("dtype", "float32") == "bfloat16":
+        model = model.to(torch.bfloat16)  # the talker; the codec stays float32
     load_seconds = time.perf_counter() - started
 
     frames = int(job["frames"])
