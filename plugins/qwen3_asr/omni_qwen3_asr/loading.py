@@ -20,6 +20,7 @@ import torch
 
 from omni_core.engine.precision import torch_dtype
 from omni_core.kit.weights import Checkpoint, CheckpointError
+from omni_core.runtime.weight_share import share_weights
 from omni_qwen3_omni.audio.encoder import AudioEncoder
 from omni_qwen3_omni.loading import construct, part_seed
 from omni_qwen3_omni.thinker.decoder import ThinkerLM
@@ -105,11 +106,17 @@ def _filled(
     target = torch.device(device)
     raw = json.loads((root / "config.json").read_text(encoding="utf-8"))
     encoder, lm = construct_parts(config, target, torch_dtype(dtype, target, config=raw))
-    if load_format == "dummy":
-        dummy_fill(encoder, part_seed(seed, "audio_encoder"))
-        dummy_fill(lm, part_seed(seed, "thinker"))
-    else:
-        load_weights(Checkpoint.open(root), encoder, lm, config)
+
+    def fill(parts: torch.nn.ModuleDict) -> None:
+        if load_format == "dummy":
+            dummy_fill(parts["encoder"], part_seed(seed, "audio_encoder"))
+            dummy_fill(parts["lm"], part_seed(seed, "thinker"))
+        else:
+            load_weights(Checkpoint.open(root), parts["encoder"], parts["lm"], config)
+
+    # Filled here, or mapped from a weight-sharing leader (replicas on one device).
+    key = f"qwen3-asr:{root}:{load_format}:{dtype}:{target.type}:{seed}"
+    share_weights(key, torch.nn.ModuleDict({"encoder": encoder, "lm": lm}), fill)
     return encoder, lm
 
 

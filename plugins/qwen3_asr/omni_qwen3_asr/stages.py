@@ -162,6 +162,7 @@ class Align:
             else:
                 trailer = item
         out = {k: trailer.get(k) for k in ("finish_reason", "usage", "language")}
+        out["text"] = "".join(text)  # the whole transcript, for callers of the runtime
         mel = trailer.get("align")
         if mel is None:
             return out

@@ -105,6 +105,30 @@ def test_a_spoken_clip_runs_through_every_stage(plugins, short_tmp, hello_wav) -
     assert forced["usage"]["prompt_tokens"] > detected["usage"]["prompt_tokens"]
 
 
+def test_two_replicas_share_one_copy_of_the_weights(plugins, short_tmp, hello_wav) -> None:
+    flags = ["--processes.pipeline.num_replicas", "2", "--weight_share", "on"]
+    shared = plan_on_cpu(plugins, short_tmp, deploy=DEMO, flags=flags)
+    (group,) = shared.plan.weight_share.groups
+    assert len(group.followers) == 1
+    alone = plan_on_cpu(plugins, short_tmp, deploy=DEMO).run(_request(hello_wav))["align"]
+    import anyio
+
+    async def together() -> list[dict]:
+        replies: list[dict] = []
+        async with shared.runtime() as runtime:
+
+            async def one() -> None:
+                replies.append((await runtime.run(_request(hello_wav)))["align"])
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):  # concurrent: both replicas take some
+                    tg.start_soon(one)
+        return replies
+
+    replies = anyio.run(together)
+    assert alone["text"] and [r["text"] for r in replies] == [alone["text"]] * 4
+
+
 def test_bad_requests_are_refused_naming_the_field(plugins, short_tmp, hello_wav) -> None:
     from omni_qwen3_asr.preprocessing import create_preprocessing
 
