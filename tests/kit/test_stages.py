@@ -83,3 +83,11 @@ def test_a_tensor_parallel_stage_outside_a_group_the_runtime_formed_is_refused()
     assert tp_group("thinker", 0, 1) is None
     with pytest.raises(RuntimeError, match="stage thinker has tp_size 2, but this process is not"):
         tp_group("thinker", 1, 2)
+
+
+def test_every_tts_family_accepts_openais_speech_fields_and_the_servers_voices():
+    from omni_core.kit.stages import SPEECH_REQUEST_KEYS
+
+    openai = {"model", "input", "voice", "response_format", "speed", "instructions"}
+    assert openai | {"stream_format", "voice_enroll", "voice_prompt"} <= SPEECH_REQUEST_KEYS
+    assert "ref_audio" not in SPEECH_REQUEST_KEYS  # cloning fields are a family's own

@@ -1,7 +1,7 @@
 """Loading the MOSS-TTS network and its codec: strict by name, or seeded dummy weights.
 
-Both checkpoints load through the same strict loader as Qwen3-TTS
-(``omni_qwen3_tts.weights``): every tensor must land in a parameter of the
+Both checkpoints load through the kit's strict loader
+(``omni_core.kit.weights``): every tensor must land in a parameter of the
 same name and shape, and every parameter must be filled, or the error names
 what did not match. ``load_format = "dummy"`` fills seeded random weights
 from the configs alone (what the ``tiny`` preset and the benchmarks use).
@@ -13,16 +13,10 @@ from pathlib import Path
 
 import torch
 
+from omni_core.kit.source import LOAD_FORMATS
+from omni_core.kit.weights import checkpoint_files, load_state, read_json
 from omni_core.runtime.weight_share import share_weights
-from omni_qwen3_tts.weights import (
-    LOAD_FORMATS,
-    build_empty,
-    checkpoint_files,
-    dummy_fill,
-    load_state,
-    parse_dtype,
-    read_json,
-)
+from omni_qwen3_tts.weights import build_empty, dummy_fill, parse_dtype
 
 from .codec import AudioTokenizer, CodecConfig, dummy_fill_codec
 from .config import GenerationDefaults, MossTTSConfig
