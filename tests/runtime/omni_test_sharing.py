@@ -30,17 +30,21 @@ class Weights:
 
     async def run(self, request: Any) -> dict[str, Any]:
         data = request.data or {}
-        x = torch.full((1, self.model.in_features), float(data.get("x", 1.0)))
+        device = self.model.weight.device
+        x = torch.full((1, self.model.in_features), float(data.get("x", 1.0)), device=device)
         with torch.no_grad():
             y = self.model(x)
         with open("/proc/self/maps") as maps:
             memfd = any("memfd:omni-weights" in line for line in maps)
         return {
-            "y": y.flatten().tolist(),
+            "y": y.flatten().cpu().tolist(),
             "pid": os.getpid(),
             "mapped": is_mapped(self.model.weight),
             "memfd": memfd,
             "role": current().kind,
+            "device": str(device),
+            # GPU: what this process's own allocator holds (IPC-opened memory is not counted)
+            "allocated": torch.cuda.memory_allocated(device) if device.type == "cuda" else 0,
         }
 
 
@@ -49,18 +53,20 @@ def create_weights(
     seam: bool = True,
     follower_width: int | None = None,
     fail_after_load: bool = False,
+    gpu_id: int | None = None,
 ) -> Weights:
+    device = "cpu" if gpu_id is None else f"cuda:{gpu_id}"
     if follower_width is not None and current().kind == "follower":
         width = follower_width
     with torch.device("meta"):
         model = nn.Linear(width, width)
-    model = model.to_empty(device="cpu")
+    model = model.to_empty(device=device)
 
     def fill(module: nn.Module) -> None:
         generator = torch.Generator().manual_seed(7)
         with torch.no_grad():
             for tensor in (module.weight, module.bias):
-                tensor.copy_(torch.randn(tensor.shape, generator=generator))
+                tensor.copy_(torch.randn(tensor.shape, generator=generator).to(device))
 
     if seam:
         share_weights("t-share:linear", model, fill)

@@ -140,3 +140,36 @@ def test_the_sweep_removes_only_that_process_files(tmp_path):
     ]
     assert remove_leftovers(123, str(tmp_path)) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["torch_1234_0", "torch_123_link"]
+
+
+def test_a_leader_loading_one_key_twice_maps_its_first_copy(short_tmp):
+    from omni_core.runtime.weight_share import Role, activate, share_weights
+
+    fills: list[int] = []
+
+    def fill(module: nn.Module) -> None:
+        fills.append(1)
+        with torch.no_grad():
+            module.weight.fill_(0.25)
+            module.bias.fill_(1.0)
+
+    activate(Role(kind="leader", process="p@r0", address=str(short_tmp / "w.sock")))
+    try:
+        first = share_weights("k", nn.Linear(8, 8), fill)
+        second = share_weights("k", nn.Linear(8, 8), fill)
+        assert fills == [1]  # filled once; the second load maps the published copy
+        assert torch.equal(first.weight, second.weight) and mapped.is_mapped(second.weight)
+        assert first.weight.data_ptr() != second.weight.data_ptr()  # its own mapping
+        assert (second.weight == 0.25).all()
+    finally:
+        from omni_core.runtime.weight_share import current
+
+        os.close(current().published["k"][1])
+        activate(Role())
+
+
+def test_outside_a_group_the_seam_only_fills():
+    from omni_core.runtime.weight_share import share_weights
+
+    module = share_weights("k", nn.Linear(4, 4), lambda m: m.weight.data.fill_(2.0))
+    assert (module.weight == 2.0).all() and not mapped.is_mapped(module.weight)

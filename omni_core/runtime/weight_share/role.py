@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-SOCKET_PREFIX = "weights"
+SOCKET_PREFIX = "w"  # w0.sock: shorter than any process socket, so it fits sun_path
 
 
 @dataclass

@@ -41,8 +41,16 @@ def share_weights(key: str, module: Any, fill: Callable[[Any], Any]) -> Any:
         fill(module)
         return module
     if role.kind == "leader":
+        if key in role.published and role.published[key][1] is not None:
+            # Loaded twice in this process (two caches, say): map the first copy again.
+            from .host import attach
+
+            manifest, fd, _ = role.published[key]
+            role.mapped[key] = attach(module, manifest, os.dup(fd), f"weights {key!r}")
+            return module
         fill(module)
-        _publish(role, key, module)
+        if key not in role.published:  # (on a GPU a second copy stays private)
+            _publish(role, key, module)
         return module
     _attach(role, key, module)
     return module
@@ -56,8 +64,6 @@ def _device(module: Any) -> str:
 
 
 def _publish(role: Any, key: str, module: Any) -> None:
-    if key in role.published:
-        raise ShareError(f"weights published twice under {key!r} in process {role.process}")
     started = time.perf_counter()
     if _device(module) == "cuda":
         from .cuda_ipc import export
