@@ -12,11 +12,11 @@ head_dim 128) with a dense SwiGLU of ``--intermediate`` (6144: a dense Qwen3
 block; ``--experts N`` makes the layers sparse instead), ``--layers`` layers
 and a ``--vocab`` of 8192 (the release's 152064-row LM head stays whole on
 rank 0 and would swamp what is split). Float32, seeded random weights, greedy.
-Three layouts, each in fresh processes, one after the other:
+Three layouts, one after the other:
 
-* ``1 process, 1 thread``; ``1 process, 2 threads`` (torch's intra-op
-  threads split each matmul);
-* ``tp 2, 1 thread each``: two rank processes joined over gloo (the split
+* ``1 process, 1 thread``, then ``1 process, 2 threads`` (torch's intra-op
+  threads split each matmul), one fresh process measured at each count;
+* ``tp 2, 1 thread each``: two fresh rank processes joined over gloo (the split
   ``omni_core.engine.tp`` runs: rank 0 mirrors every pass, one all-reduce
   after attention and one after the MLP per layer).
 
@@ -40,11 +40,8 @@ import sys
 import tempfile
 import time
 
-LAYOUTS = [
-    ("1 process, 1 thread", 1, 1),
-    ("1 process, 2 threads", 1, 2),
-    ("tp 2, 1 thread each", 2, 1),
-]
+# (tp, thread counts): one process is measured at each count in turn (one start-up)
+RUNS = [(1, [1, 2]), (2, [1])]
 
 
 def _config(args: argparse.Namespace):
@@ -82,7 +79,6 @@ def _rank(args: argparse.Namespace) -> None:
     import anyio
     import torch
 
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     from omni_core.engine.backends import create_engine
     from omni_core.engine.cpu_linear import pack_linear_weights
@@ -156,8 +152,13 @@ def _rank(args: argparse.Namespace) -> None:
         await anyio.to_thread.run_sync(stage._thread.join)
 
     if args.rank == 0:
-        print(json.dumps(anyio.run(lead)), flush=True)
+        figures = {}
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            figures[threads] = anyio.run(lead)
+        print(json.dumps(figures), flush=True)
     else:
+        torch.set_num_threads(args.threads[0])
         anyio.run(follow)
     if group is not None:
         leave_group()
@@ -177,10 +178,10 @@ async def _decode(engine, cfg, args, name: str, i: int, firsts: dict, lasts: dic
             lasts[i] = now
 
 
-def _layout(args: argparse.Namespace, tp: int, threads: int) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+def _layout(args: argparse.Namespace, tp: int, threads: list[int]) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(threads))}
     with tempfile.TemporaryDirectory(prefix="omni-bench-tp-") as tmp:
-        common = [sys.executable, __file__, "--threads", str(threads), "--tp", str(tp)]
+        common = [sys.executable, __file__, "--threads", *map(str, threads), "--tp", str(tp)]
         common += ["--store", os.path.join(tmp, "store"), *_passed(args)]
         procs = [
             subprocess.Popen(
@@ -191,7 +192,8 @@ def _layout(args: argparse.Namespace, tp: int, threads: int) -> dict:
         outputs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit(f"a rank failed (tp {tp}, {threads} threads)")
-    return {int(c): v for c, v in json.loads(outputs[0].strip().splitlines()[-1]).items()}
+    figures = json.loads(outputs[0].strip().splitlines()[-1])
+    return {int(n): {int(c): v for c, v in by_c.items()} for n, by_c in figures.items()}
 
 
 def _passed(args: argparse.Namespace) -> list[str]:
@@ -215,7 +217,7 @@ def main() -> None:
     # internal: one process of a layout
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1], help=argparse.SUPPRESS)
     parser.add_argument("--store", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
@@ -237,13 +239,18 @@ def main() -> None:
         f"{'layout':<24}"
         + "".join(f"{'c=' + str(c) + ' tok/s':>14}{'step ms':>10}" for c in args.concurrency)
     )
-    for name, tp, threads in LAYOUTS:
-        figures = _layout(args, tp, threads)
-        row = "".join(
-            f"{figures[c]['tokens_per_s']:>14.1f}{figures[c]['step_ms']:>10.1f}"
-            for c in args.concurrency
-        )
-        print(f"{name:<24}{row}", flush=True)
+    for tp, threads in RUNS:
+        for n, figures in _layout(args, tp, threads).items():
+            name = (
+                f"1 process, {n} thread{'s' if n > 1 else ''}"
+                if tp == 1
+                else f"tp {tp}, {n} thread each"
+            )
+            row = "".join(
+                f"{figures[c]['tokens_per_s']:>14.1f}{figures[c]['step_ms']:>10.1f}"
+                for c in args.concurrency
+            )
+            print(f"{name:<24}{row}", flush=True)
 
 
 if __name__ == "__main__":
