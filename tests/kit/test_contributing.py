@@ -45,7 +45,8 @@ def my_tts(tmp_path, monkeypatch):
 def test_the_walkthrough_shows_each_piece_and_the_stages_excerpt_runs():
     found = blocks()
     assert {"source", "pipeline", "plugin", "stages"} <= set(found)
-    namespace = {"load_my_tokenizer": lambda path: type("T", (), {"encode": staticmethod(str.split)})()}
+    tokenizer = type("Tokenizer", (), {"encode": staticmethod(str.split)})()
+    namespace = {"load_my_tokenizer": lambda path: tokenizer}
     exec(compile(found["stages"], "my_tts/stages.py", "exec"), namespace)
     stage = namespace["create_preprocessing"]("tiny", max_input_tokens=3)
     assert stage.max_frames == 4096 and stage.prepare({"input": "a b"}) == {"prompt": ["a", "b"]}
