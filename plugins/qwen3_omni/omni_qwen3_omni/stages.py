@@ -26,7 +26,7 @@ from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.quantize import apply_quantization
 from omni_core.kit.stages import engine_settings as kit_engine_settings
-from omni_core.kit.stages import torch_device
+from omni_core.kit.stages import torch_device, tp_group
 
 from .assemble import assemble, to_prompt
 from .detokenize import Detokenizer, StopMatcher
@@ -233,7 +233,7 @@ def create_thinker(
         )
     lm, config, root = load_part(model_path, "thinker", load_format, dtype, device, seed)
     model_dtype = lm.model.embed_tokens.weight.dtype
-    group = _tp_group(tp_rank, tp_size)
+    group = tp_group("thinker", tp_rank, tp_size)
     if group is not None:
         from .thinker.tensor_parallel import shard_thinker
 
@@ -277,21 +277,6 @@ def create_thinker(
     return Thinker(engine, model, config, speech)
 
 
-def _tp_group(tp_rank: int, tp_size: int) -> Any:
-    """This process's tensor-parallel group (the runtime formed it), or None at tp_size 1."""
-    if tp_size == 1:
-        return None
-    from omni_core.engine.tp import current_group
-
-    group = current_group()
-    if group is None or (group.rank, group.size) != (tp_rank, tp_size):
-        raise RuntimeError(
-            f"stage thinker has tp_size {tp_size}, but this process is not rank {tp_rank} of a "
-            "tensor-parallel group; run it through omni's runtime, which forms the group"
-        )
-    return group
-
-
 def _thinker_follower(
     lm: Any, text: Any, group: Any, device: str, dtype: torch.dtype, pack_weights: bool
 ) -> Any:
@@ -323,16 +308,16 @@ def _sglang_thinker(
     dtype: str | None,
     seed: int,
     talker_stage: str | None,
+    tp_size: int = 1,
 ) -> Thinker:
     """The thinker on SGLang's engine (``engine.backend = "sglang"``; see sglang_adapter).
-    tp_size: int = 1,
 
-    For dummy weights omni's seeded decoder is built once, written out for SGLang
-    and dropped; a real checkpoint is handed to SGLang as it is (only the talker's
     With ``tp_size > 1`` this one process starts SGLang's engine with that
     ``tp_size``: SGLang spawns the scheduler ranks (on GPUs ``base_gpu_id``
     onwards), which is how the plan shows it (``engine_ranks``).
 
+    For dummy weights omni's seeded decoder is built once, written out for SGLang
+    and dropped; a real checkpoint is handed to SGLang as it is (only the talker's
     three embedding rows are read here).
     """
     from .chat import ChatPrompter
@@ -369,9 +354,9 @@ def _sglang_thinker(
         owned_directory=owned,
         dtype=dtype,
         feeds_talker=talker_stage is not None,
+        tp_size=tp_size,
     )
     return Thinker(create_engine(model, settings, device=device), model, config, speech)
-        tp_size=tp_size,
 
 
 # -- talker -----------------------------------------------------------------------
@@ -527,9 +512,9 @@ def create_talker(
     load_format: str = "auto",
     seed: int = 0,
     max_frames: int = 2048,
+    quantization: str = "none",
 ) -> TalkerStage:
     from .talker.step import TalkerStepModel
-    quantization: str = "none",
 
     settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
     device = torch_device(gpu_id, "talker_ar")
@@ -539,9 +524,9 @@ def create_talker(
 
     config = TalkerConfig.from_dict(read_raw_config(root))
     dtype_of = next(talker.parameters()).dtype
+    apply_quantization(talker, quantization, stage="talker_ar")  # bf16 only; heads stay
     model = TalkerStepModel(talker, config, device=torch.device(device), dtype=dtype_of)
     return TalkerStage(create_engine(model, settings, device=device), config, max_frames)
-    apply_quantization(talker, quantization, stage="talker_ar")  # bf16 only; heads stay
 
 
 def create_code2wav(
