@@ -8,18 +8,23 @@ MOSS-TTS and Qwen3-Omni plugins each wrote for themselves live here once:
   directory or a hub id, and what the stages would refuse in it, said at
   plan time (:class:`~.source.ModelSource`);
 - :mod:`.pipeline` (torch-free): the TTS-style topology (preprocessing ->
-  engine -> vocoder, :func:`~.pipeline.tts_stages`), the factory arguments
-  those stages share, and :class:`~.pipeline.SourceChecks`, the
-  ``PipelineConfig`` hooks that run a :class:`~.source.ModelSource`'s checks;
+  engine -> vocoder, :func:`~.pipeline.tts_stages`; a whole
+  :class:`~.pipeline.TTSPipeline` class; any straight line of stages with
+  :func:`~.pipeline.chain`), the factory arguments those stages share, and
+  :class:`~.pipeline.SourceChecks`, the ``PipelineConfig`` hooks that run a
+  :class:`~.source.ModelSource`'s checks;
 - :mod:`.plugin` (torch-free): the entry-point module's hooks
   (:class:`~.plugin.ModelPlugin`: pipelines by name, memory estimates,
   wire types);
 - :mod:`.memory` (torch-free): estimates read from a stage's config;
+- :mod:`.config` (torch-free): a release's JSON into frozen dataclasses
+  (known keys, nulls as defaults, rotary settings under either spelling);
 - :mod:`.weights` (torch, stage processes only): strict safetensors loading
   by name or prefix, every mismatch named;
 - :mod:`.stages` (stage processes only): the device a stage was placed on,
-  an engine's settings under its placement share, a preprocessing stage run
-  in a worker thread behind its field and token checks, typed request fields.
+  an engine's settings under its placement share, a tensor-parallel group,
+  a preprocessing stage run in a worker thread behind its field and token
+  checks, typed request fields.
 
 Why in the core and not a package of its own: every plugin already depends
 on ``omni-core``, so the kit adds no distribution to install, version or
@@ -30,6 +35,6 @@ framework is kept by the split above: this package's ``__init__`` imports
 nothing, the plan-time modules import no torch or numpy, and the
 stage-side modules (which import torch, if at all, inside their functions)
 are imported only by stage factories, inside stage processes
-(``tests/kit/test_light.py`` checks the imports). The kit knows no plugin: model code
-(layers, codecs) stays with the families that share it.
+(``tests/kit/test_light.py`` checks the imports). The kit knows no plugin:
+model code (layers, codecs) stays with the families that share it.
 """
