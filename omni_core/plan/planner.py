@@ -40,7 +40,7 @@ from .processes import build_processes
 from .threads import plan_cpu_threads
 from .transports import check_cross_node, check_transports, plan_edges
 from .usage import gpu_ledger
-from .weights import plan_weight_share, start_waves
+from .weights import plan_weight_share, sharing_estimates, start_waves
 
 
 class Infeasible(Exception):
@@ -99,9 +99,7 @@ def _plan(
     policy: PlacementPolicy,
 ) -> DeploymentPlan:
     expansion = expand(config)
-    # Weight sharing counts the shared weights once: it needs the estimates too.
-    wanted = policy.uses_estimates or config.weight_share == "on"
-    estimates = collect_estimates(config, plugins) if wanted else {}
+    estimates = collect_estimates(config, plugins) if policy.uses_estimates else {}
     request = PlacementRequest(
         pipeline=type(config).pipeline_name,
         instances=tuple(expansion.instances),
@@ -136,6 +134,8 @@ def _plan(
     problems += check_cross_node(config, edges, plugins)
     engines = {name for name, group in expansion.members.items() if any(s.is_engine for s in group)}
     plan_cpu_threads(processes, engines, config.runtime.cpu_threads)
+    if not estimates and config.weight_share == "on":  # counted once, never placed by
+        estimates = sharing_estimates(config, plugins)
     weight_share = plan_weight_share(
         config.weight_share, processes, expansion.members, problems, estimates
     )

@@ -13,8 +13,11 @@ plan and its checks live here; the mechanism belongs to the runtime
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
+from ..errors import PluginError
 from ..schema import StageConfig
+from .estimates import collect_estimates
 from .model import MemoryEstimate, ProcessPlan, Refusal, WeightShareGroup, WeightSharePlan
 
 
@@ -99,6 +102,18 @@ def plan_weight_share(
         process.weight_share = plan.role_of(process.name)
         process.start_wave = 1 if process.weight_share == "follower" else 0
     return plan
+
+
+def sharing_estimates(config: Any, plugins: Any) -> dict[str, MemoryEstimate]:
+    """The plugins' memory estimates, to count a sharing group's weights once.
+
+    Only reported (placement did not ask for them): a plugin that fails to
+    estimate costs the count, never the plan.
+    """
+    try:
+        return collect_estimates(config, plugins)
+    except PluginError:
+        return {}
 
 
 def start_waves(processes: list[ProcessPlan]) -> list[list[str]]:

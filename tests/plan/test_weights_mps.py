@@ -174,3 +174,18 @@ def test_cpu_replicas_without_weight_sharing_plan_no_group(plugins):
     )
     plan = plan_deployment(config, plugins=plugins)
     assert plan.weight_share.groups == [] and plan.start_waves == [["pipeline@r0", "pipeline@r1"]]
+
+
+def test_a_plugin_that_cannot_estimate_costs_the_count_not_the_plan(plugins, monkeypatch):
+    import omni_core.plan.weights as weights
+    from omni_core.errors import PluginError
+
+    def broken(config, plugins):
+        raise PluginError("estimating the memory failed")
+
+    monkeypatch.setattr(weights, "collect_estimates", broken)
+    config = Qwen3TTSPipeline(
+        placement={"policy": "cpu"}, processes={"pipeline": {"num_replicas": 2}}, weight_share="on"
+    )
+    (group,) = plan_deployment(config, plugins=plugins).weight_share.groups
+    assert (group.leader, group.weights_bytes, group.saved_bytes) == ("pipeline@r0", None, None)
