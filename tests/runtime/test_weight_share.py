@@ -159,7 +159,7 @@ async def test_a_failed_start_says_who_and_leaves_nothing(
 
 PARENT = textwrap.dedent(
     """
-    import sys, anyio
+    import signal, sys, anyio
     sys.path.insert(0, {here!r})
     import omni_test_sharing as ts
     from omni_core.plugins import OmniPlugins
@@ -169,18 +169,21 @@ PARENT = textwrap.dedent(
         plugins = OmniPlugins()
         plugins.register(ts, name=ts.HERE)
         planned = plan_on_cpu(plugins, {base!r}, pipeline="t-share", flags={flags!r})
-        async with planned.runtime() as runtime:
-            await runtime.run({{"x": 1.0}})
-            pids = [c.proc.pid for c in runtime.children.values()]
-            print(" ".join(map(str, pids)), flush=True)
-            await anyio.sleep(600)
+        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+            async with planned.runtime() as runtime:  # SIGTERM: a graceful stop, as omni serve's
+                await runtime.run({{"x": 1.0}})
+                pids = [c.proc.pid for c in runtime.children.values()]
+                print(" ".join(map(str, pids)), flush=True)
+                async for _ in signals:
+                    break
 
     anyio.run(main)
     """
 )
 
 
-def test_sigkill_of_the_parent_leaves_no_process_and_no_shared_memory(short_tmp):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_stopped_parent_leaves_no_process_and_no_shared_memory(short_tmp, sig):
     before = shm_names()
     code = PARENT.format(
         here=str(Path(__file__).parent), base=str(short_tmp), flags=[*SHARED, *QUICK]
@@ -193,12 +196,12 @@ def test_sigkill_of_the_parent_leaves_no_process_and_no_shared_memory(short_tmp)
         assert line.strip(), parent.stderr.read()
         pids = {int(p) for p in line.split()}
         assert len(pids) == 2 and all(alive(p) for p in pids)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(10)
+        parent.send_signal(sig)
+        assert parent.wait(60) == (0 if sig == signal.SIGTERM else -sig)
         deadline = time.monotonic() + 30
         while any(alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(alive(p) for p in pids)  # the children died with the parent
+        assert not any(alive(p) for p in pids)  # stopped by the parent, or died with it
         assert ours(shm_names() - before, pids) == []
     finally:
         if parent.poll() is None:
