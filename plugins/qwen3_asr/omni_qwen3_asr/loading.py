@@ -56,53 +56,46 @@ def load_model(
     model_path: str, load_format: str, dtype: str | None, device: str, seed: int = 0
 ) -> ASRModel:
     """Both parts of the checkpoint at ``model_path``, on ``device``, ready to run."""
-    if load_format not in LOAD_FORMATS:
-        raise ValueError(
-            f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}"
-        )
-    resolved = resolve_model_path(model_path)
-    if resolved.preset and load_format != "dummy":
-        raise ValueError(
-            f"model {model_path!r} is the {resolved.preset!r} preset (configs only); "
-            'it needs load_format = "dummy"'
-        )
-    config = read_config(resolved.path)
+    root, config = _source(model_path, load_format, "model", "load_format")
     if config.classify_num is not None:
         raise ValueError(
             f"model {model_path!r} is a Qwen3-ForcedAligner checkpoint, not Qwen3-ASR; "
             "it goes in stages.align.factory.aligner_path"
         )
-    encoder, lm = _filled(resolved.path, config, load_format, dtype, device, seed)
-    return ASRModel(encoder, lm, config, resolved.path)
+    encoder, lm = _filled(root, config, load_format, dtype, device, seed)
+    return ASRModel(encoder, lm, config, root)
 
 
 def load_aligner(
     aligner_path: str, load_format: str, dtype: str | None, device: str, seed: int = 0
 ) -> tuple[AudioEncoder, ThinkerLM, ASRConfig, Path]:
     """A Qwen3-ForcedAligner checkpoint (or the ``tiny-aligner`` preset), ready to run."""
-    resolved = resolve_model_path(aligner_path)
-    if resolved.preset and load_format != "dummy":
-        raise ValueError(
-            f"aligner {aligner_path!r} is the {resolved.preset!r} preset (configs only); "
-            'it needs aligner_load_format = "dummy"'
-        )
-    config = read_config(resolved.path)
+    root, config = _source(aligner_path, load_format, "aligner", "aligner_load_format")
     if config.classify_num is None:
         raise ValueError(
             f"aligner {aligner_path!r} is not a Qwen3-ForcedAligner checkpoint "
             "(its thinker_config.model_type does not name the forced aligner)"
         )
-    encoder, lm = _filled(resolved.path, config, load_format, dtype, device, seed)
-    return encoder, lm, config, resolved.path
+    encoder, lm = _filled(root, config, load_format, dtype, device, seed)
+    return encoder, lm, config, root
+
+
+def _source(path: str, load_format: str, what: str, setting: str) -> tuple[Path, ASRConfig]:
+    """Where ``path`` is and its config; a preset (configs only) needs dummy weights."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"{setting} must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
+    resolved = resolve_model_path(path)
+    if resolved.preset and load_format != "dummy":
+        raise ValueError(
+            f"{what} {path!r} is the {resolved.preset!r} preset (configs only); "
+            f'it needs {setting} = "dummy"'
+        )
+    return resolved.path, read_config(resolved.path)
 
 
 def _filled(
     root: Path, config: ASRConfig, load_format: str, dtype: str | None, device: str, seed: int
 ) -> tuple[AudioEncoder, ThinkerLM]:
-    if load_format not in LOAD_FORMATS:
-        raise ValueError(
-            f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}"
-        )
     target = torch.device(device)
     raw = json.loads((root / "config.json").read_text(encoding="utf-8"))
     encoder, lm = construct_parts(config, target, torch_dtype(dtype, target, config=raw))

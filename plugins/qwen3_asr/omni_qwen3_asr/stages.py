@@ -19,8 +19,9 @@ from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.prompt import EmbeddedPrompt
+from omni_core.kit.stages import engine_settings as placed_settings
+from omni_core.kit.stages import torch_device
 from omni_qwen3_omni.detokenize import Detokenizer
-from omni_qwen3_omni.stages import torch_device
 from omni_qwen3_omni.thinker.step import ThinkerStepModel
 
 from .config import EOS_TOKENS
@@ -83,9 +84,7 @@ def create_asr(
 ) -> ASR:
     from omni_qwen3_omni.chat import ChatPrompter
 
-    settings = engine_settings or EngineSettings()
-    if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
-        settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
+    settings = placed_settings(engine_settings, gpu_memory_fraction)
     device = torch_device(gpu_id, "asr")
     model = load_model(model_path, load_format, dtype, device, seed)
     if pack_weights and device == "cpu":
