@@ -16,7 +16,7 @@ from pydantic import Field
 
 from omni_core import FactoryArgs, PipelineConfig, StageConfig
 from omni_core.kit.pipeline import SourceChecks, Step, TypedWeightArgs, chain
-from omni_core.kit.source import ModelSource
+from omni_core.kit.source import ModelSource, SourceProblem
 from omni_core.schema import DType, LoadFormat
 
 from .plugin import CHECKPOINT_NAMES
@@ -59,6 +59,21 @@ class Qwen3ASRPipeline(SourceChecks, PipelineConfig):
     text_stage: ClassVar[str | None] = "align"
     model_source: ClassVar[ModelSource] = SOURCE
 
+    def model_source_problems(self) -> list[SourceProblem]:
+        """The model's, and the aligner's (same rules), said about the aligner's settings."""
+        problems = super().model_source_problems()
+        align = {stage.name: stage for stage in self.stages}["align"].factory
+        if align.aligner_path is None:
+            return problems
+        found = SOURCE.problems(align.aligner_path, {"align": align.aligner_load_format})
+        return problems + [_about_aligner(problem) for problem in found]
+
+    def fetch_model_source(self) -> None:
+        super().fetch_model_source()
+        align = {stage.name: stage for stage in self.stages}["align"].factory
+        if align.aligner_path is not None:
+            SOURCE.resolve(align.aligner_path)
+
     @classmethod
     def default_stages(cls) -> list[StageConfig]:
         return chain(
@@ -70,3 +85,26 @@ class Qwen3ASRPipeline(SourceChecks, PipelineConfig):
                 Step("align", AlignArgs(), gpu=0),
             ],
         )
+
+
+ALIGNER_PATH = ("stages", "align", "factory", "aligner_path")
+ALIGNER_FORMAT = ("stages", "align", "factory", "aligner_load_format")
+
+
+def _about_aligner(problem: SourceProblem) -> SourceProblem:
+    """A model-source problem of the aligner's path, named by the aligner's own settings."""
+    paths, message, fix = problem
+    renamed = {
+        ("model_path",): ALIGNER_PATH,
+        ("stages", "align", "factory", "load_format"): ALIGNER_FORMAT,
+    }
+    words = (
+        ("model_path", "stages.align.factory.aligner_path"),
+        ("factory.load_format", "factory.aligner_load_format"),
+        ("--align.factory.load_format", "--align.factory.aligner_load_format"),
+        ("Qwen/Qwen3-ASR-1.7B", "Qwen/Qwen3-ForcedAligner-0.6B"),
+        ("tiny with load_format dummy", "tiny-aligner with aligner_load_format dummy"),
+    )
+    for old, new in words:
+        message, fix = message.replace(old, new), fix.replace(old, new)
+    return tuple(renamed.get(p, p) for p in paths), message, fix

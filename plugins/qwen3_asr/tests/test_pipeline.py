@@ -188,3 +188,21 @@ def test_an_aligner_and_an_asr_checkpoint_are_not_confused() -> None:
         load_model("tiny-aligner", "dummy", "float32", "cpu")
     with pytest.raises(ValueError, match="is not a Qwen3-ForcedAligner checkpoint"):
         load_aligner("tiny", "dummy", "float32", "cpu")
+
+
+def test_the_aligner_path_is_checked_before_any_process_starts(plugins, short_tmp) -> None:
+    from omni_core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as missing:
+        plan_on_cpu(
+            plugins, short_tmp, deploy=DEMO, flags=["--align.factory.aligner_path", "/no/dir"]
+        )
+    assert (
+        "stages.align.factory.aligner_path '/no/dir' is neither a directory"
+        in missing.value.render()
+    )
+    assert "Qwen/Qwen3-ForcedAligner-0.6B" in missing.value.render()
+    flags = ["--align.factory.aligner_load_format", "auto"]
+    with pytest.raises(ConfigError) as preset:
+        plan_on_cpu(plugins, short_tmp, deploy=DEMO, flags=flags)
+    assert 'needs factory.aligner_load_format = "dummy"' in preset.value.render()
