@@ -294,17 +294,9 @@ class Qwen3TTSModel:
         gen = self.generation
         main, sub = [], []
         for seq in sequences:
-            s = seq.sampling
-            greedy = s.temperature is None or s.temperature <= 0
-            main.append(
-                RowSampling(
-                    greedy=greedy,
-                    temperature=s.temperature or 1.0,
-                    top_k=s.top_k,
-                    top_p=s.top_p,
-                    repetition_penalty=s.repetition_penalty,
-                )
-            )
+            row = RowSampling.of(seq.sampling)
+            greedy = row.greedy
+            main.append(row)
             override = seq.state.get("subtalker")
             if override is not None:
                 sub.append(override)

@@ -12,6 +12,7 @@ generator, so a request samples the same codes alone or in a batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,6 +26,17 @@ class RowSampling:
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+
+    @classmethod
+    def of(cls, params: Any) -> RowSampling:
+        """A request's ``SamplingParams`` as one row's rule (no temperature, or 0: greedy)."""
+        return cls(
+            greedy=params.temperature is None or params.temperature <= 0,
+            temperature=params.temperature or 1.0,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            repetition_penalty=params.repetition_penalty,
+        )
 
 
 def _repetition_penalty(

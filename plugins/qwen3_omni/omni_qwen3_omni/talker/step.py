@@ -183,18 +183,11 @@ class TalkerStepModel:
         generators = [self._generator(s) for s in sequences]
         rows, predictor_rows = [], []
         for seq in sequences:
-            p = seq.sampling
-            greedy = p.temperature is None or p.temperature <= 0
-            rows.append(
-                RowSampling(
-                    greedy=greedy,
-                    temperature=p.temperature or 1.0,
-                    top_k=p.top_k,
-                    top_p=p.top_p,
-                    repetition_penalty=p.repetition_penalty,
-                )
+            row = RowSampling.of(seq.sampling)
+            rows.append(row)
+            predictor_rows.append(
+                RowSampling(greedy=True) if row.greedy else self.predictor_sampling
             )
-            predictor_rows.append(RowSampling(greedy=True) if greedy else self.predictor_sampling)
         histories = [
             torch.tensor(s.state["history"], dtype=torch.long) if s.state["history"] else None
             for s in sequences
