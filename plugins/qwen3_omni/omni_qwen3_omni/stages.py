@@ -27,6 +27,7 @@ from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.quantize import apply_quantization
 from omni_core.kit.stages import engine_settings as kit_engine_settings
 from omni_core.kit.stages import torch_device, tp_group
+from omni_qwen3_tts.stages import vocoder_factory
 
 from .assemble import assemble, to_prompt
 from .detokenize import Detokenizer, StopMatcher
@@ -529,28 +530,13 @@ def create_talker(
     return TalkerStage(create_engine(model, settings, device=device), config, max_frames)
 
 
-def create_code2wav(
-    model_path: str,
-    gpu_id: int | None = None,
-    gpu_memory_fraction: float | None = None,
-    dtype: str | None = "float32",
-    load_format: str = "auto",
-    seed: int = 0,
-    chunk_frames: int = 4,
-    max_chunk_frames: int | None = 48,
-    left_context_frames: int | None = None,
-    max_batch_size: int | None = None,
+def _code2wav_decoder(
+    model_path: str, load_format: str, dtype: str | None, device: str, seed: int
 ) -> Any:
-    """The release's codec decoder, streamed by the same stage class as Qwen3-TTS's vocoder."""
-    from omni_qwen3_tts.stages import Vocoder
-
-    device = torch_device(gpu_id, "code2wav")
     decoder, _, _ = load_part(model_path, "code2wav", load_format, dtype, device, seed)
-    return Vocoder(
-        decoder,
-        chunk_frames,
-        left_context_frames,
-        max_batch_size,
-        max_chunk_frames,
-        sample_rate=decoder.sample_rate,
-    )
+    return decoder
+
+
+# The release's codec decoder, streamed by the same stage as Qwen3-TTS's vocoder
+# (its dtype, float32 by default, comes from Code2WavArgs).
+create_code2wav = vocoder_factory(_code2wav_decoder, "code2wav")

@@ -422,17 +422,33 @@ class Vocoder:
         return wav[:, 0].float().cpu().numpy()
 
 
-def create_vocoder(
-    model_path: str,
-    gpu_id: int | None = None,
-    dtype: str | None = None,
-    load_format: str = "auto",
-    seed: int = 0,
-    chunk_frames: int = 4,
-    max_chunk_frames: int | None = 48,
-    left_context_frames: int | None = None,
-    max_batch_size: int | None = None,
-) -> Vocoder:
-    device = torch_device(gpu_id, "vocoder")
-    decoder = load_codec(model_path, load_format, dtype, device, seed).decoder
-    return Vocoder(decoder, chunk_frames, left_context_frames, max_batch_size, max_chunk_frames)
+def vocoder_factory(load_decoder: Any, stage: str) -> Any:
+    """A streaming vocoder stage's factory over ``load_decoder(model_path, load_format,
+    dtype, device, seed)``: its parameters are ``StreamingVocoderArgs``' fields. Qwen3-TTS's
+    vocoder and Qwen3-Omni's code2wav are this factory over their own codec decoders."""
+
+    def create(
+        model_path: str,
+        gpu_id: int | None = None,
+        dtype: str | None = None,
+        load_format: str = "auto",
+        seed: int = 0,
+        chunk_frames: int = 4,
+        max_chunk_frames: int | None = 48,
+        left_context_frames: int | None = None,
+        max_batch_size: int | None = None,
+    ) -> Vocoder:
+        decoder = load_decoder(model_path, load_format, dtype, torch_device(gpu_id, stage), seed)
+        rate = getattr(decoder, "sample_rate", SAMPLE_RATE)
+        return Vocoder(
+            decoder, chunk_frames, left_context_frames, max_batch_size, max_chunk_frames, rate
+        )
+
+    return create
+
+
+def _speech_tokenizer_decoder(*args: Any) -> Any:
+    return load_codec(*args).decoder
+
+
+create_vocoder = vocoder_factory(_speech_tokenizer_decoder, "vocoder")
