@@ -2,7 +2,8 @@
 
 Run: ``python benchmarks/bench_weight_share.py [--replicas 2] [--size 0.6B]
 [--no-pack]`` (about 3 minutes at 0.6B on two CPU cores: each unshared
-replica fills 1.2 billion dummy weights; the followers map theirs in seconds).
+replica fills 1.2 billion dummy weights; the followers map theirs in seconds;
+the two unshared 0.6B replicas need about 10 GB of free memory at once).
 ``--smoke`` runs the tiny preset, two replicas, two frames: it checks that the
 script runs (seconds, ``make test``).
 
