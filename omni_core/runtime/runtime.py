@@ -488,6 +488,7 @@ class Runtime:
                 "node": child.plan.node,
                 **(child.proc.where() if child.proc is not None else {}),
                 "restarts": child.restarts,
+                "weight_share": child.plan.weight_share,  # leader, follower or none
                 "last_exit": child.last_exit or None,
                 "heartbeat_age_seconds": round(time.monotonic() - self.last_heartbeat(child), 3)
                 if child.state == "healthy"

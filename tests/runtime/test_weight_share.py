@@ -88,6 +88,8 @@ async def test_followers_map_the_leaders_weights(share_plugins, short_tmp):
     async with runtime:
         answers = [await runtime.run({"x": 0.5}) for _ in range(2)]
         pids = pids_of(runtime)
+        roles = {n: p["weight_share"] for n, p in runtime.health()["processes"].items()}
+        assert roles == {"p@r0": "leader", "p@r1": "follower"}
         assert ours(shm_names() - before, pids) == []  # the memory has no name at all
     by_role = {a["weights"]["role"]: a["weights"] for a in answers}
     assert set(by_role) == {"leader", "follower"}
