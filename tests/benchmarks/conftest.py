@@ -45,6 +45,7 @@ FIGURES = {
     "bench_moss_tts.py": "BENCH_JSON",
     "bench_qwen3_omni_thinker.py": "tokens/s",
     "bench_qwen3_omni_speech.py": "first audio s",
+    "bench_qwen3_asr.py": "audio s / wall s",
     "bench_engine.py": "tokens/s",
     "bench_transport.py": "ratio shm / memcpy",
     "bench_ray_transport.py": "cross-node tcp",
