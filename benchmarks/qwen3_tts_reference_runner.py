@@ -21,11 +21,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
-from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
-from safetensors.torch import load_file
-from transformers.modeling_utils import no_init_weights
+# The environment's torchvision (for Qwen3-Omni's image processor) is a build for
+# another torch that breaks transformers' imports; Qwen3-TTS needs none (as in
+# plugins/qwen3_tts/tests/reference/make_reference.py).
+sys.modules.setdefault("torchvision", None)
+
+import torch  # noqa: E402
+from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model  # noqa: E402
+from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from transformers.modeling_utils import no_init_weights  # noqa: E402
 
 
 def _config(path: Path, config_class: Any) -> Any:
@@ -68,6 +73,10 @@ def main() -> None:
     tensors += _load_strict(codec, root / "speech_tokenizer" / "model.safetensors")
     if job.get("dtype", "float32") == "bfloat16":
         model = model.to(torch.bfloat16)  # the talker; the codec stays float32
+        for sub in model.modules():  # rotary tables in float32, as from_pretrained leaves them
+            if hasattr(sub, "rope_init_fn") and hasattr(sub, "inv_freq"):
+                sub.inv_freq, _ = sub.rope_init_fn(sub.config, sub.inv_freq.device)
+                sub.original_inv_freq = sub.inv_freq
     load_seconds = time.perf_counter() - started
 
     frames = int(job["frames"])

@@ -10,6 +10,11 @@ tokenizer, so both sides see identical ids). The script builds the reference
 model from the preset's configs, gives every tensor seeded random values,
 saves it with ``save_pretrained`` (the real layout), runs greedy generation
 and the codec decode, and writes ``OUT_DIR/reference_outputs.npz``.
+
+``"dtype": "bfloat16"`` in the request runs the talker in bf16 (the checkpoint
+is saved in float32 first, then cast as ``from_pretrained`` in bf16 would).
+Every run records codebook 0's raw logits and processed scores at each step
+(``logits``, ``scores``: what greedy decoding took the argmax of).
 """
 
 from __future__ import annotations
@@ -78,6 +83,17 @@ def main() -> None:
     speech.save_pretrained(out / "speech_tokenizer", safe_serialization=True)
     for name in ("generation_config.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
         shutil.copy(preset / name, out / name)
+    steps: dict[str, list] = {}
+    if request.get("dtype", "float32") == "bfloat16":
+        # As from_pretrained(dtype=bfloat16) leaves it (its config round trip fails in
+        # qwen-tts 0.1.1): weights in bf16, rotary tables computed in float32 (a plain
+        # .to(bfloat16) rounds them too, which moves every position).
+        model = model.to(torch.bfloat16)
+        for sub in model.modules():
+            if hasattr(sub, "rope_init_fn") and hasattr(sub, "inv_freq"):
+                inv_freq, _ = sub.rope_init_fn(sub.config, sub.inv_freq.device)
+                sub.inv_freq = inv_freq
+                sub.original_inv_freq = inv_freq
 
     results: dict[str, np.ndarray] = {}
     ids = [torch.tensor([request["text_ids"]])]
@@ -90,6 +106,15 @@ def main() -> None:
         subtalker_dosample=False,
         repetition_penalty=request.get("repetition_penalty", 1.05),
     )
+    plain = model.talker.generate
+
+    def recording(**kw):
+        result = plain(**kw, output_logits=True, output_scores=True)
+        steps["logits"] = [x[0].float() for x in result.logits]
+        steps["scores"] = [x[0].float() for x in result.scores]
+        return result
+
+    model.talker.generate = recording
     ref_codes = None
     with torch.no_grad():
         if variant == "custom_voice":
@@ -121,6 +146,8 @@ def main() -> None:
             cut = int(ref_codes.shape[0] / max(full.shape[0], 1) * wav_out.shape[0])
             wav_out = wav_out[cut:]
     results["codes"] = codes.numpy()
+    for key, rows in steps.items():
+        results[key] = torch.stack(rows).numpy()
     results["wav"] = wav_out.float().numpy()
     np.savez(out / "reference_outputs.npz", **results)
 
