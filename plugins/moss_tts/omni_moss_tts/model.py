@@ -86,10 +86,10 @@ class RequestPrompt:
 class MossTTSModel:
     """Network + codec + tokenizer + prompt builder, and the engine's ``StepModel``."""
 
-    def __init__(
     #: Ranks the backbone is split over (rank 0's cache holds its share of the KV heads)
     tp_size: int = 1
 
+    def __init__(
         self,
         config: MossTTSConfig,
         generation: GenerationDefaults,
