@@ -54,11 +54,11 @@ class MossTTSPipeline(TTSPipeline):
     engine_args: ClassVar = EngineFactoryArgs
     vocoder_args: ClassVar = VocoderArgs
 
-    def builtin_voices(self) -> list[str] | None:
-        return [DEFAULT_VOICE]
     # The backbone splits over tp_size ranks (tensor_parallel.py says how)
     tensor_parallel_stages: ClassVar[tuple[str, ...]] = ("tts_engine",)
 
+    def builtin_voices(self) -> list[str] | None:
+        return [DEFAULT_VOICE]
 
     def tensor_parallel_sizes(self, stage: str) -> dict[str, int]:
         """What the backbone's split divides, from a local ``config.json`` (else unknown)."""

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfig
 from omni_core.kit.pipeline import SourceChecks, StreamingVocoderArgs, TypedWeightArgs
-from omni_core.schema import DType, Quantization
+from omni_core.schema import DType, LoadFormat, Quantization
 
 from .plugin import CHECKPOINT_NAMES as ALIASES  # one list: the plugin registers them by name
 from .source import SOURCE  # torch-free
