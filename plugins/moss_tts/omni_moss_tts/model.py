@@ -24,8 +24,7 @@ import torch
 
 from omni_core.engine.interface import CacheLayout, SamplingParams, Sequence, StepResult
 from omni_core.engine.sampling import make_generator, sample
-from omni_qwen3_tts.layers import causal_mask
-from omni_qwen3_tts.talker import SlotStore
+from omni_qwen3_tts.talker import forward_rows
 from omni_qwen3_tts.tokenizer import TextTokenizer
 
 from .codec import AudioTokenizer
@@ -183,28 +182,9 @@ class MossTTSModel:
         self, sequences: list[Sequence], embeds: list[torch.Tensor], cache: Any
     ) -> torch.Tensor:
         """Run the backbone on each sequence's new positions; return the last hidden states."""
-        lengths = [int(e.shape[0]) for e in embeds]
-        steps, hidden = max(lengths), self.config.backbone.hidden_size
-        x = torch.zeros(len(embeds), steps, hidden, dtype=self.dtype, device=self.device)
-        for row, e in enumerate(embeds):
-            x[row, : e.shape[0]] = e
-        starts = [int(seq.cached) for seq in sequences]
-        starts_t = torch.tensor(starts, device=self.device)
-        lengths_t = torch.tensor(lengths, device=self.device)
-        total = max(s + n for s, n in zip(starts, lengths, strict=True))
-        positions = starts_t[:, None] + torch.arange(steps, device=self.device)[None]
         static = getattr(self, "_static", None)
-        out = None
-        if static is not None and steps == 1 and static.owns(cache.k) and static.fits(x):
-            slots = torch.tensor([int(seq.slot) for seq in sequences], device=self.device)
-            out = static(x, positions, positions, slots)
-        if out is None:
-            mask = causal_mask(starts_t, lengths_t, steps, total)
-            store = SlotStore(cache, [int(seq.slot) for seq in sequences], starts, total)
-            out = self.network.language_model(x, positions, mask, store)
-        for seq, n in zip(sequences, lengths, strict=True):
-            seq.cached += n
-        return out[torch.arange(len(embeds), device=self.device), lengths_t - 1]
+        stack = self.network.language_model
+        return forward_rows(stack, static, sequences, embeds, cache, self.dtype, self.device)
 
     def _emit(self, sequences: list[Sequence], hidden: torch.Tensor) -> list[StepResult]:
         for seq in sequences:

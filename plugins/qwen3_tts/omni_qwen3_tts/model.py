@@ -25,12 +25,11 @@ from torch import nn
 from omni_core.runtime.weight_share import share_weights
 
 from .config import GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
-from .layers import causal_mask
 from .prompt import PromptBuilder, TTSPrompt
 from .sampling import RowSampling, select_tokens
 from .speaker_encoder import SpeakerEncoder
 from .speech_tokenizer import SpeechTokenizer
-from .talker import SlotStore, Talker
+from .talker import Talker, forward_rows
 from .tokenizer import TextTokenizer
 from .weights import (
     LOAD_FORMATS,
@@ -322,29 +321,10 @@ class Qwen3TTSModel:
         self, sequences: list[Any], embeds: list[torch.Tensor], cache: Any
     ) -> torch.Tensor:
         """Run the talker on each sequence's new embeddings; return each one's last hidden state."""
-        lengths = [e.shape[0] for e in embeds]
-        steps = max(lengths)
-        hidden = self.config.talker.transformer.hidden_size
-        x = torch.zeros(len(embeds), steps, hidden, dtype=self.dtype, device=self.device)
-        for row, e in enumerate(embeds):
-            x[row, : e.shape[0]] = e
-        starts = [int(seq.cached) for seq in sequences]
-        starts_t = torch.tensor(starts, device=self.device)
-        lengths_t = torch.tensor(lengths, device=self.device)
-        total = max(s + n for s, n in zip(starts, lengths, strict=True))
-        positions = starts_t[:, None] + torch.arange(steps, device=self.device)[None]
         static = getattr(self, "_static_talker", None)
-        out = None
-        if static is not None and steps == 1 and static.owns(cache.k) and static.fits(x):
-            slots = torch.tensor([int(seq.slot) for seq in sequences], device=self.device)
-            out = static(x, positions, positions, slots)
-        if out is None:
-            mask = causal_mask(starts_t, lengths_t, steps, total)
-            store = SlotStore(cache, [int(seq.slot) for seq in sequences], starts, total)
-            out = self.talker.model(x, positions, mask, store)
-        for seq, n in zip(sequences, lengths, strict=True):
-            seq.cached += n
-        return out[torch.arange(len(embeds), device=self.device), lengths_t - 1]
+        return forward_rows(
+            self.talker.model, static, sequences, embeds, cache, self.dtype, self.device
+        )
 
     @torch.no_grad()
     def _emit(self, sequences: list[Any], last_hidden: torch.Tensor) -> list[Any]:

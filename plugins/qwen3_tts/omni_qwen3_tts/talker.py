@@ -33,6 +33,48 @@ class SlotStore:
         return self.cache.read(layer, self.slots, self.total)
 
 
+def forward_rows(
+    stack: Any,
+    static: Any,
+    sequences: list[Any],
+    embeds: list[torch.Tensor],
+    cache: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """Run a decoder ``stack`` on each sequence's new embeddings; return each row's last state.
+
+    Rows are ragged (a prompt's many positions beside a decode step's one) and
+    each writes its own cache slot from its own start. A batch of single steps
+    that the compiled ``static`` step (or None) owns and fits goes through it.
+    Shared by every family built on the Qwen3 stack (Qwen3-TTS's talker,
+    MOSS-TTS's backbone).
+    """
+    from .layers import causal_mask
+
+    lengths = [int(e.shape[0]) for e in embeds]
+    steps, hidden = max(lengths), int(embeds[0].shape[-1])
+    x = torch.zeros(len(embeds), steps, hidden, dtype=dtype, device=device)
+    for row, e in enumerate(embeds):
+        x[row, : e.shape[0]] = e
+    starts = [int(seq.cached) for seq in sequences]
+    starts_t = torch.tensor(starts, device=device)
+    lengths_t = torch.tensor(lengths, device=device)
+    total = max(s + n for s, n in zip(starts, lengths, strict=True))
+    positions = starts_t[:, None] + torch.arange(steps, device=device)[None]
+    out = None
+    if static is not None and steps == 1 and static.owns(cache.k) and static.fits(x):
+        slots = torch.tensor([int(seq.slot) for seq in sequences], device=device)
+        out = static(x, positions, positions, slots)
+    if out is None:
+        mask = causal_mask(starts_t, lengths_t, steps, total)
+        store = SlotStore(cache, [int(seq.slot) for seq in sequences], starts, total)
+        out = stack(x, positions, mask, store)
+    for seq, n in zip(sequences, lengths, strict=True):
+        seq.cached += n
+    return out[torch.arange(len(embeds), device=device), lengths_t - 1]
+
+
 class TextProjection(nn.Module):
     """Two-layer MLP mapping text embeddings (``text_hidden_size``) to the talker width."""
 
