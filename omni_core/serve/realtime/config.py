@@ -74,7 +74,16 @@ class SessionConfig:
     output_format: AudioFormat = PCM24
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     transcription: bool = False
+    # audio.input.transcription's language (ISO-639-1) and prompt (context), if given
+    transcription_hints: tuple[str | None, str | None] = (None, None)
     max_output_tokens: int | None = None  # None: "inf" (the pipeline's own cap)
+
+    def _transcription(self, model: str) -> dict[str, Any] | None:
+        if not self.transcription:
+            return None
+        language, prompt = self.transcription_hints
+        hints = {"language": language, "prompt": prompt}
+        return {"model": model, **{k: v for k, v in hints.items() if v is not None}}
 
     @classmethod
     def initial(cls, *, audio_out: bool, answers: bool) -> SessionConfig:
@@ -103,7 +112,7 @@ class SessionConfig:
                     "turn_detection": self.turn_detection.describe()
                     if self.turn_detection
                     else None,
-                    "transcription": {"model": model} if self.transcription else None,
+                    "transcription": self._transcription(model),
                 },
                 "output": {"format": self.output_format.describe(), "voice": self.voice},
             },
@@ -156,7 +165,9 @@ def apply_update(config: SessionConfig, session: Any, *, audio_out: bool) -> Ses
             changes["turn_detection"] = _turn_detection(where.pop(key))
     for where, key in ((inp, "transcription"), (data, "input_audio_transcription")):
         if key in where:
-            changes["transcription"] = where.pop(key) is not None
+            value = where.pop(key)
+            changes["transcription"] = value is not None
+            changes["transcription_hints"] = _hints(value, key)
     for name in ("max_output_tokens", "max_response_output_tokens"):
         if name in data:
             changes["max_output_tokens"] = _max_tokens(data.pop(name), f"session.{name}")
@@ -168,6 +179,20 @@ def apply_update(config: SessionConfig, session: Any, *, audio_out: bool) -> Ses
         if key not in IGNORED:
             raise ConfigError(f"session.{key} is not a setting of this server", f"session.{key}")
     return replace(config, **changes)
+
+
+def _hints(value: Any, key: str) -> tuple[str | None, str | None]:
+    """A transcription setting's ``language`` and ``prompt`` (strings, bounded), if any."""
+    if not isinstance(value, dict):
+        return None, None
+    hints = []
+    for name, limit in (("language", 64), ("prompt", 4096)):
+        given = value.get(name)
+        if given is not None and (not isinstance(given, str) or len(given) > limit):
+            where = f"session.audio.input.{key}.{name}" if key == "transcription" else key
+            raise ConfigError(f"{name} must be a string of at most {limit} characters", where)
+        hints.append(given or None)
+    return hints[0], hints[1]
 
 
 def _modalities(value: Any, name: str, audio_out: bool) -> tuple[str, ...]:

@@ -179,3 +179,40 @@ def test_a_realtime_session_transcribes_each_turn_and_never_answers(server, spea
     refused = seen[0]
     assert refused.error.code == "unsupported_api" and "only transcribes" in refused.error.message
     assert not [e for e in seen[1:] if e.type.startswith("response.")]
+
+
+def test_the_sessions_transcription_language_and_prompt_reach_the_model(server, speak) -> None:
+    speech = _pcm24(speak("good morning everyone"))
+
+    async def turn(conn: Any, seen: list) -> Any:
+        for i in range(0, len(speech), 9600):
+            chunk = base64.b64encode(speech[i : i + 9600]).decode()
+            await conn.input_audio_buffer.append(audio=chunk)
+        await conn.input_audio_buffer.commit()
+        return await _until(conn, "conversation.item.input_audio_transcription.completed", seen)
+
+    async def session() -> tuple[Any, Any, Any, Any]:
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+        seen: list = []
+        async with client.realtime.connect(model="qwen3-asr") as conn:
+            await _until(conn, "session.created", seen)
+            quiet = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+            await conn.session.update(session=quiet)
+            await _until(conn, "session.updated", seen)
+            plain = await turn(conn, seen)
+            hinted = {"model": "qwen3-asr", "language": "de", "prompt": "Grafana, Kubernetes"}
+            config = {"type": "realtime", "audio": {"input": {"transcription": hinted}}}
+            await conn.session.update(session=config)
+            updated = await _until(conn, "session.updated", seen)
+            forced = await turn(conn, seen)
+            bad = {"type": "realtime", "audio": {"input": {"transcription": {"language": 7}}}}
+            await conn.session.update(session=bad)
+            refused = await _until(conn, "error", seen)
+            return plain, updated, forced, refused
+
+    plain, updated, forced, refused = asyncio.run(session())
+    described = updated.session.audio.input.transcription
+    assert (described.language, described.prompt) == ("de", "Grafana, Kubernetes")
+    # the same clip, heard with a forced language and a context: another greedy answer
+    assert plain.transcript and forced.transcript and forced.transcript != plain.transcript
+    assert refused.error.param == "session.audio.input.transcription.language"
