@@ -33,7 +33,7 @@ side at a time (ours, then it is freed, then the reference's subprocess).
 * ours: the stages' own factories (``create_preprocessing``,
   ``create_tts_engine``: strict load, the backbone's linear weights packed
   for oneDNN, ``TTSEngine`` over ``TorchEngine``; ``create_vocoder``: the
-  shared streaming ``Vocoder``, first chunk 4 frames, doubling up to 48,
+  shared streaming ``Vocoder``, first chunk 2 frames, growing fourfold up to 48,
   stateful decode, concurrent requests' equal chunks decoded as one batch
   up to the stage's ``max_batch_size``), driven directly without the
   runtime's processes. At
@@ -513,13 +513,13 @@ def codec_alone(model: MossTTSModel, frames: int, chunks: list[int]) -> dict[str
     }
 
 
-def chunk_schedule(frames: int, first: int = 4, largest: int = 48) -> list[int]:
-    """The vocoder's chunks for ``frames`` frames: ``first``, doubling up to ``largest``."""
-    chunks, size, left = [], first, frames
+def chunk_schedule(frames: int, vocoder: Any) -> list[int]:
+    """The vocoder's chunks for ``frames`` frames: its first, growing by its factor."""
+    chunks, size, left = [], vocoder.chunk_frames, frames
     while left > 0:
         chunks.append(min(size, left))
         left -= chunks[-1]
-        size = min(2 * size, largest)
+        size = min(vocoder.chunk_growth * size, vocoder.max_chunk_frames)
     return chunks
 
 
@@ -582,7 +582,8 @@ async def ours(
         parts: dict[str, Any] = {}
         one = next((r for r in results if r.concurrency == 1), None)
         if one is not None:
-            parts = {**one.parts, "codec_alone": codec_alone(model, frames, chunk_schedule(frames))}
+            chunks = chunk_schedule(frames, vocoder)
+            parts = {**one.parts, "codec_alone": codec_alone(model, frames, chunks)}
         return results, parts, load
     finally:
         await engine.aclose()

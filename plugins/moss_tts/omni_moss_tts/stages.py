@@ -356,4 +356,9 @@ def create_vocoder(
     # its ~3.5 GB of decoder weights, so concurrent requests' chunks are stacked
     # on the CPU too (Qwen3-TTS's convolutional codec is the opposite case).
     max_batch_size = max_batch_size or 16
-    return Vocoder(codec, chunk_frames, None, max_batch_size, max_chunk_frames, SAMPLE_RATE)
+    # For the same reason every call costs a read of those weights, however few frames it
+    # decodes: chunks after the first grow fourfold (2, 8, 32, 48 frames), not twofold,
+    # so a request makes fewer calls (bench_moss_tts.py prints the codec's ms per frame).
+    return Vocoder(
+        codec, chunk_frames, None, max_batch_size, max_chunk_frames, SAMPLE_RATE, chunk_growth=4
+    )

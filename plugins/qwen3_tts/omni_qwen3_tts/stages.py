@@ -320,12 +320,19 @@ class Vocoder:
         max_batch_size: int | None = None,
         max_chunk_frames: int | None = None,
         sample_rate: int = SAMPLE_RATE,
+        chunk_growth: int = 2,
     ):
         """``decoder``: a codec decoder (``speech_tokenizer.decoder.CodecDecoder``), shared
         with Qwen3-Omni's code2wav, which streams through this same class, as does
-        MOSS-TTS's codec: anything with ``new_stream()`` and ``stream_rows()``."""
+        MOSS-TTS's codec: anything with ``new_stream()`` and ``stream_rows()``.
+        ``chunk_growth``: each chunk after the first is this many times the one
+        before (up to ``max_chunk_frames``); a codec whose every call reads all of
+        its weights (MOSS-TTS's transformers) grows faster, to make fewer calls."""
         if chunk_frames < 1:
             raise ValueError(f"factory.chunk_frames must be >= 1, got {chunk_frames}")
+        if chunk_growth < 1:
+            raise ValueError(f"chunk_growth must be >= 1, got {chunk_growth}")
+        self.chunk_growth = chunk_growth
         if left_context_frames is not None and left_context_frames < 0:
             raise ValueError(
                 f"factory.left_context_frames must be >= 0 or none, got {left_context_frames}"
@@ -365,7 +372,7 @@ class Vocoder:
             if len(pending) >= chunk:
                 samples += await self._play(request, stream, behind, pending)
                 behind, pending = self._behind(behind, pending), []
-                chunk = min(2 * chunk, self.max_chunk_frames)
+                chunk = min(self.chunk_growth * chunk, self.max_chunk_frames)
         if pending:
             samples += await self._play(request, stream, behind, pending)
         return {

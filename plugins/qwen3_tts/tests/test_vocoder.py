@@ -124,3 +124,22 @@ async def test_concurrent_streams_batched_together_equal_their_own_full_decodes(
 def test_a_negative_left_context_is_refused(tiny_model):
     with pytest.raises(ValueError, match="left_context_frames must be >= 0 or none, got -1"):
         Vocoder(tiny_model.speech_tokenizer.decoder, 4, -1)
+
+
+async def test_chunks_may_grow_faster_and_still_equal_a_full_decode(tiny_model):
+    """chunk_growth 4 (MOSS-TTS's vocoder): fewer, larger chunks, the same audio."""
+    vocoder = Vocoder(
+        tiny_model.speech_tokenizer.decoder,
+        chunk_frames=2,
+        left_context_frames=None,
+        max_chunk_frames=16,
+        chunk_growth=4,
+    )
+    codes = frames(40, seed=5)
+    request = Request(list(codes.unbind(0)))
+    await vocoder.run(request)
+    assert [c.shape[0] // SAMPLES_PER_FRAME for c in request.chunks] == [2, 8, 16, 14]
+    full = tiny_model.speech_tokenizer.decoder(codes.T[None])[0, 0].numpy()
+    assert rel_l2(request.audio, full) < 1e-5
+    with pytest.raises(ValueError, match="chunk_growth"):
+        Vocoder(tiny_model.speech_tokenizer.decoder, 2, None, chunk_growth=0)
