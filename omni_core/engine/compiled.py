@@ -97,6 +97,9 @@ class StaticDecoder:
         self.note = ""
         if plan.cuda_graphs and not graph_safe:
             self.note = f"{name}: not captured as CUDA graphs (its step reads data on the host)"
+        # CUDA graphs were the only reason for static shapes and this step cannot be
+        # captured: its eager step (which reads only the filled part of each slot) is better.
+        self.enabled = not (plan.cuda_graphs and not self.use_graphs and not plan.compile)
         self._step: Callable[..., Any] = self._eager_step
         if plan.compile:
             torch._dynamo.config.recompile_limit = max(
@@ -119,7 +122,11 @@ class StaticDecoder:
 
     def fits(self, x: torch.Tensor) -> bool:
         """Whether rows ``x`` ``[B, ...]`` can take the static step (a bucket holds B)."""
-        return x.device == self.device and bucket_for(x.shape[0], self.buckets) is not None
+        return (
+            self.enabled
+            and x.device == self.device
+            and bucket_for(x.shape[0], self.buckets) is not None
+        )
 
     def _eager_step(
         self, x: torch.Tensor, positions: torch.Tensor, cache_pos: torch.Tensor, slots: torch.Tensor
@@ -168,14 +175,28 @@ class StaticDecoder:
 
     def warm_up(self) -> None:
         """Compile (and capture) every bucket and step length, largest bucket first."""
+        if not self.enabled:
+            return
         pool = graph_pool() if self.use_graphs else None
         for bucket in sorted(self.buckets, reverse=True):
             for steps in self.steps:
                 example = self.example(bucket, steps)
-                if self.use_graphs:
-                    self._graphs[(bucket, steps)] = CapturedStep(self._step, example, pool=pool)
-                else:
+                if not self.use_graphs:
                     self._step(*example)
+                    continue
+                try:
+                    self._graphs[(bucket, steps)] = CapturedStep(self._step, example, pool=pool)
+                except RuntimeError as exc:  # never run on a GPU before: fail soft, say so
+                    self._graphs.clear()
+                    self.use_graphs = False
+                    self.enabled = plan_allows_uncaptured(self.plan)
+                    self.note = (
+                        f"{self.name}: CUDA graph capture failed ({type(exc).__name__}: {exc}); "
+                        "it decodes without CUDA graphs (engine.disable_cuda_graph = true "
+                        "turns them off for every stage)"
+                    )
+                    log.warning("engine: %s", self.note)
+                    return
 
 
 def dense_linears(model: Any) -> int:
@@ -203,6 +224,11 @@ def dense_linears(model: Any) -> int:
                     setattr(parent, name, linear)
                     count += 1
     return count
+
+
+def plan_allows_uncaptured(plan: StaticPlan) -> bool:
+    """Whether a decoder whose capture failed still runs statically (compiled), or eagerly."""
+    return plan.compile
 
 
 class StaticContext:

@@ -264,3 +264,15 @@ def test_packed_linears_are_made_dense_again_for_inductor():
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
     with torch.no_grad():
         torch.testing.assert_close(model.blocks[0].qkv(x), want)
+
+
+def test_a_decoder_that_cannot_be_captured_decodes_eagerly_under_cuda_graphs():
+    """Static shapes were only for the capture: a step that reads the host keeps its eager path."""
+    model = TinyDecoder(num_layers=1, seed=10)
+    cache = SlotKVCache(model.cache_layout(), 2, 32, spare=True)
+    context = StaticContext(StaticPlan(False, True, (1, 2), "test"), cache)
+    model.prepare_static(context)
+    context.warm_up()
+    assert not model.static.use_graphs and not model.static.enabled
+    eager = _drive(model, SlotKVCache(model.cache_layout(), 2, 32), PROMPTS[:2], 4)
+    assert _drive(model, cache, PROMPTS[:2], 4) == eager and model.static.calls == 0
