@@ -92,10 +92,16 @@ def test_a_checkpoint_loads_strictly_by_prefix(tmp_path) -> None:
 
 
 def test_a_spoken_clip_runs_through_every_stage(plugins, short_tmp, hello_wav) -> None:
+    import anyio
+
     planned = plan_on_cpu(plugins, short_tmp, deploy=DEMO)
-    detected = planned.run(_request(hello_wav))["align"]
-    forced = planned.run(_request(hello_wav, language="de", prompt="Grafana"))["align"]
-    timed = planned.run(_request(hello_wav, timestamps=["word"]))["align"]
+    asked = [{}, {"language": "de", "prompt": "Grafana"}, {"timestamps": ["word"]}]
+
+    async def through_one_runtime() -> list[dict]:
+        async with planned.runtime() as runtime:
+            return [(await runtime.run(_request(hello_wav, **a)))["align"] for a in asked]
+
+    detected, forced, timed = anyio.run(through_one_runtime)
     for out in (detected, forced, timed):
         assert out["finish_reason"] == "length" and out["usage"]["completion_tokens"] == 12
     assert forced["language"] == "German"
@@ -105,6 +111,7 @@ def test_a_spoken_clip_runs_through_every_stage(plugins, short_tmp, hello_wav) -
     assert forced["usage"]["prompt_tokens"] > detected["usage"]["prompt_tokens"]
 
 
+@pytest.mark.slow  # three deployments start: about a minute on two cores
 def test_two_replicas_share_one_copy_of_the_weights(plugins, short_tmp, hello_wav) -> None:
     flags = ["--processes.pipeline.num_replicas", "2", "--weight_share", "on"]
     shared = plan_on_cpu(plugins, short_tmp, deploy=DEMO, flags=flags)
