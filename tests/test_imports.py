@@ -42,6 +42,7 @@ SCRIPT = textwrap.dedent(
     codes = {
         "plugins": main(["plugins", "list", "--json", "--all"]),
         "plan": main(["plan", "--pipeline", "qwen3-omni", "--no-detect", "--json"]),
+        "plan_asr": main(["plan", "--pipeline", "qwen3-asr", "--no-detect", "--json"]),
         "config": main(["config", "resolve", "--pipeline", "qwen3-tts"]),
     }
     print(json.dumps({
@@ -71,10 +72,11 @@ def test_listing_resolving_and_planning_import_no_ml_framework() -> None:
         "qwen3-omni",
         "qwen3-omni-colocated",
         "qwen3-omni-text",
+        "qwen3-asr",
         "qwen3-tts",
     }
     # ... and every command ran to completion.
-    assert report["codes"] == {"plugins": 0, "plan": 0, "config": 0}
+    assert report["codes"] == {"plugins": 0, "plan": 0, "plan_asr": 0, "config": 0}
     assert report["heavy"] == []
 
 
