@@ -325,9 +325,18 @@ async def ours(
     vocoder_batch: int | None,
     left_context: int | None,
     pack_weights: bool,
+    compile_steps: bool = False,
 ) -> list[Level]:
-    """Our stages at each concurrency of ``levels`` after a warm-up, on the model's device."""
-    settings = EngineSettings(max_running_requests=max(levels), max_total_tokens=max(levels) * 512)
+    """Our stages at each concurrency of ``levels`` after a warm-up, on the model's device.
+
+    ``compile_steps``: ``engine.enable_torch_compile`` (every bucket up to the
+    largest level compiled before the clock starts; the time is printed).
+    """
+    settings = EngineSettings(
+        max_running_requests=max(levels),
+        max_total_tokens=max(levels) * 512,
+        enable_torch_compile=compile_steps,
+    )
     on_cpu = next(model.network.parameters()).device.type == "cpu"
     if pack_weights and on_cpu:  # what the tts_engine stage does on the CPU (factory.pack_weights)
         pack_linear_weights(model.network)
@@ -504,6 +513,11 @@ def main() -> None:
         action="store_true",
         help="keep MKL's dense linear weights (the tts_engine stage's factory.pack_weights false)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="ours with engine.enable_torch_compile (compiled decode steps; compile time printed)",
+    )
     parser.add_argument("--size", choices=SIZES, default="0.6B", help="the release size to build")
     parser.add_argument("--device", default="cpu", help="where ours runs (cpu, cuda, cuda:1...)")
     parser.add_argument("--dtype", default="float32", help="our weights' dtype (float32, bfloat16)")
@@ -565,6 +579,7 @@ def main() -> None:
             args.vocoder_max_batch,
             args.left_context,
             not args.no_pack_weights,
+            args.compile,
         )
         report(levels_run, baseline, args.frames)
 
