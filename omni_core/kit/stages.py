@@ -8,6 +8,11 @@ called), but it serves stage factories only, in the processes that run them:
 - :func:`engine_settings`: an engine stage's ``engine.*`` settings, with the
   placement's memory share as the engine's bound unless
   ``engine.mem_fraction_static`` sets one;
+- :func:`engine_factory`: an engine stage's factory declared once: the
+  standard parameters the core injects by name (``model_path``, ``gpu_id``,
+  ``gpu_memory_fraction``, ``engine_settings``) and the engine stages' own
+  ``factory.dtype``/``load_format``/``seed``, handed to the family's
+  function as one :class:`EngineContext` (device and settings resolved);
 - :func:`tp_group`: a tensor-parallel stage's group, the one the runtime
   formed for this process, or a clear error when there is none;
 - :class:`WorkerThreadStage`: a preprocessing stage whose checks (tokenizing,
@@ -22,7 +27,10 @@ called), but it serves stage factories only, in the processes that run them:
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..engine.interface import EngineSettings
@@ -66,6 +74,87 @@ def engine_settings(
     if settings.mem_fraction_static is None and gpu_memory_fraction is not None:
         settings = settings.model_copy(update={"mem_fraction_static": gpu_memory_fraction})
     return settings
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What an engine stage's factory needs from the standard parameters, resolved:
+    the device it was placed on and its engine settings under the placement share."""
+
+    stage: str
+    model_path: str
+    device: str
+    settings: EngineSettings
+    dtype: str | None
+    load_format: str
+    seed: int
+
+    @property
+    def load_args(self) -> tuple[str, str, str | None, str, int]:
+        """``(model_path, load_format, dtype, device, seed)``: the order the families'
+        model loaders take (``load_model(*engine.load_args)``)."""
+        return (self.model_path, self.load_format, self.dtype, self.device, self.seed)
+
+
+def _standard(name: str, annotation: Any, default: Any = inspect.Parameter.empty) -> Any:
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return inspect.Parameter(name, kind, default=default, annotation=annotation)
+
+
+ENGINE_PARAMETERS = (
+    _standard("model_path", str),
+    _standard("gpu_id", int | None, None),
+    _standard("gpu_memory_fraction", float | None, None),
+    _standard("engine_settings", EngineSettings | None, None),
+    _standard("dtype", str | None, None),
+    _standard("load_format", str, "auto"),
+    _standard("seed", int, 0),
+)
+"""An engine stage factory's leading parameters, in order: the core injects the
+first four by name (``omni_core.factory``), the last three are ``factory.*`` keys."""
+
+
+def engine_factory(stage: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare an engine stage's factory from ``build(engine: EngineContext, **own)``.
+
+    The decorated factory's signature (what the core reads to inject standard
+    kwargs and to refuse unknown ``factory.*`` keys) is :data:`ENGINE_PARAMETERS`
+    followed by ``build``'s own parameters (each with a default); a call binds
+    them, resolves the device and settings, and hands ``build`` the context.
+    """
+
+    def decorate(build: Callable[..., Any]) -> Callable[..., Any]:
+        own = list(inspect.signature(build).parameters.values())[1:]
+        clash = {p.name for p in own} & {p.name for p in ENGINE_PARAMETERS}
+        if clash or any(p.default is p.empty for p in own):
+            raise TypeError(
+                f"{build.__qualname__}: an engine factory's own parameters need defaults "
+                f"and may not repeat the standard ones ({', '.join(sorted(clash)) or 'none'})"
+            )
+        signature = inspect.signature(build).replace(parameters=[*ENGINE_PARAMETERS, *own])
+
+        @functools.wraps(build)
+        def factory(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            values = bound.arguments
+            engine = EngineContext(
+                stage=stage,
+                model_path=values.pop("model_path"),
+                device=torch_device(values.pop("gpu_id"), stage),
+                settings=engine_settings(
+                    values.pop("engine_settings"), values.pop("gpu_memory_fraction")
+                ),
+                dtype=values.pop("dtype"),
+                load_format=values.pop("load_format"),
+                seed=values.pop("seed"),
+            )
+            return build(engine, **values)
+
+        factory.__signature__ = signature  # type: ignore[attr-defined]
+        return factory
+
+    return decorate
 
 
 def tp_group(stage: str, tp_rank: int, tp_size: int) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import sys
@@ -46,11 +47,23 @@ def test_the_walkthrough_shows_each_piece_and_the_stages_excerpt_runs():
     found = blocks()
     assert {"source", "pipeline", "plugin", "stages"} <= set(found)
     tokenizer = type("Tokenizer", (), {"encode": staticmethod(str.split)})()
-    namespace = {"load_my_tokenizer": lambda path: tokenizer}
+    namespace = {
+        "load_my_tokenizer": lambda path: tokenizer,
+        "load_my_model": lambda *args: args,
+        "MyEngine": lambda *args: args,
+    }
     exec(compile(found["stages"], "my_tts/stages.py", "exec"), namespace)
     stage = namespace["create_preprocessing"]("tiny", max_input_tokens=3)
     assert stage.max_frames == 4096 and stage.prepare({"input": "a b"}) == {"prompt": ["a", "b"]}
     assert "language" in stage.request_keys and "input" in stage.request_keys
+    # the engine factory: the standard parameters first (the core injects them by name)
+    create_tts_engine = namespace["create_tts_engine"]
+    params = list(inspect.signature(create_tts_engine).parameters)
+    assert params[:4] == ["model_path", "gpu_id", "gpu_memory_fraction", "engine_settings"]
+    assert params[-1] == "max_frames"
+    model, settings, frames = create_tts_engine("tiny", gpu_memory_fraction=0.5, seed=2)
+    assert model == ("tiny", "auto", None, "cpu", 2) and frames == 4096
+    assert settings.mem_fraction_static == 0.5
 
 
 def test_the_family_registers_plans_its_stages_and_checks_its_model_path(my_tts):

@@ -91,3 +91,40 @@ def test_every_tts_family_accepts_openais_speech_fields_and_the_servers_voices()
     openai = {"model", "input", "voice", "response_format", "speed", "instructions"}
     assert openai | {"stream_format", "voice_enroll", "voice_prompt"} <= SPEECH_REQUEST_KEYS
     assert "ref_audio" not in SPEECH_REQUEST_KEYS  # cloning fields are a family's own
+
+
+def test_an_engine_factory_declares_the_standard_parameters_once_and_hands_a_context():
+    import inspect
+
+    from omni_core.errors import ConfigError
+    from omni_core.factory import factory_kwargs
+    from omni_core.kit.stages import ENGINE_PARAMETERS, EngineContext, engine_factory
+
+    @engine_factory("talker")
+    def create(engine: EngineContext, max_frames: int = 10) -> tuple:
+        return engine, max_frames
+
+    names = list(inspect.signature(create).parameters)
+    assert names == [p.name for p in ENGINE_PARAMETERS] + ["max_frames"]
+    # the core injects by these names and refuses a factory.* key the family does not take
+    standard = {"model_path": "tiny", "gpu_id": None, "gpu_memory_fraction": 0.3, "tp_rank": 0}
+    kwargs = factory_kwargs(
+        create, stage_name="talker", factory_path="x:create", author={},
+        config={"seed": 5, "max_frames": 7}, standard=standard,
+    )  # fmt: skip
+    assert "tp_rank" not in kwargs
+    engine, frames = create(**kwargs)
+    assert frames == 7 and engine.stage == "talker" and engine.device == "cpu"
+    assert engine.settings.mem_fraction_static == 0.3
+    assert engine.load_args == ("tiny", "auto", None, "cpu", 5)
+    with pytest.raises(ConfigError, match=r"factory\.quantization is not a parameter of x:create"):
+        factory_kwargs(
+            create, stage_name="talker", factory_path="x:create", author={},
+            config={"quantization": "int8"}, standard=standard,
+        )  # fmt: skip
+    with pytest.raises(TypeError, match="max_frame"):
+        create("tiny", max_frame=3)  # a misspelt keyword is refused as for any function
+    with pytest.raises(TypeError, match="need defaults"):
+        engine_factory("talker")(lambda engine, path: None)
+    with pytest.raises(TypeError, match="seed"):
+        engine_factory("talker")(lambda engine, seed=1: None)

@@ -26,10 +26,16 @@ import torch
 
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
-from omni_core.engine.interface import EngineSettings, SamplingParams, check_sampling
+from omni_core.engine.interface import SamplingParams, check_sampling
 from omni_core.engine.quantize import apply_quantization
-from omni_core.kit.stages import SPEECH_REQUEST_KEYS, TTSPreprocessing, torch_device, tp_group
-from omni_core.kit.stages import engine_settings as kit_engine_settings
+from omni_core.kit.stages import (
+    SPEECH_REQUEST_KEYS,
+    EngineContext,
+    TTSPreprocessing,
+    engine_factory,
+    torch_device,
+    tp_group,
+)
 from omni_core.kit.stages import number as _number
 from omni_core.kit.stages import text as _text
 from omni_core.media import AudioLimits, decode_base64_audio
@@ -259,22 +265,15 @@ class TTSEngine:
             self.mirror.close()
 
 
+@engine_factory("tts_engine")
 def create_tts_engine(
-    model_path: str,
-    gpu_id: int | None = None,
-    gpu_memory_fraction: float | None = None,
-    engine_settings: EngineSettings | None = None,
-    dtype: str | None = None,
-    load_format: str = "auto",
-    seed: int = 0,
+    engine: EngineContext,
     codec_path: str | None = None,
     pack_weights: bool = True,
     tp_rank: int = 0,
     tp_size: int = 1,
     quantization: str = "none",
 ) -> Any:
-    settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
-    device = torch_device(gpu_id, "tts_engine")
     if quantization != "none" and tp_size > 1:
         raise ValueError(
             f"stage 'tts_engine': factory.quantization = {quantization!r} with tp_size {tp_size}: "
@@ -282,8 +281,8 @@ def create_tts_engine(
         )
     group = tp_group("tts_engine", tp_rank, tp_size)
     if group is not None and not group.leader:
-        return _backbone_follower(model_path, load_format, dtype, device, seed, group, pack_weights)
-    model = load_model(model_path, load_format, dtype, device, seed, codec_path)
+        return _backbone_follower(engine, group, pack_weights)
+    model = load_model(*engine.load_args, codec_path)
     mirror = None
     if group is not None:
         from omni_core.engine.tp import Mirror
@@ -294,40 +293,37 @@ def create_tts_engine(
         mirror = Mirror(group)
         mirror_backbone(model.network.language_model, mirror)
         model.tp_size = group.size
-    if pack_weights and device == "cpu":
+    if pack_weights and engine.device == "cpu":
         from omni_core.engine.cpu_linear import pack_linear_weights
 
         # the backbone's layers only: the heads are read as raw weights (model.network)
         pack_linear_weights(model.network.language_model)
     # int8 weight-only backbone layers (bf16 models only; the heads stay as they are)
     apply_quantization(model.network.language_model, quantization, stage="tts_engine")
-    engine = create_engine(model, settings, device=device)
+    backend = create_engine(model, engine.settings, device=engine.device)
     if mirror is not None:
-        mirror.setup(engine.plan.num_slots, engine.plan.slot_len)
-    return TTSEngine(model, engine, mirror)
+        mirror.setup(backend.plan.num_slots, backend.plan.slot_len)
+    return TTSEngine(model, backend, mirror)
 
 
-def _backbone_follower(
-    model_path: str,
-    load_format: str,
-    dtype: str | None,
-    device: str,
-    seed: int,
-    group: Any,
-    pack_weights: bool,
-) -> Any:
+def _backbone_follower(engine: EngineContext, group: Any, pack_weights: bool) -> Any:
     """Ranks 1..N-1: the backbone's shard, run on what rank 0 mirrors (no codec, no heads)."""
     from omni_core.engine.tp import FollowerStage
 
     from .tensor_parallel import follower_forward, shard_backbone
 
     model = MossTTSModel.from_pretrained(
-        model_path, load_format=load_format, dtype=dtype, device=device, seed=seed, with_codec=False
+        engine.model_path,
+        load_format=engine.load_format,
+        dtype=engine.dtype,
+        device=engine.device,
+        seed=engine.seed,
+        with_codec=False,
     )
     shard_backbone(model.network, model.config, group)
     model.tp_size = group.size
     backbone = model.network.language_model
-    if pack_weights and device == "cpu":
+    if pack_weights and engine.device == "cpu":
         from omni_core.engine.cpu_linear import pack_linear_weights
 
         pack_linear_weights(backbone)

@@ -17,10 +17,9 @@ import torch
 
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
-from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.engine.interface import SamplingParams
 from omni_core.engine.prompt import EmbeddedPrompt
-from omni_core.kit.stages import engine_settings as placed_settings
-from omni_core.kit.stages import torch_device
+from omni_core.kit.stages import EngineContext, engine_factory, torch_device
 from omni_qwen3_omni.detokenize import Detokenizer
 from omni_qwen3_omni.thinker.step import ThinkerStepModel
 
@@ -72,21 +71,12 @@ class ASR:
         await self.engine.aclose()
 
 
-def create_asr(
-    model_path: str,
-    gpu_id: int | None = None,
-    gpu_memory_fraction: float | None = None,
-    engine_settings: EngineSettings | None = None,
-    dtype: str | None = None,
-    load_format: str = "auto",
-    seed: int = 0,
-    pack_weights: bool = True,
-) -> ASR:
+@engine_factory("asr")
+def create_asr(engine: EngineContext, pack_weights: bool = True) -> ASR:
     from omni_qwen3_omni.chat import ChatPrompter
 
-    settings = placed_settings(engine_settings, gpu_memory_fraction)
-    device = torch_device(gpu_id, "asr")
-    model = load_model(model_path, load_format, dtype, device, seed)
+    device = engine.device
+    model = load_model(*engine.load_args)
     if pack_weights and device == "cpu":
         from omni_core.engine.cpu_linear import pack_linear_weights
 
@@ -100,7 +90,7 @@ def create_asr(
         device=torch.device(device),
         dtype=model.lm.model.embed_tokens.weight.dtype,
     )
-    return ASR(create_engine(step, settings, device=device), model.encoder, device)
+    return ASR(create_engine(step, engine.settings, device=device), model.encoder, device)
 
 
 class Decode:

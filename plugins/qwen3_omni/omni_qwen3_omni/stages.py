@@ -23,10 +23,9 @@ import torch
 
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
-from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.engine.interface import SamplingParams
 from omni_core.engine.quantize import apply_quantization
-from omni_core.kit.stages import engine_settings as kit_engine_settings
-from omni_core.kit.stages import torch_device, tp_group
+from omni_core.kit.stages import EngineContext, engine_factory, torch_device, tp_group
 from omni_qwen3_tts.stages import vocoder_factory
 
 from .assemble import assemble, to_prompt
@@ -202,17 +201,12 @@ class Speech:
     tts_rows: torch.Tensor  # [3, H]: layer-0 rows of tts_bos, tts_eos, tts_pad
 
 
+@engine_factory("thinker")
 def create_thinker(
-    model_path: str,
-    gpu_id: int | None = None,
+    engine: EngineContext,
     gpu_ids: list[int] | None = None,
-    gpu_memory_fraction: float | None = None,
     tp_rank: int = 0,
     tp_size: int = 1,
-    engine_settings: EngineSettings | None = None,
-    dtype: str | None = None,
-    load_format: str = "auto",
-    seed: int = 0,
     pack_weights: bool = True,
     talker_stage: str | None = None,
     quantization: str = "none",
@@ -221,18 +215,17 @@ def create_thinker(
     from .loading import read_raw_config
     from .thinker.step import ThinkerStepModel
 
-    settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
-    device = torch_device(gpu_id, "thinker")
+    settings, device = engine.settings, engine.device
     if quantization != "none" and (settings.backend == "sglang" or tp_size > 1):
         raise ValueError(
             f"stage 'thinker': factory.quantization = {quantization!r} runs on omni's own "
             "engine with tp_size 1 only: not implemented yet with SGLang or tensor parallelism"
         )
     if settings.backend == "sglang":  # tp_size: SGLang's own ranks, started by its engine
-        return _sglang_thinker(
-            model_path, settings, device, load_format, dtype, seed, talker_stage, tp_size
-        )
-    lm, config, root = load_part(model_path, "thinker", load_format, dtype, device, seed)
+        return _sglang_thinker(engine, talker_stage, tp_size)
+    lm, config, root = load_part(
+        engine.model_path, "thinker", engine.load_format, engine.dtype, device, engine.seed
+    )
     model_dtype = lm.model.embed_tokens.weight.dtype
     group = tp_group("thinker", tp_rank, tp_size)
     if group is not None:
@@ -272,10 +265,10 @@ def create_thinker(
         mirror=mirror,
         tp_size=tp_size,
     )
-    engine = create_engine(model, settings, device=device)
+    backend = create_engine(model, settings, device=device)
     if mirror is not None:
-        mirror.setup(engine.plan.num_slots, engine.plan.slot_len)
-    return Thinker(engine, model, config, speech)
+        mirror.setup(backend.plan.num_slots, backend.plan.slot_len)
+    return Thinker(backend, model, config, speech)
 
 
 def _thinker_follower(
@@ -301,16 +294,7 @@ def _thinker_follower(
     return FollowerStage(group, layout, follower_forward(lm), stage="thinker")
 
 
-def _sglang_thinker(
-    model_path: str,
-    settings: Any,
-    device: str,
-    load_format: str,
-    dtype: str | None,
-    seed: int,
-    talker_stage: str | None,
-    tp_size: int = 1,
-) -> Thinker:
+def _sglang_thinker(engine: EngineContext, talker_stage: str | None, tp_size: int = 1) -> Thinker:
     """The thinker on SGLang's engine (``engine.backend = "sglang"``; see sglang_adapter).
 
     With ``tp_size > 1`` this one process starts SGLang's engine with that
@@ -326,7 +310,7 @@ def _sglang_thinker(
     from .source import resolve_model_path
     from .thinker.sglang_adapter import ThinkerSGLangModel, embedding_rows, write_checkpoint
 
-    root = resolve_model_path(model_path).path
+    root = resolve_model_path(engine.model_path).path
     config = read_config(root)
     ids: list[int] = []
     if talker_stage is not None:
@@ -334,8 +318,10 @@ def _sglang_thinker(
 
         talker = TalkerConfig.from_dict(read_raw_config(root))
         ids = list(talker.tts_special_ids)
-    if load_format == "dummy":
-        lm, _, _ = load_part(model_path, "thinker", load_format, dtype, "cpu", seed)
+    if engine.load_format == "dummy":
+        lm, _, _ = load_part(
+            engine.model_path, "thinker", "dummy", engine.dtype, "cpu", engine.seed
+        )
         checkpoint, owned = write_checkpoint(lm, root), True
         with torch.no_grad():
             rows = lm.embed(torch.tensor(ids)).float() if ids else None
@@ -351,13 +337,14 @@ def _sglang_thinker(
         checkpoint,
         eos_ids=set(eos),
         hidden_size=config.text.hidden_size,
-        seed=seed,
+        seed=engine.seed,
         owned_directory=owned,
-        dtype=dtype,
+        dtype=engine.dtype,
         feeds_talker=talker_stage is not None,
         tp_size=tp_size,
     )
-    return Thinker(create_engine(model, settings, device=device), model, config, speech)
+    backend = create_engine(model, engine.settings, device=engine.device)
+    return Thinker(backend, model, config, speech)
 
 
 # -- talker -----------------------------------------------------------------------
@@ -504,22 +491,16 @@ def create_decode(model_path: str) -> Decode:
 # -- talker and code2wav factories ---------------------------------------------------
 
 
+@engine_factory("talker_ar")
 def create_talker(
-    model_path: str,
-    gpu_id: int | None = None,
-    gpu_memory_fraction: float | None = None,
-    engine_settings: EngineSettings | None = None,
-    dtype: str | None = None,
-    load_format: str = "auto",
-    seed: int = 0,
-    max_frames: int = 2048,
-    quantization: str = "none",
+    engine: EngineContext, max_frames: int = 2048, quantization: str = "none"
 ) -> TalkerStage:
     from .talker.step import TalkerStepModel
 
-    settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
-    device = torch_device(gpu_id, "talker_ar")
-    talker, _, root = load_part(model_path, "talker_ar", load_format, dtype, device, seed)
+    device = engine.device
+    talker, _, root = load_part(
+        engine.model_path, "talker_ar", engine.load_format, engine.dtype, device, engine.seed
+    )
     from .loading import read_raw_config
     from .talker.config import TalkerConfig
 
@@ -527,7 +508,7 @@ def create_talker(
     dtype_of = next(talker.parameters()).dtype
     apply_quantization(talker, quantization, stage="talker_ar")  # bf16 only; heads stay
     model = TalkerStepModel(talker, config, device=torch.device(device), dtype=dtype_of)
-    return TalkerStage(create_engine(model, settings, device=device), config, max_frames)
+    return TalkerStage(create_engine(model, engine.settings, device=device), config, max_frames)
 
 
 def _code2wav_decoder(

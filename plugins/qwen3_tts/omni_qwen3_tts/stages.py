@@ -26,10 +26,15 @@ import torch
 
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
-from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.engine.interface import SamplingParams
 from omni_core.engine.quantize import apply_quantization
-from omni_core.kit.stages import SPEECH_REQUEST_KEYS, TTSPreprocessing, torch_device
-from omni_core.kit.stages import engine_settings as kit_engine_settings
+from omni_core.kit.stages import (
+    SPEECH_REQUEST_KEYS,
+    EngineContext,
+    TTSPreprocessing,
+    engine_factory,
+    torch_device,
+)
 from omni_core.kit.stages import number as kit_number
 from omni_core.media import AudioLimits, decode_base64_audio
 
@@ -261,27 +266,18 @@ class TTSEngine:
         await self.engine.aclose()
 
 
+@engine_factory("tts_engine")
 def create_tts_engine(
-    model_path: str,
-    gpu_id: int | None = None,
-    gpu_memory_fraction: float | None = None,
-    engine_settings: EngineSettings | None = None,
-    dtype: str | None = None,
-    load_format: str = "auto",
-    seed: int = 0,
-    pack_weights: bool = True,
-    quantization: str = "none",
+    engine: EngineContext, pack_weights: bool = True, quantization: str = "none"
 ) -> TTSEngine:
-    settings = kit_engine_settings(engine_settings, gpu_memory_fraction)
-    device = torch_device(gpu_id, "tts_engine")
-    model = load_model(model_path, load_format, dtype, device, seed)
-    if pack_weights and device == "cpu":
+    model = load_model(*engine.load_args)
+    if pack_weights and engine.device == "cpu":
         from omni_core.engine.cpu_linear import pack_linear_weights
 
         pack_linear_weights(model.network)  # idempotent: the model is shared per process
     # int8 weight-only talker and code predictor (bf16 models only; idempotent as well)
     apply_quantization(model.network.talker, quantization, stage="tts_engine")
-    return TTSEngine(model, create_engine(model, settings, device=device))
+    return TTSEngine(model, create_engine(model, engine.settings, device=engine.device))
 
 
 # -- vocoder ----------------------------------------------------------------------
