@@ -29,21 +29,14 @@ from typing import Any
 import torch
 
 from omni_core.engine.interface import SamplingParams
+from omni_core.engine.precision import DTYPE_NAMES
 from omni_core.engine.prompt import EmbeddedPrompt
 
 MODEL_PACKAGE = "omni_qwen3_omni.sglang_ext"
 MODEL_CLASS = "OmniQwen3OmniThinker"
 PAYLOAD_FORMAT = "omni-thinker-prompt"
-#: factory.dtype spellings as SGLang's ``dtype`` names them.
-_DTYPES = {
-    "auto": "auto",
-    "float32": "float32",
-    "fp32": "float32",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float16": "float16",
-    "fp16": "float16",
-}
+#: factory.dtype spellings as SGLang's ``dtype`` names them (the canonical names).
+_DTYPES = {"auto": "auto", **DTYPE_NAMES}
 
 
 def sglang_environment() -> dict[str, str]:
