@@ -196,10 +196,7 @@ def test_a_model_without_a_static_step_decodes_eagerly(caplog):
     assert "decodes eagerly" in caplog.text
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-@cuda
+@pytest.mark.cuda
 def test_cuda_graph_capture_replays_the_step():
     from omni_core.engine.cuda_graphs import CapturedStep
 
@@ -212,7 +209,7 @@ def test_cuda_graph_capture_replays_the_step():
     torch.testing.assert_close(captured(x2, y), step(x2, y))
 
 
-@cuda
+@pytest.mark.cuda
 @pytest.mark.anyio
 async def test_cuda_graphs_decode_the_toy_model_like_eager():
     base = dict(max_running_requests=2, max_total_tokens=64)

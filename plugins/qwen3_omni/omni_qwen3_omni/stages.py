@@ -284,13 +284,7 @@ def _thinker_follower(
         from omni_core.engine.cpu_linear import pack_linear_weights
 
         pack_linear_weights(lm, skip=lambda name: ".experts." in name)
-    layout = CacheLayout(
-        num_layers=text.num_hidden_layers,
-        num_kv_heads=text.num_key_value_heads // group.size,
-        head_dim=text.head_dim,
-        dtype=dtype,
-        device=torch.device(device),
-    )
+    layout = CacheLayout.of(text, dtype, torch.device(device), group.size)
     return FollowerStage(group, layout, follower_forward(lm), stage="thinker")
 
 
