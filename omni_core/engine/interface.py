@@ -158,6 +158,14 @@ class CacheLayout:
     dtype: Any  # torch.dtype
     device: Any  # torch.device
 
+    @classmethod
+    def of(cls, config: Any, dtype: Any, device: Any, tp_size: int = 1) -> CacheLayout:
+        """The layout of a decoder whose config names its geometry as transformers does
+        (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim``); with ``tp_size``
+        ranks each holds its share of the KV heads."""
+        heads = config.num_key_value_heads // tp_size
+        return cls(config.num_hidden_layers, heads, config.head_dim, dtype, device)
+
 
 class StepModel(Protocol):
     """What a model gives the engine backend."""

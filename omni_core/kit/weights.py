@@ -13,13 +13,15 @@ A :class:`Checkpoint` is a directory's tensor names and the file holding
 each (one ``model.safetensors`` or the shards of its index). A stage reads
 its own part with :meth:`Checkpoint.load_into` (``prefixes`` it owns,
 ``strip`` to map checkpoint names onto its module's), opening only the
-shards that hold them; :func:`load_state` reads whole files into a module.
+shards that hold them; :func:`load_state` reads whole files into a module;
+:func:`fill_shared` fills a module from a directory's files or with a
+family's seeded dummy weights, through the weight-sharing seam.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,6 +200,24 @@ def load_state(module: Any, files: Iterable[Path], what: str) -> None:
     _, problems = Checkpoint.of_files(files, what).fill(module)
     if problems:
         raise mismatch(what, problems)
+
+
+def fill_shared(
+    key: str, module: Any, load_format: str, directory: Path, dummy: Callable[[Any], Any]
+) -> Any:
+    """Fill ``module``: ``dummy(module)`` (the family's seeded weights) for ``load_format =
+    "dummy"``, else every tensor of ``directory``'s safetensors files by name, strictly;
+    or map the weights a leader published under ``key`` (omni_core's weight-sharing seam:
+    replicas on one device load once). Returns ``module``."""
+    from ..runtime.weight_share import share_weights
+
+    def fill(target: Any) -> None:
+        if load_format == "dummy":
+            dummy(target)
+        else:
+            load_state(target, checkpoint_files(directory), str(directory))
+
+    return share_weights(key, module, fill)
 
 
 def _keys(file: Path) -> list[str]:

@@ -227,3 +227,13 @@ def test_the_plan_shows_the_admission_limit_the_runtime_enforces():
     assert json.loads(capped.stdout)["admission_limit"] == 10
     text = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     assert "admission: at most 8 requests in flight" in text
+
+
+def test_a_cache_layout_reads_a_decoder_config_and_splits_its_kv_heads_over_ranks():
+    from types import SimpleNamespace
+
+    from omni_core.engine.interface import CacheLayout
+
+    config = SimpleNamespace(num_hidden_layers=4, num_key_value_heads=8, head_dim=64)
+    assert CacheLayout.of(config, "bf16", "cpu") == CacheLayout(4, 8, 64, "bf16", "cpu")
+    assert CacheLayout.of(config, "bf16", "cpu", tp_size=2).num_kv_heads == 4

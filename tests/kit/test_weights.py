@@ -83,3 +83,18 @@ def test_a_directory_without_weights_or_with_a_missing_shard_says_so(tmp_path):
     )
     with pytest.raises(CheckpointError, match=r"shard file\(s\) missing: model-00002"):
         Checkpoint.open(tmp_path)
+
+
+def test_fill_shared_loads_a_directory_strictly_or_calls_the_familys_dummy_fill(tmp_path):
+    from omni_core.kit.weights import fill_shared
+
+    state = tiny().state_dict()
+    save_file(dict(state), str(tmp_path / "model.safetensors"))
+    seen = []
+    loaded = fill_shared("k-auto", tiny(), "auto", tmp_path, seen.append)
+    assert torch.equal(loaded[1].weight, state["1.weight"]) and not seen
+    dummy = fill_shared("k-dummy", tiny(), "dummy", tmp_path / "absent", seen.append)
+    assert seen == [dummy]  # dummy weights read no file
+    save_file({"0.weight": state["0.weight"]}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"1\.weight"):
+        fill_shared("k-partial", tiny(), "auto", tmp_path, seen.append)

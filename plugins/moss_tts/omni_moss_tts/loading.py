@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 
 from omni_core.kit.source import LOAD_FORMATS
-from omni_core.kit.weights import checkpoint_files, load_state, read_json
-from omni_core.runtime.weight_share import share_weights
+from omni_core.kit.weights import fill_shared, read_json
 from omni_qwen3_tts.weights import build_empty, dummy_fill, parse_dtype
 
 from .codec import AudioTokenizer, CodecConfig, dummy_fill_codec
@@ -57,15 +56,12 @@ def load_network(
 ) -> MossNetwork:
     network = build_empty(lambda: MossNetwork(config), device, dtype)
 
-    def fill(module: MossNetwork) -> None:
-        if load_format == "dummy":
-            dummy_fill(module, seed)
-            _steer_dummy(module)
-        else:
-            load_state(module, checkpoint_files(root), f"{root}")
+    def dummy(module: MossNetwork) -> None:
+        dummy_fill(module, seed)
+        _steer_dummy(module)
 
-    # Filled here, or mapped from a weight-sharing leader (omni_core's seam).
-    return share_weights(f"moss-tts:{root}:{load_format}:{dtype}:{seed}:network", network, fill)
+    key = f"moss-tts:{root}:{load_format}:{dtype}:{seed}:network"
+    return fill_shared(key, network, load_format, root, dummy)
 
 
 def _steer_dummy(network: MossNetwork) -> None:
@@ -119,15 +115,8 @@ def load_codec(
     directory = resolve_codec(root, codec_path)
     cfg = CodecConfig.from_dict(read_json(directory / "config.json"))
     codec = build_empty(lambda: AudioTokenizer(cfg), device, torch.float32)
-    return share_weights(
-        f"moss-tts:{directory}:{load_format}:{seed}:codec",
-        codec,
-        lambda m: (
-            dummy_fill_codec(m, seed + 1)
-            if load_format == "dummy"
-            else load_state(m, checkpoint_files(directory), f"{directory}")
-        ),
-    )
+    key = f"moss-tts:{directory}:{load_format}:{seed}:codec"
+    return fill_shared(key, codec, load_format, directory, lambda m: dummy_fill_codec(m, seed + 1))
 
 
 __all__ = [

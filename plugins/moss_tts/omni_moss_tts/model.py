@@ -135,14 +135,7 @@ class MossTTSModel:
     # -- engine step API ------------------------------------------------------
 
     def cache_layout(self) -> CacheLayout:
-        b = self.config.backbone
-        return CacheLayout(
-            b.num_hidden_layers,
-            b.num_key_value_heads // self.tp_size,
-            b.head_dim,
-            self.dtype,
-            self.device,
-        )
+        return CacheLayout.of(self.config.backbone, self.dtype, self.device, self.tp_size)
 
     def prompt_length(self, prompt: Any) -> int:
         return len(_request(prompt).prompt)

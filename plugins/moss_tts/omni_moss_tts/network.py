@@ -14,34 +14,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from omni_qwen3_tts.layers import DecoderLayer, KVStore, RMSNorm, register_rope, rope_cos_sin
+from omni_qwen3_tts.layers import DecoderStack
 
 from .config import MossTTSConfig
 
 
-class Backbone(nn.Module):
+class Backbone(DecoderStack):
     """``language_model``: Qwen3's token embedding, decoder layers and final norm."""
 
     def __init__(self, cfg: MossTTSConfig):
-        super().__init__()
         t = cfg.backbone
+        super().__init__(t)
         self.embed_tokens = nn.Embedding(t.vocab_size, t.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(t, i) for i in range(t.num_hidden_layers))
-        self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps)
-        register_rope(self, t.head_dim, t.rope_theta)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor | None,
-        store: KVStore | None,
-    ) -> torch.Tensor:
-        """Embeddings ``[B, T, H]`` at integer ``positions`` ``[B, T]`` -> normed hidden states."""
-        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask, store)
-        return self.norm(x)
 
 
 class MossNetwork(nn.Module):

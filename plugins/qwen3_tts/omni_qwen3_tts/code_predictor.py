@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .config import TransformerConfig
-from .layers import DecoderLayer, RMSNorm, register_rope, rope_cos_sin
+from .layers import DecoderStack, rope_cos_sin
 from .sampling import RowSampling, select_tokens
 
 
@@ -49,18 +49,15 @@ class ScratchKV:
         return self.k[layer, :, :, :stop], self.v[layer, :, :, :stop]
 
 
-class CodePredictorModel(nn.Module):
+class CodePredictorModel(DecoderStack):
     """Decoder stack plus the embeddings of codebooks 1..G-1 (width = the talker's hidden)."""
 
     def __init__(self, cfg: TransformerConfig, embedding_dim: int):
-        super().__init__()
+        super().__init__(cfg)
         self.cfg = cfg
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.codec_embedding = nn.ModuleList(
             nn.Embedding(cfg.vocab_size, embedding_dim) for _ in range(cfg.num_code_groups - 1)
         )
-        register_rope(self, cfg.head_dim, cfg.rope_theta)
 
     def forward(self, x: torch.Tensor, start: int, store: ScratchKV) -> torch.Tensor:
         steps = x.shape[1]
@@ -77,9 +74,7 @@ class CodePredictorModel(nn.Module):
     ) -> torch.Tensor:
         """The stack on rows ``x`` ``[B, T, H]`` at ``positions`` ``[B, T]`` (a static step)."""
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask, store)
-        return self.norm(x)
+        return self.run_layers(x, cos, sin, mask, store)
 
 
 class CodePredictor(nn.Module):

@@ -10,7 +10,8 @@ map onto ``state_dict`` keys one to one.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -233,6 +234,49 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, store)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """Decoder layers, the final norm and the rotary table: the stack every Qwen3-style
+    decoder here is (the talkers', the code predictor's, MOSS-TTS's backbone), under the
+    release's names (``layers.N``, ``norm``). A subclass adds its embeddings and heads;
+    one whose positions are not plain rotary ones overrides :meth:`rotary`."""
+
+    def __init__(self, t: Any, layers: Iterable[nn.Module] | None = None):
+        super().__init__()
+        if layers is None:
+            layers = (DecoderLayer(t, i) for i in range(t.num_hidden_layers))
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps)
+        register_rope(self, t.head_dim, t.rope_theta)
+
+    def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> Any:
+        """cos/sin for integer ``positions`` ``[B, T]`` (plain RoPE)."""
+        return rope_cos_sin(positions, self.inv_freq, dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        store: Any,
+    ) -> torch.Tensor:
+        """Embeddings ``[B, T, H]`` at ``positions`` -> normed hidden states."""
+        cos, sin = self.rotary(positions, x.dtype)
+        return self.run_layers(x, cos, sin, mask, store)
+
+    def run_layers(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        store: Any,
+    ) -> torch.Tensor:
+        """Rows ``x`` ``[B, T, H]`` through every layer, then the final norm."""
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, store)
+        return self.norm(x)
 
 
 def causal_mask(

@@ -22,21 +22,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from omni_core.runtime.weight_share import share_weights
+from omni_core.kit.weights import fill_shared
 
 from .config import GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
 from .prompt import PromptBuilder, TTSPrompt
 from .sampling import RowSampling, select_tokens
 from .speaker_encoder import SpeakerEncoder
 from .speech_tokenizer import SpeechTokenizer
-from .talker import Talker, forward_rows
+from .talker import Talker, complete_frames, forward_rows
 from .tokenizer import TextTokenizer
 from .weights import (
     LOAD_FORMATS,
     build_empty,
-    checkpoint_files,
     dummy_fill,
-    load_state,
     parse_dtype,
     read_json,
     resolve_model_path,
@@ -81,16 +79,8 @@ def build_speech_tokenizer(
     st_cfg = SpeechTokenizerConfig.from_dict(raw)
     st_dtype = parse_dtype(dtype, device, config=raw, release="float32")
     speech = build_empty(lambda: SpeechTokenizer(st_cfg), device, st_dtype)
-    share_weights(
-        f"qwen3-tts:{root}:{load_format}:{st_dtype}:{seed}:speech_tokenizer",
-        speech,
-        lambda m: (
-            dummy_fill(m, seed + 1)
-            if load_format == "dummy"
-            else load_state(m, checkpoint_files(st_dir), f"{st_dir}")
-        ),
-    )
-    return speech
+    key = f"qwen3-tts:{root}:{load_format}:{st_dtype}:{seed}:speech_tokenizer"
+    return fill_shared(key, speech, load_format, st_dir, lambda m: dummy_fill(m, seed + 1))
 
 
 class Qwen3TTSModel:
@@ -158,15 +148,7 @@ class Qwen3TTSModel:
         network = build_empty(lambda: Qwen3TTSNetwork(config), dev, torch_dtype)
         # Filled here, or mapped from a weight-sharing leader (omni_core's seam).
         key = f"qwen3-tts:{root}:{load_format}:{torch_dtype}:{seed}"
-        share_weights(
-            f"{key}:network",
-            network,
-            lambda m: (
-                dummy_fill(m, seed)
-                if load_format == "dummy"
-                else load_state(m, checkpoint_files(root), f"{root}")
-            ),
-        )
+        fill_shared(f"{key}:network", network, load_format, root, lambda m: dummy_fill(m, seed))
         speech = None
         if load_speech_tokenizer:
             speech = build_speech_tokenizer(root, load_format, speech_dtype, dev, seed)
@@ -272,14 +254,7 @@ class Qwen3TTSModel:
     def cache_layout(self):
         from omni_core.engine.interface import CacheLayout
 
-        t = self.config.talker.transformer
-        return CacheLayout(
-            num_layers=t.num_hidden_layers,
-            num_kv_heads=t.num_key_value_heads,
-            head_dim=t.head_dim,
-            dtype=self.dtype,
-            device=self.device,
-        )
+        return CacheLayout.of(self.config.talker.transformer, self.dtype, self.device)
 
     def prepare_static(self, context: Any) -> None:
         """The static decode steps the engine compiles: the talker's, the code predictor's."""
@@ -344,19 +319,11 @@ class Qwen3TTSModel:
             history = seq.state.setdefault("history", [])
             histories.append(torch.tensor(history, dtype=torch.long) if history else None)
         code0 = select_tokens(logits, main_rows, generators, histories, banned)
-        code0_ids = code0.tolist()  # one device sync for the batch
-        go = [i for i, code in enumerate(code0_ids) if code != tc.codec_eos_token_id]
-        frames_cpu = None
-        if go:
-            index = torch.tensor(go, device=self.device)
-            rest = self.talker.code_predictor.generate_frame(
-                last_hidden[index],
-                self.talker.embed_codec(code0[index]),
-                [sub_rows[i] for i in go],
-                [generators[i] for i in go],
-            )
-            # [B_go, G] on the device, then one copy to the CPU for the whole batch.
-            frames_cpu = torch.cat([code0[index, None], rest], dim=1).to("cpu", torch.long)
+        code0_ids, go, frames = complete_frames(
+            self.talker, last_hidden, code0, tc.codec_eos_token_id, sub_rows, generators
+        )
+        # one copy to the CPU for the whole batch
+        frames_cpu = None if frames is None else frames.to("cpu", torch.long)
         results = []
         position = {row: k for k, row in enumerate(go)}
         for i, seq in enumerate(sequences):

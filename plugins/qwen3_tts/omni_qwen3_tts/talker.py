@@ -17,7 +17,7 @@ from torch import nn
 
 from .code_predictor import CodePredictor
 from .config import TalkerConfig
-from .layers import DecoderLayer, RMSNorm, mrope_cos_sin, register_rope, rope_cos_sin
+from .layers import DecoderStack, mrope_cos_sin, rope_cos_sin
 
 
 class SlotStore:
@@ -75,30 +75,58 @@ def forward_rows(
     return out[torch.arange(len(embeds), device=device), lengths_t - 1]
 
 
-class TextProjection(nn.Module):
-    """Two-layer MLP mapping text embeddings (``text_hidden_size``) to the talker width."""
+def complete_frames(
+    talker: Any,
+    hidden: torch.Tensor,
+    code0: torch.Tensor,
+    eos: int,
+    rows: list[Any],
+    generators: list[torch.Generator],
+) -> tuple[list[int], list[int], torch.Tensor | None]:
+    """Each row's whole frame once its codebook-0 code is chosen (both talkers' step).
 
-    def __init__(self, text_hidden: int, hidden: int):
+    Returns the codebook-0 ids (one device sync for the batch), the rows that
+    go on (code not ``eos``) and their frames ``[len(go), G]`` on the device:
+    the code predictor (``talker.code_predictor``, sampling each row with
+    ``rows[i]``) adds codebooks 1..G-1 after codebook 0. None when none goes on.
+    """
+    ids = code0.tolist()
+    go = [i for i, code in enumerate(ids) if code != eos]
+    if not go:
+        return ids, go, None
+    index = torch.tensor(go, device=hidden.device)
+    rest = talker.code_predictor.generate_frame(
+        hidden[index],
+        talker.embed_codec(code0[index]),
+        [rows[i] for i in go],
+        [generators[i] for i in go],
+    )
+    return ids, go, torch.cat([code0[index, None], rest], dim=1)
+
+
+class TextProjection(nn.Module):
+    """Two-layer MLP (SiLU between) mapping text rows to the talker width: Qwen3-TTS's
+    text embeddings (``inner`` = their width) and Qwen3-Omni's thinker rows."""
+
+    def __init__(self, text_hidden: int, hidden: int, inner: int | None = None):
         super().__init__()
-        self.linear_fc1 = nn.Linear(text_hidden, text_hidden, bias=True)
-        self.linear_fc2 = nn.Linear(text_hidden, hidden, bias=True)
+        inner = inner or text_hidden
+        self.linear_fc1 = nn.Linear(text_hidden, inner, bias=True)
+        self.linear_fc2 = nn.Linear(inner, hidden, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(F.silu(self.linear_fc1(x)))
 
 
-class TalkerModel(nn.Module):
+class TalkerModel(DecoderStack):
     """``talker.model``: layers, final norm, codec (codebook 0 + control) and text embeddings."""
 
     def __init__(self, cfg: TalkerConfig):
-        super().__init__()
         t = cfg.transformer
+        super().__init__(t)
         self.cfg = cfg
-        self.layers = nn.ModuleList(DecoderLayer(t, i) for i in range(t.num_hidden_layers))
-        self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps)
         self.codec_embedding = nn.Embedding(t.vocab_size, t.hidden_size)
         self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
-        register_rope(self, t.head_dim, t.rope_theta)
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype):
         """cos/sin for positions ``[B, T]`` (the three M-RoPE streams are all ``positions``)."""
@@ -108,18 +136,6 @@ class TalkerModel(nn.Module):
         return mrope_cos_sin(
             streams, self.inv_freq, self.cfg.mrope_section, self.cfg.mrope_interleaved, dtype
         )
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor | None,
-        store: Any,
-    ) -> torch.Tensor:
-        cos, sin = self.rotary(positions, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask, store)
-        return self.norm(x)
 
 
 class Talker(nn.Module):

@@ -20,21 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_qwen3_tts.speech_tokenizer.decoder import LayerScale
+
 from .attention import WindowedAttention, rope_tables, window_mask
 from .config import TransformerSpec
 
 KV = tuple[torch.Tensor, torch.Tensor]
-
-
-class LayerScale(nn.Module):
-    """Per-channel scale of a residual branch (parameter ``scale``)."""
-
-    def __init__(self, channels: int, init: float):
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((channels,), init))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
 
 
 class TransformerLayer(nn.Module):

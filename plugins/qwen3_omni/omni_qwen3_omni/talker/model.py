@@ -26,11 +26,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omni_qwen3_tts.code_predictor import CodePredictor
-from omni_qwen3_tts.layers import DecoderLayer, RMSNorm, SwiGLU, mrope_cos_sin, register_rope
+from omni_qwen3_tts.layers import DecoderLayer, DecoderStack, SwiGLU, mrope_cos_sin
+from omni_qwen3_tts.talker import TextProjection
 
 from ..thinker.moe import SparseMoE
 from .config import TalkerConfig, TalkerTextConfig
@@ -55,20 +55,19 @@ class SharedExpertMoE(SparseMoE):
         return routed + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
 
-class TalkerDecoder(nn.Module):
-    """``model``: the decoder layers, the final norm and the codec embedding."""
+class TalkerDecoder(DecoderStack):
+    """``model``: the decoder layers (mixture-of-experts MLPs), the final norm and the
+    codec embedding."""
 
     def __init__(self, cfg: TalkerTextConfig):
-        super().__init__()
-        self.cfg = cfg
         geometry = cfg.layer_geometry()
-        self.layers = nn.ModuleList(
+        moe = (
             DecoderLayer(geometry, i, mlp=SharedExpertMoE(cfg))
             for i in range(cfg.num_hidden_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        super().__init__(cfg, moe)
+        self.cfg = cfg
         self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        register_rope(self, cfg.head_dim, cfg.rope_theta)
 
     def forward(
         self,
@@ -92,21 +91,7 @@ class TalkerDecoder(nn.Module):
         if mask is None and steps > 1:
             mask = torch.ones(steps, steps, dtype=torch.bool, device=x.device).tril()
         cos, sin = mrope_cos_sin(positions, self.inv_freq, self.cfg.mrope_section, True, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask, store)
-        return self.norm(x)
-
-
-class ThinkerProjection(nn.Module):
-    """``text_projection`` / ``hidden_projection``: thinker width -> talker width, SiLU between."""
-
-    def __init__(self, thinker_hidden: int, inner: int, hidden: int):
-        super().__init__()
-        self.linear_fc1 = nn.Linear(thinker_hidden, inner, bias=True)
-        self.linear_fc2 = nn.Linear(inner, hidden, bias=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+        return self.run_layers(x, cos, sin, mask, store)
 
 
 class Talker(nn.Module):
@@ -117,12 +102,10 @@ class Talker(nn.Module):
         self.cfg = cfg
         text = cfg.text
         self.model = TalkerDecoder(text)
-        self.text_projection = ThinkerProjection(
-            cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size
-        )
-        self.hidden_projection = ThinkerProjection(
-            cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size
-        )
+        # ``text_projection`` / ``hidden_projection``: thinker width -> talker width
+        widths = (cfg.thinker_hidden_size, text.hidden_size, text.intermediate_size)
+        self.text_projection = TextProjection(*widths)
+        self.hidden_projection = TextProjection(*widths)
         self.codec_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg.code_predictor, text.hidden_size)
 

@@ -35,7 +35,7 @@ from omni_core.engine.interface import CacheLayout, SequenceError, StepResult
 from omni_core.engine.sampling import make_generator
 from omni_qwen3_tts.layers import causal_mask
 from omni_qwen3_tts.sampling import RowSampling, select_tokens
-from omni_qwen3_tts.talker import SlotStore
+from omni_qwen3_tts.talker import SlotStore, complete_frames
 
 from .config import TalkerConfig
 from .prompt import TalkerPrompt
@@ -64,14 +64,7 @@ class TalkerStepModel:
         self._banned = talker.suppressed_ids(self.device)
 
     def cache_layout(self) -> CacheLayout:
-        text = self.config.text
-        return CacheLayout(
-            num_layers=text.num_hidden_layers,
-            num_kv_heads=text.num_key_value_heads,
-            head_dim=text.head_dim,
-            dtype=self.dtype,
-            device=self.device,
-        )
+        return CacheLayout.of(self.config.text, self.dtype, self.device)
 
     def prompt_length(self, prompt: Any) -> int:
         return _as_prompt(prompt).prefill_length
@@ -194,19 +187,10 @@ class TalkerStepModel:
         ]
         logits = self.talker.codec_head(hidden)
         code0 = select_tokens(logits, rows, generators, histories, [self._banned] * len(rows))
-        code0_ids = code0.tolist()  # one sync for the batch
-        go = [i for i, c in enumerate(code0_ids) if c != eos]
-        frames = frames_cpu = None
-        if go:
-            index = torch.tensor(go, device=self.device)
-            rest = self.talker.code_predictor.generate_frame(
-                hidden[index],
-                self.talker.embed_codec(code0[index]),
-                [predictor_rows[i] for i in go],
-                [generators[i] for i in go],
-            )
-            frames = torch.cat([code0[index, None], rest], dim=1)
-            frames_cpu = frames.to("cpu", torch.long)
+        code0_ids, go, frames = complete_frames(
+            self.talker, hidden, code0, eos, predictor_rows, generators
+        )
+        frames_cpu = None if frames is None else frames.to("cpu", torch.long)
         results, slot = [], {row: k for k, row in enumerate(go)}
         for i, seq in enumerate(sequences):
             seq.state["history"].append(code0_ids[i])

@@ -72,13 +72,7 @@ class ThinkerStepModel:
         return {0, *wanted} if wanted else None
 
     def cache_layout(self) -> CacheLayout:
-        return CacheLayout(
-            num_layers=self.config.num_hidden_layers,
-            num_kv_heads=self.config.num_key_value_heads // self.tp_size,
-            head_dim=self.config.head_dim,
-            dtype=self.dtype,
-            device=self.device,
-        )
+        return CacheLayout.of(self.config, self.dtype, self.device, self.tp_size)
 
     def prompt_length(self, prompt: Any) -> int:
         return len(_as_prompt(prompt))

@@ -128,6 +128,8 @@ class SplitQuantizer(nn.Module):
 
 
 class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (parameter ``scale``; both codecs' transformers)."""
+
     def __init__(self, channels: int, initial: float):
         super().__init__()
         self.scale = nn.Parameter(torch.full((channels,), initial))
