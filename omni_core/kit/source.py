@@ -30,6 +30,9 @@ from typing import Any
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+HUB_FILES = ("*.json", "*.safetensors", "vocab.json", "merges.txt", "*.jinja")
+"""What a hub snapshot of every family here needs: configs, weights, the Qwen BPE
+tokenizer's files and a chat template; a family adds its own (a codec's directory)."""
 HUB_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$")
 
 SourceProblem = tuple[tuple[tuple[str, ...], ...], str, str]
@@ -58,7 +61,7 @@ class ModelSource:
     family: str
     presets_dir: Path
     example: str  # a hub id of the family, for messages
-    hub_patterns: Sequence[str] = ("*.json", "*.safetensors", "vocab.json", "merges.txt")
+    hub_patterns: Sequence[str] = HUB_FILES
     weights: Mapping[str, str] | None = None
     layout: str = "config.json, model.safetensors"
 

@@ -104,3 +104,11 @@ def test_offline_a_hub_id_must_be_in_the_cache(tmp_path, monkeypatch):
     assert "HF_HUB_OFFLINE" in problem[1]
     (tmp_path / "models--acme--demo" / "snapshots" / "x").mkdir(parents=True)
     assert hub_id_problems("acme/demo", "acme/demo") == []
+
+
+def test_a_family_fetches_the_shared_hub_files_unless_it_names_its_own(tmp_path):
+    from omni_core.kit.source import HUB_FILES, ModelSource
+
+    plain = ModelSource(family="Demo", presets_dir=tmp_path, example="acme/demo")
+    assert tuple(plain.hub_patterns) == HUB_FILES
+    assert {"*.json", "*.safetensors", "vocab.json", "merges.txt"} <= set(HUB_FILES)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_core.kit.source import (
+    HUB_FILES,
     WEIGHT_FILES,
     ModelSource,
     ResolvedPath,
@@ -31,7 +32,7 @@ from omni_core.kit.source import (
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 DEFAULT_CODEC = "OpenMOSS-Team/MOSS-Audio-Tokenizer"
-MODEL_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "vocab.json", "merges.txt", "*.txt"]
+MODEL_PATTERNS = [*HUB_FILES, "*.txt"]
 CODEC_PATTERNS = ["*.json", "*.safetensors"]
 
 

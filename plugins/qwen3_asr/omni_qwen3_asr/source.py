@@ -11,7 +11,6 @@ SOURCE = ModelSource(
     family="Qwen3-ASR",
     presets_dir=PRESETS_DIR,
     example="Qwen/Qwen3-ASR-1.7B",
-    hub_patterns=("*.json", "*.safetensors", "vocab.json", "merges.txt", "*.jinja"),
     weights={"asr": ""},
 )
 

@@ -160,18 +160,31 @@ class TextConfig:
             )
 
 
+@dataclass(frozen=True, kw_only=True)
+class PlaceholderIds:
+    """The thinker's placeholder ids (``thinker_config``): positions holding them take
+    an encoder's output, so the thinker and the talker both read them ("multimodal").
+    The reference constructor's defaults; the release's config.json sets
+    ``audio_token_id`` 151675."""
+
+    audio_token_id: int = 151646
+    image_token_id: int = 151655
+    video_token_id: int = 151656
+
+    @property
+    def multimodal_ids(self) -> frozenset[int]:
+        return frozenset((self.audio_token_id, self.image_token_id, self.video_token_id))
+
+
 @dataclass(frozen=True)
-class ThinkerConfig:
+class ThinkerConfig(PlaceholderIds):
     """Everything the understanding half needs: the three towers and the special ids."""
 
     audio: AudioEncoderConfig
     vision: VisionEncoderConfig
     text: TextConfig
     # The reference constructor's defaults (the release's config.json sets
-    # audio_token_id 151675, audio_start_token_id 151669, position_id_per_seconds 13).
-    audio_token_id: int = 151646
-    image_token_id: int = 151655
-    video_token_id: int = 151656
+    # audio_start_token_id 151669, position_id_per_seconds 13).
     audio_start_token_id: int = 151647
     vision_start_token_id: int = 151652
     user_token_id: int = 872

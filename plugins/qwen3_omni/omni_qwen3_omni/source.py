@@ -13,12 +13,10 @@ from pathlib import Path
 from omni_core.kit.source import ModelSource, ResolvedPath
 
 PRESETS_DIR = Path(__file__).parent / "presets"
-HUB_PATTERNS = ["*.json", "*.safetensors", "vocab.json", "merges.txt", "*.jinja"]
 SOURCE = ModelSource(
     family="Qwen3-Omni",
     presets_dir=PRESETS_DIR,
     example="Qwen/Qwen3-Omni-30B-A3B-Instruct",
-    hub_patterns=HUB_PATTERNS,
 )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from omni_core.kit.source import (  # noqa: F401 - re-exported: this plugin's names for them
+    HUB_FILES,
     LOAD_FORMATS,
     ModelSource,
     ResolvedPath,
@@ -24,7 +25,7 @@ from omni_core.kit.source import download as _download
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 # What a hub snapshot needs (the release also ships README / assets we do not read).
-HUB_PATTERNS = ["*.json", "*.safetensors", "vocab.json", "merges.txt", "speech_tokenizer/*"]
+HUB_PATTERNS = [*HUB_FILES, "speech_tokenizer/*"]
 SOURCE = ModelSource(
     family="Qwen3-TTS",
     presets_dir=PRESETS_DIR,

@@ -28,7 +28,7 @@ from typing import Any
 from omni_core.errors import RequestError
 from omni_qwen3_tts.config import TransformerConfig
 
-from ..config import ConfigError, _pick
+from ..config import ConfigError, PlaceholderIds, _pick
 
 #: Codebook-0 ids at or above ``vocab_size - CONTROL_IDS`` are control tokens
 #: (codec pad/bos/eos, think markers, speakers); only EOS may be generated.
@@ -112,8 +112,9 @@ class TalkerTextConfig:
 
 
 @dataclass(frozen=True)
-class TalkerConfig:
-    """The talker, its code predictor, and every id its input and output rules use."""
+class TalkerConfig(PlaceholderIds):
+    """The talker, its code predictor, and every id its input and output rules use (the
+    thinker's placeholder ids, :class:`PlaceholderIds`, read from ``thinker_config``)."""
 
     text: TalkerTextConfig
     code_predictor: TransformerConfig
@@ -136,19 +137,11 @@ class TalkerConfig:
     system_token_id: int = 8948
     user_token_id: int = 872
     assistant_token_id: int = 77091
-    # The thinker's placeholder ids: positions holding them are "multimodal".
-    audio_token_id: int = 151646
-    image_token_id: int = 151655
-    video_token_id: int = 151656
 
     @property
     def tts_special_ids(self) -> tuple[int, int, int]:
         """``(tts_bos, tts_eos, tts_pad)``: the thinker rows a prompt needs (that order)."""
         return (self.tts_bos_token_id, self.tts_eos_token_id, self.tts_pad_token_id)
-
-    @property
-    def multimodal_ids(self) -> frozenset[int]:
-        return frozenset((self.audio_token_id, self.image_token_id, self.video_token_id))
 
     @property
     def suppressed_range(self) -> tuple[int, int]:
