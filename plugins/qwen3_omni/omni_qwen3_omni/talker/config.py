@@ -35,51 +35,35 @@ from ..config import ConfigError, PlaceholderIds, _pick
 CONTROL_IDS = 1024
 
 
-@dataclass(frozen=True)
-class TalkerTextConfig:
-    """``talker.model``: the MoE decoder, codec embedding and its geometry."""
+# The reference constructor's defaults (Qwen3OmniMoeTalkerTextConfig) for the geometry;
+# intermediate_size is the dense width the release never uses in a layer: the inner
+# width of ``text_projection`` / ``hidden_projection``. head_dim 0: hidden / heads.
+_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 3072,
+    "hidden_size": 1024,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 20,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 0,
+}
 
-    vocab_size: int = 3072
-    hidden_size: int = 1024
-    # The dense width the release never uses in a layer; it is the inner width
-    # of ``text_projection`` / ``hidden_projection``.
-    intermediate_size: int = 2048
-    num_hidden_layers: int = 20
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 2
-    head_dim: int = 0  # 0: hidden_size // num_attention_heads
-    hidden_act: str = "silu"
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
+
+@dataclass(frozen=True)
+class TalkerTextConfig(TransformerConfig):
+    """``talker.model``: a Qwen3 decoder's geometry (the shared decoder layers take it as
+    it is) with M-RoPE sections and mixture-of-experts MLPs."""
+
     mrope_section: tuple[int, ...] = (24, 20, 20)
-    attention_bias: bool = False
     moe_intermediate_size: int = 384
     shared_expert_intermediate_size: int = 0  # required: the reference has no default
     num_experts: int = 128
     num_experts_per_tok: int = 8
     norm_topk_prob: bool = False
-    max_position_embeddings: int = 32768
 
     def __post_init__(self) -> None:
         if not self.head_dim:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-
-    def layer_geometry(self) -> TransformerConfig:
-        """The attention/norm geometry in the form the shared decoder layers take."""
-        return TransformerConfig(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_theta=self.rope_theta,
-            attention_bias=self.attention_bias,
-            hidden_act=self.hidden_act,
-            max_position_embeddings=self.max_position_embeddings,
-        )
 
     def validate(self, where: str = "talker_config.text_config") -> None:
         if self.hidden_act != "silu":
@@ -267,7 +251,11 @@ def _rope(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _text_config(raw: dict[str, Any]) -> TalkerTextConfig:
-    picked = _pick(TalkerTextConfig, raw, aliases={"num_local_experts": "num_experts"})
+    aliases = {"num_local_experts": "num_experts"}
+    picked = {
+        **_TEXT_DEFAULTS,
+        **_pick(TalkerTextConfig, raw, aliases, exclude={"num_code_groups"}),
+    }
     rope = _rope(raw)
     if rope.get("mrope_section") is not None:
         picked["mrope_section"] = tuple(int(s) for s in rope["mrope_section"])

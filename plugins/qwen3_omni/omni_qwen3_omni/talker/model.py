@@ -60,11 +60,7 @@ class TalkerDecoder(DecoderStack):
     codec embedding."""
 
     def __init__(self, cfg: TalkerTextConfig):
-        geometry = cfg.layer_geometry()
-        moe = (
-            DecoderLayer(geometry, i, mlp=SharedExpertMoE(cfg))
-            for i in range(cfg.num_hidden_layers)
-        )
+        moe = (DecoderLayer(cfg, i, mlp=SharedExpertMoE(cfg)) for i in range(cfg.num_hidden_layers))
         super().__init__(cfg, moe)
         self.cfg = cfg
         self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
