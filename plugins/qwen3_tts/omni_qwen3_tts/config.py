@@ -91,7 +91,8 @@ def transformer_config(
 
 # The reference's constructor defaults (configuration_qwen3_tts.py). Real
 # checkpoints spell out every value; the defaults only matter for tiny configs.
-_PREDICTOR_DEFAULTS: dict[str, Any] = {
+# Qwen3-Omni's code predictor has the same (Qwen3OmniMoeTalkerCodePredictorConfig).
+PREDICTOR_DEFAULTS: dict[str, Any] = {
     "vocab_size": 2048,
     "hidden_size": 1024,
     "intermediate_size": 3072,
@@ -146,7 +147,7 @@ class TalkerConfig:
         transformer = transformer_config(raw, _TALKER_DEFAULTS, "talker_config")
         predictor = transformer_config(
             raw.get("code_predictor_config") or {},
-            _PREDICTOR_DEFAULTS,
+            PREDICTOR_DEFAULTS,
             "talker_config.code_predictor_config",
         )
         if predictor.num_code_groups != transformer.num_code_groups:

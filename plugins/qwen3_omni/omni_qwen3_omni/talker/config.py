@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni_core.errors import RequestError
-from omni_qwen3_tts.config import TransformerConfig
+from omni_qwen3_tts.config import PREDICTOR_DEFAULTS, TransformerConfig
 
 from ..config import ConfigError, PlaceholderIds, _pick
 
@@ -264,20 +264,12 @@ def _text_config(raw: dict[str, Any]) -> TalkerTextConfig:
     return TalkerTextConfig(**picked)
 
 
-# The reference constructor's defaults (Qwen3OmniMoeTalkerCodePredictorConfig).
+# The reference constructor's defaults (Qwen3OmniMoeTalkerCodePredictorConfig): the
+# same code predictor as Qwen3-TTS's, and TransformerConfig's for the rest.
 _PREDICTOR_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 2048,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 5,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
+    **PREDICTOR_DEFAULTS,
     "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
     "attention_bias": False,
-    "num_code_groups": 32,
     "max_position_embeddings": 32768,
 }
 
