@@ -20,9 +20,12 @@ MOSS-TTS and Qwen3-Omni plugins each wrote for themselves live here once:
 - :mod:`.config` (torch-free): a release's JSON into frozen dataclasses
   (known keys, nulls as defaults, rotary settings under either spelling);
 - :mod:`.weights` (torch, stage processes only): strict safetensors loading
-  by name or prefix, every mismatch named;
-- :mod:`.stages` (stage processes only): the device a stage was placed on,
-  an engine's settings under its placement share, a tensor-parallel group,
+  by name or prefix, every mismatch named; a module filled from a directory
+  or with dummy weights through the weight-sharing seam;
+- :mod:`.stages` (stage processes only): an engine stage factory's
+  standard signature declared once (:func:`~.stages.engine_factory`), the
+  device a stage was placed on, an engine's settings under its placement
+  share, a tensor-parallel group,
   a preprocessing stage run in a worker thread behind its field and token
   checks, typed request fields.
 
