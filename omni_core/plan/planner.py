@@ -108,11 +108,11 @@ def _plan(
         estimates=estimates,
     )
     problems = list(expansion.problems)
-    result = policy.place(request)
     problems += [  # tp_size where nothing runs it (the CLI says who wrote it, in config checks)
         Refusal(message, stage=paths[0][1], fix=fix)
         for paths, message, fix in config.tensor_parallel_problems()
     ]
+    result = policy.place(request)
     problems += result.refusals
     if problems:
         raise Infeasible(problems)
