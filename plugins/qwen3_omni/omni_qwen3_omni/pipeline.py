@@ -18,7 +18,7 @@ from pydantic import Field
 
 from omni_core import EngineStageConfig, FactoryArgs, PipelineConfig, StageConfig
 from omni_core.kit.pipeline import SourceChecks, StreamingVocoderArgs, TypedWeightArgs
-from omni_core.schema import DType, LoadFormat, Quantization
+from omni_core.schema import DType, Quantization
 
 from .plugin import CHECKPOINT_NAMES as ALIASES  # one list: the plugin registers them by name
 from .source import SOURCE  # torch-free
@@ -52,23 +52,17 @@ class PreprocessingArgs(FactoryArgs):
     max_tokens: int = Field(default=2048, ge=1)
 
 
-class EncoderArgs(FactoryArgs):
-    # auto/none: the checkpoint's bf16 where the device is fast, else float32 (omni plan says)
-    dtype: DType | None = None
-    load_format: LoadFormat = "auto"
-    seed: int = Field(default=0, ge=0)  # dummy weights' seed
-    max_batch_size: int = Field(default=8, ge=1)
-
-
-class EngineFactoryArgs(FactoryArgs):
-    dtype: DType | None = None  # auto, as EncoderArgs
-    load_format: LoadFormat = "auto"
-    seed: int = Field(default=0, ge=0)  # dummy weights' seed
+class EngineFactoryArgs(TypedWeightArgs):
+    """A stage holding part of the checkpoint (dtype auto: its bf16 where the device is fast)."""
 
 
 class DecoderArgs(EngineFactoryArgs):
     # int8: the decoder's large linear layers as int8 weights (needs dtype bfloat16)
     quantization: Quantization = "none"
+
+
+class EncoderArgs(EngineFactoryArgs):
+    max_batch_size: int = Field(default=8, ge=1)
 
 
 class TalkerArgs(DecoderArgs):
