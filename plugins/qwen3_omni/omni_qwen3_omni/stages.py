@@ -265,6 +265,8 @@ def create_thinker(
         mirror=mirror,
         tp_size=tp_size,
     )
+    if speech is not None:  # spoken requests capture these rows: compile that step too
+        model.expected_captures = (speech.accept_layer,)
     backend = create_engine(model, settings, device=device)
     if mirror is not None:
         mirror.setup(backend.plan.num_slots, backend.plan.slot_len)
