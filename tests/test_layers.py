@@ -6,9 +6,9 @@ included: a cycle hidden in a function still ties two modules together.
 Imports under ``if TYPE_CHECKING:`` are left out (they never run).
 
 Layers, lowest first: ``schema``, ``config``, ``plan``, ``engine`` and
-``media`` describe and compute, and so does ``kit`` (the parts model
-plugins share); ``runtime`` runs processes; ``serve`` is the
-HTTP API over a runtime; ``cli`` drives them all. A module may import its
+``media`` describe and compute; ``runtime`` runs processes; ``kit`` (the
+parts model plugins share) sits on the runtime, whose weight sharing its
+loaders call in stage processes; ``serve`` is the HTTP API over a runtime; ``cli`` drives them all. A module may import its
 own layer and those below it, never one above.
 """
 
@@ -26,8 +26,8 @@ ABOVE = {  # layer -> the layers it must never import
     "plan": ("runtime", "serve", "cli"),
     "engine": ("runtime", "serve", "cli"),
     "media": ("runtime", "serve", "cli"),
-    "kit": ("runtime", "serve", "cli"),  # model plugins' shared parts: plan-time and stage code
-    "runtime": ("serve", "cli"),
+    "runtime": ("kit", "serve", "cli"),
+    "kit": ("serve", "cli"),  # model plugins' shared parts: plan-time and stage code
     "serve": ("cli",),
 }
 MAX_SERVE_LINES = 450
