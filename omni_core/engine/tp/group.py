@@ -21,6 +21,7 @@ that is closing raises at once instead (the stage is stopping anyway).
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -169,6 +170,9 @@ def init_group(
         ) from None
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=wait)
     _current = group
+    # A rank that ends without leaving (a script, a stage that returns) would let gloo's
+    # threads abort the interpreter's exit with std::terminate (SIGABRT, seen under load).
+    atexit.register(leave_group)
     return group
 
 
