@@ -8,8 +8,9 @@ Imports under ``if TYPE_CHECKING:`` are left out (they never run).
 Layers, lowest first: ``schema``, ``config``, ``plan``, ``engine`` and
 ``media`` describe and compute; ``runtime`` runs processes; ``kit`` (the
 parts model plugins share) sits on the runtime, whose weight sharing its
-loaders call in stage processes; ``serve`` is the HTTP API over a runtime; ``cli`` drives them all. A module may import its
-own layer and those below it, never one above.
+loaders call in stage processes; ``serve`` is the HTTP API over a runtime;
+``cli`` drives them all. A module may import its own layer and those below
+it, never one above.
 """
 
 from __future__ import annotations
