@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tts_reference_support
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")

@@ -8,56 +8,20 @@ must give the same codes frame for frame and audio within 1e-4 relative L2.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from tts_reference_support import opt_in, run_reference  # noqa: E402
+
 from omni_qwen3_tts.model import Qwen3TTSModel  # noqa: E402
 from omni_qwen3_tts.tokenizer import TextTokenizer  # noqa: E402
 from omni_qwen3_tts.weights import PRESETS_DIR  # noqa: E402
 
-# Opt-in: the reference pins its own transformers, so it runs only when asked for
-# (`make test-reference` sets this), never by accident in the default suite.
-REFERENCE_PYTHON = Path(os.environ.get("QWEN_TTS_REF_PYTHON", "/nonexistent/qwen-tts-ref"))
-SCRIPT = Path(__file__).parent / "reference" / "make_reference.py"
 MAX_NEW = 12
 
-pytestmark = [
-    pytest.mark.reference,
-    pytest.mark.skipif(
-        not REFERENCE_PYTHON.exists(),
-        reason="opt-in: set QWEN_TTS_REF_PYTHON to the reference environment's python "
-        "(make test-reference does; see tests/REFERENCE.md)",
-    ),
-]
-
-
-def _run_reference(tmp_path: Path, request: dict) -> tuple[Path, dict]:
-    out = tmp_path / "ckpt"
-    request_path = tmp_path / "request.json"
-    request_path.write_text(json.dumps(request))
-    proc = subprocess.run(
-        [
-            str(REFERENCE_PYTHON),
-            str(SCRIPT),
-            str(PRESETS_DIR / "tiny"),
-            str(out),
-            str(request_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    data = np.load(out / "reference_outputs.npz")
-    return out, {k: data[k] for k in data.files}
+pytestmark = opt_in
 
 
 def _rel_l2(a: np.ndarray, b: np.ndarray) -> float:
@@ -92,7 +56,7 @@ def test_custom_voice_matches_reference(tmp_path, non_streaming):
         "non_streaming": non_streaming,
         "max_new_tokens": MAX_NEW,
     }
-    out, ref = _run_reference(tmp_path, request)
+    out, ref = run_reference(tmp_path, request)
     model = Qwen3TTSModel.from_pretrained(out)  # strict: every tensor must match
     prompt = model.prompts.custom_voice(text, "ryan", "english", non_streaming=non_streaming)
     assert prompt.text_ids == request["text_ids"]
@@ -120,7 +84,7 @@ def test_voice_clone_matches_reference(tmp_path, x_vector_only):
         "non_streaming": False,
         "max_new_tokens": MAX_NEW,
     }
-    out, ref = _run_reference(tmp_path, request)
+    out, ref = run_reference(tmp_path, request)
     model = Qwen3TTSModel.from_pretrained(out)
     ref_codes, xvector = model.voice_clone_reference(torch.from_numpy(wav.astype(np.float32)))
     assert torch.equal(ref_codes, torch.from_numpy(ref["ref_codes"]).long())

@@ -20,23 +20,17 @@ Skipped unless ``QWEN_TTS_REF_PYTHON`` names the reference environment
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from tts_reference_support import opt_in, run_reference  # noqa: E402
 
 from omni_qwen3_tts.model import Qwen3TTSModel  # noqa: E402
 from omni_qwen3_tts.prompt import assistant_text  # noqa: E402
 from omni_qwen3_tts.tokenizer import TextTokenizer  # noqa: E402
 from omni_qwen3_tts.weights import PRESETS_DIR  # noqa: E402
 
-REFERENCE_PYTHON = Path(os.environ.get("QWEN_TTS_REF_PYTHON", "/nonexistent/qwen-tts-ref"))
-SCRIPT = Path(__file__).parent / "reference" / "make_reference.py"
 MAX_NEW = 16
 # bf16 keeps 8 bits of mantissa (relative step 2^-8): after the talker's layers the
 # logits of two faithful bf16 implementations differ by a few such steps of the
@@ -44,36 +38,7 @@ MAX_NEW = 16
 # 2^-5 (3%) bounds that with room, far below what a wrong prompt or layer gives (50%).
 LOGIT_TOL = 2.0**-5
 
-pytestmark = [
-    pytest.mark.reference,
-    pytest.mark.skipif(
-        not REFERENCE_PYTHON.exists(),
-        reason="opt-in: set QWEN_TTS_REF_PYTHON to the reference environment's python "
-        "(make test-reference does; see tests/REFERENCE.md)",
-    ),
-]
-
-
-def _run_reference(tmp_path: Path, request: dict) -> tuple[Path, dict]:
-    out = tmp_path / "ckpt"
-    request_path = tmp_path / "request.json"
-    request_path.write_text(json.dumps(request))
-    proc = subprocess.run(
-        [
-            str(REFERENCE_PYTHON),
-            str(SCRIPT),
-            str(PRESETS_DIR / "tiny"),
-            str(out),
-            str(request_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    data = np.load(out / "reference_outputs.npz")
-    return out, {k: data[k] for k in data.files}
+pytestmark = opt_in
 
 
 @torch.no_grad()
@@ -117,7 +82,7 @@ def test_custom_voice_in_bf16_matches_the_reference_in_bf16(tmp_path):
         "max_new_tokens": MAX_NEW,
         "dtype": "bfloat16",
     }
-    out, ref = _run_reference(tmp_path, request)
+    out, ref = run_reference(tmp_path, request)
     model = Qwen3TTSModel.from_pretrained(out, dtype="bfloat16")
     assert model.dtype is torch.bfloat16
     prompt = model.prompts.custom_voice(text, "ryan", "english", non_streaming=False)
