@@ -130,6 +130,10 @@ def test_a_spoken_turn_then_a_text_turn_in_one_session(server, hello) -> None:
             return spoken, written
 
     spoken, written = asyncio.run(turns())
+    done = spoken[-1].response
+    # a turn that failed or was cancelled says why here, not as "no audio" below
+    # (12 tokens may end it as incomplete: max_output_tokens)
+    assert done.status in ("completed", "incomplete"), (done.status, done.status_details)
     kinds = [e.type for e in spoken]
     order = [
         "input_audio_buffer.committed",
