@@ -19,6 +19,8 @@ MOSS-TTS and Qwen3-Omni plugins each wrote for themselves live here once:
 - :mod:`.memory` (torch-free): estimates read from a stage's config;
 - :mod:`.config` (torch-free): a release's JSON into frozen dataclasses
   (known keys, nulls as defaults, rotary settings under either spelling);
+- :mod:`.batching` (anyio only): an encoder stage's concurrent requests
+  coalesced into one call of its batched function;
 - :mod:`.weights` (torch, stage processes only): strict safetensors loading
   by name or prefix, every mismatch named; a module filled from a directory
   or with dummy weights through the weight-sharing seam;

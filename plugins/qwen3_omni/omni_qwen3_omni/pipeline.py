@@ -62,6 +62,8 @@ class DecoderArgs(EngineFactoryArgs):
 
 
 class EncoderArgs(EngineFactoryArgs):
+    # requests encoded in one tower call: those that arrive while a call runs join the
+    # next one (omni_core/kit/batching.py); a lone request never waits
     max_batch_size: int = Field(default=8, ge=1)
 
 

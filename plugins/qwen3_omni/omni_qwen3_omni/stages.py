@@ -25,6 +25,7 @@ from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import SamplingParams
 from omni_core.engine.quantize import apply_quantization
+from omni_core.kit.batching import Coalescer
 from omni_core.kit.stages import EngineContext, engine_factory, torch_device, tp_group
 from omni_qwen3_tts.stages import vocoder_factory
 
@@ -37,37 +38,63 @@ from .preprocessing import create_preprocessing  # noqa: F401 - a factory_path t
 
 
 class ImageEncoder:
-    def __init__(self, encoder: Any, device: str):
+    """Images (and videos' frames) to thinker rows; concurrent requests share one tower call."""
+
+    def __init__(self, encoder: Any, device: str, max_batch_size: int = 8):
         self.encoder, self.device = encoder, torch.device(device)
         self.dtype = next(encoder.parameters()).dtype
-        self.limiter = anyio.CapacityLimiter(1)
+        self.coalescer = Coalescer(self._encode_batch, max_batch_size)
 
     async def run(self, request: Any) -> dict[str, Any]:
-        images = request.data["images"]
-        return await anyio.to_thread.run_sync(self._encode, images, limiter=self.limiter)
+        return await self.coalescer.submit(request.data["images"])
 
     def _encode(self, images: list[dict[str, Any]]) -> dict[str, Any]:
+        """One request's images alone, in this thread (tests compare stages this way)."""
+        return self._encode_batch([images])[0]
+
+    def _encode_batch(self, requests: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        images = [im for request in requests for im in request]
         pixels = torch.cat([im["pixel_values"] for im in images]).to(self.device, self.dtype)
         grids = torch.tensor([im["grid_thw"] for im in images], dtype=torch.long)
         with torch.inference_mode():
             embeds, deepstack = self.encoder(pixels, grids.to(self.device))
-        return {"embeds": embeds.cpu(), "deepstack": [d.cpu() for d in deepstack]}
+        per_image = (grids.prod(dim=1) // self.encoder.merge**2).tolist()
+        rows = [sum(per_image[i] for i in span) for span in _spans(requests)]
+        parts = zip(
+            embeds.cpu().split(rows), *(d.cpu().split(rows) for d in deepstack), strict=True
+        )
+        return [{"embeds": own[0], "deepstack": list(own[1:])} for own in parts]
 
 
 class AudioEncoder:
-    def __init__(self, encoder: Any, device: str):
+    """Clips to thinker rows; concurrent requests share one tower call."""
+
+    def __init__(self, encoder: Any, device: str, max_batch_size: int = 8):
         self.encoder, self.device = encoder, torch.device(device)
         self.dtype = next(encoder.parameters()).dtype
-        self.limiter = anyio.CapacityLimiter(1)
+        self.coalescer = Coalescer(self._encode_batch, max_batch_size)
 
     async def run(self, request: Any) -> dict[str, Any]:
-        clips = request.data["audios"]
-        return await anyio.to_thread.run_sync(self._encode, clips, limiter=self.limiter)
+        return await self.coalescer.submit(request.data["audios"])
 
     def _encode(self, clips: list[torch.Tensor]) -> dict[str, Any]:
+        """One request's clips alone, in this thread (tests compare stages this way)."""
+        return self._encode_batch([clips])[0]
+
+    def _encode_batch(self, requests: list[list[torch.Tensor]]) -> list[dict[str, Any]]:
+        clips = [c.to(self.device, self.dtype) for request in requests for c in request]
         with torch.inference_mode():
-            out = self.encoder([c.to(self.device, self.dtype) for c in clips])
-        return {"embeds": torch.cat(list(out)).cpu()}
+            out = [rows.cpu() for rows in self.encoder(clips)]
+        return [{"embeds": torch.cat([out[i] for i in span])} for span in _spans(requests)]
+
+
+def _spans(requests: list[list[Any]]) -> list[range]:
+    """Which items of the flattened batch each request owns."""
+    spans, start = [], 0
+    for request in requests:
+        spans.append(range(start, start + len(request)))
+        start += len(request)
+    return spans
 
 
 def create_image_encoder(
@@ -81,7 +108,7 @@ def create_image_encoder(
 ) -> ImageEncoder:
     device = torch_device(gpu_id, "image_encoder")
     module, _, _ = load_part(model_path, "image_encoder", load_format, dtype, device, seed)
-    return ImageEncoder(module, device)
+    return ImageEncoder(module, device, max_batch_size)
 
 
 def create_audio_encoder(
@@ -95,7 +122,7 @@ def create_audio_encoder(
 ) -> AudioEncoder:
     device = torch_device(gpu_id, "audio_encoder")
     module, _, _ = load_part(model_path, "audio_encoder", load_format, dtype, device, seed)
-    return AudioEncoder(module, device)
+    return AudioEncoder(module, device, max_batch_size)
 
 
 # -- aggregation and thinker ------------------------------------------------------
