@@ -18,7 +18,8 @@ MOSS-TTS and Qwen3-Omni plugins each wrote for themselves live here once:
   wire types);
 - :mod:`.memory` (torch-free): estimates read from a stage's config;
 - :mod:`.config` (torch-free): a release's JSON into frozen dataclasses
-  (known keys, nulls as defaults, rotary settings under either spelling);
+  (known keys, nulls as defaults, rotary settings under either spelling,
+  the special ids of Qwen's tokenizer that families built on it inherit);
 - :mod:`.batching` (anyio only): an encoder stage's concurrent requests
   coalesced into one call of its batched function;
 - :mod:`.weights` (torch, stage processes only): strict safetensors loading

@@ -35,3 +35,22 @@ def test_rotary_settings_are_read_under_either_spelling():
     assert rope_type({"rope_scaling": {"type": "mrope"}}) == "mrope"
     assert rope_type({"rope_parameters": {"rope_type": "yarn"}}) == "yarn"
     assert rope_type({}) == "default"
+
+
+def test_the_qwen_special_ids_are_keyword_only_defaults_read_from_non_null_keys():
+    from omni_core.kit.config import ChatTokenIds, TTSTextIds, token_ids
+
+    @dataclass(frozen=True)
+    class Root(TTSTextIds):
+        variant: str  # a family's own positional field, declared after the inherited ids
+
+    root = Root("base", tts_pad_token_id=7)
+    assert (root.im_start_token_id, root.im_end_token_id) == (151644, 151645)
+    assert (root.tts_pad_token_id, root.tts_bos_token_id, root.tts_eos_token_id) == (
+        7,
+        151672,
+        151673,
+    )
+    raw = {"im_start_token_id": "3", "im_end_token_id": None, "tts_pad_token_id": 9, "x": 1}
+    assert token_ids(ChatTokenIds, raw) == {"im_start_token_id": 3}
+    assert token_ids(TTSTextIds, raw) == {"im_start_token_id": 3, "tts_pad_token_id": 9}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from omni_core.kit.config import FromDict, known_fields
+from omni_core.kit.config import ChatTokenIds, FromDict, known_fields
 from omni_qwen3_tts.config import TransformerConfig, transformer_config
 
 MODEL_TYPE = "moss_tts_delay"
@@ -43,16 +43,15 @@ def backbone_config(raw: dict[str, Any], where: str) -> TransformerConfig:
 
 
 @dataclass(frozen=True)
-class MossTTSConfig:
-    """The root ``config.json``: backbone geometry, codebooks and the delay-pattern ids."""
+class MossTTSConfig(ChatTokenIds):
+    """The root ``config.json``: backbone geometry, codebooks and the delay-pattern ids
+    (the ChatML markers are the Qwen tokenizer's, the kit's :class:`ChatTokenIds`)."""
 
     backbone: TransformerConfig
     n_vq: int = 32
     audio_vocab_size: int = 1024
     audio_pad_code: int = 1024
     pad_token_id: int = 151643
-    im_start_token_id: int = 151644
-    im_end_token_id: int = 151645
     audio_start_token_id: int = 151652
     audio_end_token_id: int = 151653
     audio_user_slot_token_id: int = 151654

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni_core.kit.config import FromDict, known_fields
+from omni_core.kit.config import FromDict, TTSTextIds, known_fields, token_ids
 from omni_core.kit.config import rope_theta as _rope_theta
 from omni_core.kit.config import rope_type as _rope_type
 
@@ -56,20 +56,29 @@ class TransformerConfig:
 
 
 def transformer_config(
-    raw: dict[str, Any], defaults: dict[str, Any], where: str
+    raw: dict[str, Any],
+    defaults: dict[str, Any],
+    where: str,
+    *,
+    rope_types: tuple[str, ...] = ("default",),
 ) -> TransformerConfig:
     """One Qwen3 decoder stack's geometry from a config section, ``defaults`` filling gaps.
 
-    Shared by every family built on it (MOSS-TTS's backbone too). The rotary
-    base is read from the section itself under either spelling before the
-    defaults, so a transformers-5 ``rope_parameters`` is not shadowed by a default.
+    Shared by every family built on it (MOSS-TTS's backbone, Qwen3-Omni's code
+    predictor too). The rotary base is read from the section itself under
+    either spelling before the defaults, so a transformers-5 ``rope_parameters``
+    is not shadowed by a default. ``rope_types``: the rotary variants the
+    caller's release writes for this stack (the positions are the same).
     """
     merged = {**defaults, **{k: v for k, v in raw.items() if v is not None}}
     heads = int(merged["num_attention_heads"])
     head_dim = merged.get("head_dim") or int(merged["hidden_size"]) // heads
     kv_heads = merged.get("num_key_value_heads") or heads
-    if _rope_type(raw) not in ("default",):
-        raise ValueError(f"{where}: rope type {_rope_type(raw)!r} is not supported (only default)")
+    if _rope_type(raw) not in rope_types:
+        raise ValueError(
+            f"{where}: rope type {_rope_type(raw)!r} is not supported "
+            f"(only {', '.join(rope_types)})"
+        )
     cfg = TransformerConfig(
         vocab_size=int(merged["vocab_size"]),
         hidden_size=int(merged["hidden_size"]),
@@ -104,7 +113,8 @@ PREDICTOR_DEFAULTS: dict[str, Any] = {
     "rope_theta": 10000.0,
     "num_code_groups": 32,
 }
-_TALKER_DEFAULTS: dict[str, Any] = {
+# Qwen3-Omni's talker decoder has the same (Qwen3OmniMoeTalkerTextConfig).
+TALKER_DEFAULTS: dict[str, Any] = {
     "vocab_size": 3072,
     "hidden_size": 1024,
     "intermediate_size": 2048,
@@ -117,8 +127,33 @@ _TALKER_DEFAULTS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True, kw_only=True)
+class TalkerCodecIds:
+    """Codebook-0 control ids of a Qwen talker: codec pad/bos/eos and the think markers.
+
+    Qwen3-Omni's talker has these with the same defaults (its reference
+    constructor's, as here); keyword-only, so a talker config inherits them
+    after its own positional fields.
+    """
+
+    codec_eos_token_id: int = 4198
+    codec_nothink_id: int = 4203
+    codec_think_bos_id: int = 4204
+    codec_think_eos_id: int = 4205
+    codec_pad_id: int = 4196
+    codec_bos_id: int = 4197
+
+
+@dataclass(frozen=True, kw_only=True)
+class CodecIds(TalkerCodecIds):
+    """Qwen3-TTS's control ids: the shared ones and ``codec_think_id`` (the prefix that
+    names a language is think, think_bos, language, think_eos)."""
+
+    codec_think_id: int = 4202
+
+
 @dataclass(frozen=True)
-class TalkerConfig:
+class TalkerConfig(CodecIds):
     """The talker: decoder stack plus the text path and codec vocabulary ids."""
 
     transformer: TransformerConfig
@@ -127,13 +162,6 @@ class TalkerConfig:
     text_hidden_size: int
     mrope_section: tuple[int, ...] | None
     mrope_interleaved: bool
-    codec_eos_token_id: int
-    codec_pad_id: int
-    codec_bos_id: int
-    codec_think_id: int
-    codec_nothink_id: int
-    codec_think_bos_id: int
-    codec_think_eos_id: int
     spk_id: dict[str, int]
     spk_is_dialect: dict[str, str | bool]
     codec_language_id: dict[str, int]
@@ -144,7 +172,7 @@ class TalkerConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TalkerConfig:
-        transformer = transformer_config(raw, _TALKER_DEFAULTS, "talker_config")
+        transformer = transformer_config(raw, TALKER_DEFAULTS, "talker_config")
         predictor = transformer_config(
             raw.get("code_predictor_config") or {},
             PREDICTOR_DEFAULTS,
@@ -170,13 +198,7 @@ class TalkerConfig:
             text_hidden_size=int(raw.get("text_hidden_size", 2048)),
             mrope_section=tuple(int(s) for s in section) if section is not None else None,
             mrope_interleaved=bool(rope.get("interleaved", False)),
-            codec_eos_token_id=int(raw.get("codec_eos_token_id", 4198)),
-            codec_pad_id=int(raw.get("codec_pad_id", 4196)),
-            codec_bos_id=int(raw.get("codec_bos_id", 4197)),
-            codec_think_id=int(raw.get("codec_think_id", 4202)),
-            codec_nothink_id=int(raw.get("codec_nothink_id", 4203)),
-            codec_think_bos_id=int(raw.get("codec_think_bos_id", 4204)),
-            codec_think_eos_id=int(raw.get("codec_think_eos_id", 4205)),
+            **token_ids(CodecIds, raw),
             spk_id={str(k).lower(): int(v) for k, v in (raw.get("spk_id") or {}).items()},
             spk_is_dialect={
                 str(k).lower(): v for k, v in (raw.get("spk_is_dialect") or {}).items()
@@ -217,19 +239,15 @@ class SpeakerEncoderConfig:
 
 
 @dataclass(frozen=True)
-class Qwen3TTSConfig:
-    """The root ``config.json``: variant, talker, speaker encoder, text special ids."""
+class Qwen3TTSConfig(TTSTextIds):
+    """The root ``config.json``: variant, talker, speaker encoder, text special ids (the kit's
+    :class:`~omni_core.kit.config.TTSTextIds`)."""
 
     talker: TalkerConfig
     speaker_encoder: SpeakerEncoderConfig
     tts_model_type: str
     tts_model_size: str | None
     tokenizer_type: str | None
-    im_start_token_id: int
-    im_end_token_id: int
-    tts_pad_token_id: int
-    tts_bos_token_id: int
-    tts_eos_token_id: int
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -258,11 +276,7 @@ class Qwen3TTSConfig:
             tts_model_type=variant,
             tts_model_size=raw.get("tts_model_size"),
             tokenizer_type=tokenizer_type,
-            im_start_token_id=int(raw.get("im_start_token_id", 151644)),
-            im_end_token_id=int(raw.get("im_end_token_id", 151645)),
-            tts_pad_token_id=int(raw.get("tts_pad_token_id", 151671)),
-            tts_bos_token_id=int(raw.get("tts_bos_token_id", 151672)),
-            tts_eos_token_id=int(raw.get("tts_eos_token_id", 151673)),
+            **token_ids(TTSTextIds, raw),
             raw=raw,
         )
 

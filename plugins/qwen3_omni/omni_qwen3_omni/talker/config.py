@@ -22,11 +22,18 @@ are always interleaved whatever ``interleaved`` says.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omni_core.errors import RequestError
-from omni_qwen3_tts.config import PREDICTOR_DEFAULTS, TransformerConfig
+from omni_core.kit.config import TTSTextIds, token_ids
+from omni_qwen3_tts.config import (
+    PREDICTOR_DEFAULTS,
+    TALKER_DEFAULTS,
+    TalkerCodecIds,
+    TransformerConfig,
+    transformer_config,
+)
 
 from ..config import ConfigError, PlaceholderIds, _pick
 
@@ -35,16 +42,12 @@ from ..config import ConfigError, PlaceholderIds, _pick
 CONTROL_IDS = 1024
 
 
-# The reference constructor's defaults (Qwen3OmniMoeTalkerTextConfig) for the geometry;
+# The reference constructor's defaults (Qwen3OmniMoeTalkerTextConfig) for the geometry:
+# Qwen3-TTS's talker's (its code groups aside, which TalkerConfig holds here);
 # intermediate_size is the dense width the release never uses in a layer: the inner
 # width of ``text_projection`` / ``hidden_projection``. head_dim 0: hidden / heads.
 _TEXT_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 3072,
-    "hidden_size": 1024,
-    "intermediate_size": 2048,
-    "num_hidden_layers": 20,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 2,
+    **{k: v for k, v in TALKER_DEFAULTS.items() if k != "num_code_groups"},
     "head_dim": 0,
 }
 
@@ -95,32 +98,29 @@ class TalkerTextConfig(TransformerConfig):
             )
 
 
+@dataclass(frozen=True, kw_only=True)
+class RootIds(TTSTextIds):
+    """The ids the talker reads at the top level of ``config.json``: the kit's ChatML and
+    ``tts_*`` ids, and the role words a turn starts with."""
+
+    system_token_id: int = 8948
+    user_token_id: int = 872
+    assistant_token_id: int = 77091
+
+
 @dataclass(frozen=True)
-class TalkerConfig(PlaceholderIds):
-    """The talker, its code predictor, and every id its input and output rules use (the
-    thinker's placeholder ids, :class:`PlaceholderIds`, read from ``thinker_config``)."""
+class TalkerConfig(PlaceholderIds, TalkerCodecIds, RootIds):
+    """The talker, its code predictor, and every id its input and output rules use: its
+    codec control ids (Qwen3-TTS's :class:`TalkerCodecIds`), the root ids
+    (:class:`RootIds`) and the thinker's placeholder ids (:class:`PlaceholderIds`, read
+    from ``thinker_config``)."""
 
     text: TalkerTextConfig
     code_predictor: TransformerConfig
     thinker_hidden_size: int = 2048
     accept_hidden_layer: int = 18
     num_code_groups: int = 32
-    codec_eos_token_id: int = 4198
-    codec_nothink_id: int = 4203
-    codec_think_bos_id: int = 4204
-    codec_think_eos_id: int = 4205
-    codec_pad_id: int = 4196
-    codec_bos_id: int = 4197
     speaker_id: dict[str, int] = field(default_factory=dict)  # lower-case names
-    # Root ids (config.json top level).
-    im_start_token_id: int = 151644
-    im_end_token_id: int = 151645
-    tts_pad_token_id: int = 151671
-    tts_bos_token_id: int = 151672
-    tts_eos_token_id: int = 151673
-    system_token_id: int = 8948
-    user_token_id: int = 872
-    assistant_token_id: int = 77091
 
     @property
     def tts_special_ids(self) -> tuple[int, int, int]:
@@ -164,18 +164,7 @@ class TalkerConfig(PlaceholderIds):
         picked.pop("text", None), picked.pop("code_predictor", None)
         if "speaker_id" in picked:
             picked["speaker_id"] = {str(k).lower(): int(v) for k, v in picked["speaker_id"].items()}
-        for key in (
-            "im_start_token_id",
-            "im_end_token_id",
-            "tts_pad_token_id",
-            "tts_bos_token_id",
-            "tts_eos_token_id",
-            "system_token_id",
-            "user_token_id",
-            "assistant_token_id",
-        ):
-            if raw.get(key) is not None:
-                picked[key] = int(raw[key])
+        picked.update(token_ids(RootIds, raw))
         thinker = raw.get("thinker_config") or {}
         for key in ("audio_token_id", "image_token_id", "video_token_id"):
             picked.pop(key, None)  # the talker's own copies are not what the release reads
@@ -209,12 +198,7 @@ class TalkerConfig(PlaceholderIds):
                 "one codebook"
             )
         ids = {
-            "codec_eos_token_id": self.codec_eos_token_id,
-            "codec_nothink_id": self.codec_nothink_id,
-            "codec_think_bos_id": self.codec_think_bos_id,
-            "codec_think_eos_id": self.codec_think_eos_id,
-            "codec_pad_id": self.codec_pad_id,
-            "codec_bos_id": self.codec_bos_id,
+            **{f.name: getattr(self, f.name) for f in fields(TalkerCodecIds)},
             **{f"speaker_id.{k}": v for k, v in self.speaker_id.items()},
         }
         bad = [f"{k} ({v})" for k, v in ids.items() if not 0 <= v < text.vocab_size]
@@ -264,45 +248,18 @@ def _text_config(raw: dict[str, Any]) -> TalkerTextConfig:
     return TalkerTextConfig(**picked)
 
 
-# The reference constructor's defaults (Qwen3OmniMoeTalkerCodePredictorConfig): the
-# same code predictor as Qwen3-TTS's, and TransformerConfig's for the rest.
-_PREDICTOR_DEFAULTS: dict[str, Any] = {
-    **PREDICTOR_DEFAULTS,
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "max_position_embeddings": 32768,
-}
-
-
+# The reference constructor's defaults (Qwen3OmniMoeTalkerCodePredictorConfig) are
+# those of Qwen3-TTS's code predictor, and the geometry is read the same way.
 def _predictor_config(raw: dict[str, Any]) -> TransformerConfig:
     where = "talker_config.code_predictor_config"
-    rope = _rope(raw)
-    merged = {**_PREDICTOR_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
-    if raw.get("rope_theta") is None and rope.get("rope_theta") is not None:
-        merged["rope_theta"] = rope["rope_theta"]
-    if raw.get("num_key_value_heads") is None and raw.get("num_attention_heads") is not None:
-        merged["num_key_value_heads"] = raw["num_attention_heads"]
+    _rope(raw)
     if "sliding_attention" in (raw.get("layer_types") or ()):
         # A frame's cache never exceeds num_code_groups positions; rather than
         # reason about windows that small, refuse what the release never uses.
         raise ConfigError(f"{where}.layer_types: sliding-window layers are not supported")
-    cfg = TransformerConfig(
-        vocab_size=int(merged["vocab_size"]),
-        hidden_size=int(merged["hidden_size"]),
-        intermediate_size=int(merged["intermediate_size"]),
-        num_hidden_layers=int(merged["num_hidden_layers"]),
-        num_attention_heads=int(merged["num_attention_heads"]),
-        num_key_value_heads=int(merged["num_key_value_heads"]),
-        head_dim=int(merged["head_dim"]),
-        rms_norm_eps=float(merged["rms_norm_eps"]),
-        rope_theta=float(merged["rope_theta"]),
-        attention_bias=bool(merged["attention_bias"]),
-        hidden_act=str(merged["hidden_act"]),
-        num_code_groups=int(merged["num_code_groups"]),
-        max_position_embeddings=int(merged["max_position_embeddings"]),
-    )
+    if raw.get("num_key_value_heads") is None and raw.get("num_attention_heads") is not None:
+        raw = {**raw, "num_key_value_heads": raw["num_attention_heads"]}
     try:
-        cfg.validate(where)
+        return transformer_config(raw, PREDICTOR_DEFAULTS, where, rope_types=("default", "mrope"))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return cfg
