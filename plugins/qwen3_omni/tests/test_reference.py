@@ -28,37 +28,33 @@ Skipped unless ``QWEN_TTS_REF_PYTHON`` names the reference environment's python
 
 from __future__ import annotations
 
-import base64
 import json
-import os
-import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-import anyio
 import pytest
 import torch
-from reference_support import REFERENCE_PYTHON, opt_in
+from reference_support import opt_in
+from understanding_support import (
+    CASES,
+    MAX_NEW,
+    PARTS,
+    case_entry,
+    case_tensors,
+    first_difference,
+    greedy,
+    load_parts,
+    our_cases,
+    rel_l2,
+    run_understanding_reference,
+)
 
-from omni_core.engine.backends import create_engine
-from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.prompt import EmbeddedPrompt, splice_embeddings
-from omni_qwen3_omni.assemble import assemble, to_prompt
 from omni_qwen3_omni.audio.mel import audio_token_count
 from omni_qwen3_omni.chat import ChatPrompter
 from omni_qwen3_omni.checkpoint import OWNERS, Checkpoint, check_coverage
-from omni_qwen3_omni.loading import load_part
-from omni_qwen3_omni.preprocessing import create_preprocessing
-from omni_qwen3_omni.stages import AudioEncoder, ImageEncoder
-from omni_qwen3_omni.thinker.step import ThinkerStepModel
 from omni_qwen3_omni.vision.processor import image_token_count
 
-SCRIPT = Path(__file__).parent / "reference" / "make_reference.py"
-CASES = ["text", "image", "two_images", "audio", "image_audio"]
-PARTS = ["audio_encoder", "image_encoder", "thinker"]
-MAX_NEW = 32
-SEED = 2  # every case's greedy steps keep a top-1/top-2 logit margin above 3e-3
 REL_L2 = 1e-4
 
 pytestmark = opt_in
@@ -70,38 +66,7 @@ pytestmark = opt_in
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """Run the reference once: (checkpoint directory, manifest with ``ref_dir`` added)."""
-    out = tmp_path_factory.mktemp("qwen3_omni_reference")
-    request = out / "request.json"
-    request.write_text(json.dumps({"max_new_tokens": MAX_NEW, "seed": SEED}))
-    proc = subprocess.run(
-        [str(REFERENCE_PYTHON), str(SCRIPT), str(out), str(request)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    manifest = json.loads((out / "ref" / "manifest.json").read_text())
-    manifest["ref_dir"] = str(out / "ref")
-    return out / "ckpt", manifest
-
-
-def _case(manifest: dict, name: str) -> dict:
-    by_name = {case["name"]: case for case in manifest["cases"]}
-    assert name in by_name, f"the reference recorded no case {name!r}"
-    return by_name[name]
-
-
-def _tensors(manifest: dict, name: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(Path(manifest["ref_dir"]) / f"{name}.safetensors"))
-
-
-def rel_l2(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    assert tuple(ours.shape) == tuple(ref.shape), (tuple(ours.shape), tuple(ref.shape))
-    ours, ref = ours.double(), ref.double()
-    return float((ours - ref).norm() / ref.norm().clamp_min(1e-30))
+    return run_understanding_reference(tmp_path_factory.mktemp("qwen3_omni_reference"))
 
 
 # -- our side: parts, preprocessing, encoders, prompts -------------------------------
@@ -115,81 +80,16 @@ STRIP = {
 }
 
 
-def _load(ckpt: Path, part: str) -> tuple[Any, Any, Path, str | None]:
-    """``load_part`` (strict), float32 on CPU: (module, config, root, None)."""
-    module, config, root = load_part(str(ckpt), part, "safetensors", "float32", "cpu")
-    return module, config, root, None
-
-
 @pytest.fixture(scope="session")
 def parts(reference) -> dict[str, Any]:
     """Each understanding part loaded from the reference checkpoint (strict), float32 on CPU."""
-    ckpt, _ = reference
-    loaded = {part: _load(ckpt, part) for part in PARTS}
-    _, config, root, _ = loaded["thinker"]
-    return {
-        "modules": {p: m for p, (m, _, _, _) in loaded.items()},
-        "config": config,
-        "root": root,
-        "load_part_errors": {p: err for p, (_, _, _, err) in loaded.items() if err},
-    }
-
-
-def _data_url(path: Path, mime: str) -> str:
-    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode("ascii")
-
-
-def openai_messages(case: dict, ref_dir: Path) -> list[dict]:
-    """The case's messages as a client sends them: media as ``data:`` URLs of the saved files."""
-    images, audios = iter(case["images"]), iter(case["audios"])
-    out = []
-    for message in case["messages"]:
-        content = message["content"]
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                if part["type"] == "image":
-                    url = _data_url(ref_dir / next(images), "image/png")
-                    parts.append({"type": "image_url", "image_url": {"url": url}})
-                elif part["type"] == "audio":
-                    url = _data_url(ref_dir / next(audios), "audio/wav")
-                    parts.append({"type": "audio_url", "audio_url": {"url": url}})
-                else:
-                    parts.append(part)
-            content = parts
-        out.append({"role": message["role"], "content": content})
-    assert next(images, None) is None and next(audios, None) is None
-    return out
+    return load_parts(reference[0], "float32")
 
 
 @pytest.fixture(scope="session")
 def ours(reference, parts) -> dict[str, dict[str, Any]]:
     """Per case: our preprocessing output, encoder outputs and thinker prompt."""
-    ckpt, manifest = reference
-    ref_dir = Path(manifest["ref_dir"])
-    stage = create_preprocessing(str(ckpt))
-    image_stage = ImageEncoder(parts["modules"]["image_encoder"], "cpu")
-    audio_stage = AudioEncoder(parts["modules"]["audio_encoder"], "cpu")
-    results = {}
-    for name in CASES:
-        case = _case(manifest, name)
-        request = SimpleNamespace(
-            request_id=name,
-            data={
-                "messages": openai_messages(case, ref_dir),
-                "sampling": {"max_tokens": MAX_NEW, "temperature": 0},
-            },
-            params={},
-        )
-        pre = anyio.run(stage.run, request)
-        encoders = {}
-        if pre["images"]:
-            encoders["image_encoder"] = image_stage._encode(pre["images"])
-        if pre["audios"]:
-            encoders["audio_encoder"] = audio_stage._encode(pre["audios"])
-        wire = assemble(pre, encoders, parts["config"])
-        results[name] = {"pre": pre, "encoders": encoders, "prompt": to_prompt(wire)}
-    return results
+    return our_cases(*reference, parts)
 
 
 # -- 1. loading ---------------------------------------------------------------------
@@ -227,10 +127,9 @@ def test_every_tensor_has_exactly_one_owner(reference):
 
 
 @pytest.mark.parametrize("part", PARTS)
-def test_part_loads_with_zero_unmatched_tensors(reference, parts, part):
+def test_part_loads_with_zero_unmatchedcase_tensors(reference, parts, part):
     """``load_part`` is strict (it raises on any unmatched tensor); the names agree both ways."""
     ckpt, _ = reference
-    assert part not in parts["load_part_errors"], parts["load_part_errors"][part]
     module = parts["modules"][part]
     checkpoint = Checkpoint.open(ckpt)
     names = {n.removeprefix(STRIP[part]) for n in checkpoint.names(OWNERS[part])}
@@ -268,7 +167,7 @@ def test_config_differs_from_the_tiny_preset(parts):
 @pytest.mark.parametrize("name", CASES)
 def test_prompt_ids_match_reference_processor(reference, name):
     ckpt, manifest = reference
-    case = _case(manifest, name)
+    case = case_entry(manifest, name)
     prompter = ChatPrompter.from_dir(ckpt)  # tokenizer.json + chat_template.jinja as saved
     messages = case["messages"]
     assert prompter.render(messages) == case["prompt"]
@@ -283,7 +182,7 @@ def test_prompt_ids_match_reference_processor(reference, name):
 @pytest.mark.parametrize("name", CASES)
 def test_preprocessing_stage_matches_reference_processor(reference, ours, name):
     _, manifest = reference
-    case, ref = _case(manifest, name), _tensors(manifest, name)
+    case, ref = case_entry(manifest, name), case_tensors(manifest, name)
     pre = ours[name]["pre"]
     prompt = pre["prompt"]
     assert prompt["token_ids"] == case["input_ids"]
@@ -315,7 +214,7 @@ def test_preprocessing_stage_matches_reference_processor(reference, ours, name):
 @pytest.mark.parametrize("name", ["image", "two_images", "image_audio"])
 def test_vision_encoder_matches_reference(reference, ours, name):
     _, manifest = reference
-    ref = _tensors(manifest, name)
+    ref = case_tensors(manifest, name)
     got = ours[name]["encoders"]["image_encoder"]
     errors = {"embeds": rel_l2(got["embeds"], ref["image_embeds"])}
     expected = sorted(k for k in ref if k.startswith("deepstack_"))
@@ -329,7 +228,7 @@ def test_vision_encoder_matches_reference(reference, ours, name):
 @pytest.mark.parametrize("name", ["audio", "image_audio"])
 def test_audio_encoder_matches_reference(reference, ours, name):
     _, manifest = reference
-    ref = _tensors(manifest, name)
+    ref = case_tensors(manifest, name)
     error = rel_l2(ours[name]["encoders"]["audio_encoder"]["embeds"], ref["audio_embeds"])
     print(f"{name}: audio rel L2 {error:.2e}")
     assert error <= REL_L2
@@ -352,7 +251,7 @@ def _forward(lm: Any, prompt: EmbeddedPrompt, layers: int):
 @pytest.mark.parametrize("name", CASES)
 def test_thinker_hidden_states_match_reference(reference, parts, ours, name):
     _, manifest = reference
-    ref = _tensors(manifest, name)
+    ref = case_tensors(manifest, name)
     lm = parts["modules"]["thinker"]
     layers = parts["config"].text.num_hidden_layers
     expected = ref["thinker_hidden_states"]
@@ -367,58 +266,12 @@ def test_thinker_hidden_states_match_reference(reference, parts, ours, name):
     assert max(errors.values()) <= REL_L2, errors
 
 
-def _generate(parts: dict, prompts: dict[str, EmbeddedPrompt]) -> dict[str, list[int]]:
-    """Greedy tokens of every prompt, all submitted at once to one engine."""
-    config = parts["config"]
-    model = ThinkerStepModel(
-        parts["modules"]["thinker"],
-        config.text,
-        eos_ids=set(ChatPrompter.from_dir(parts["root"]).eos_token_ids),
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-    )
-    settings = EngineSettings(
-        max_running_requests=4, max_total_tokens=4096, max_prefill_tokens=4096
-    )
-    tokens: dict[str, list[int]] = {name: [] for name in prompts}
-    reasons: dict[str, str | None] = {}
-
-    async def one(engine: Any, name: str) -> None:
-        sampling = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)
-        async with engine.enqueue(name, prompts[name], sampling) as stream:
-            async for token in stream:
-                tokens[name].append(int(token))
-        reasons[name] = stream.finish_reason
-
-    async def main() -> None:
-        engine = create_engine(model, settings, device="cpu")
-        try:
-            with anyio.fail_after(300):
-                async with anyio.create_task_group() as tg:
-                    for name in prompts:
-                        tg.start_soon(one, engine, name)
-        finally:
-            await engine.aclose()
-
-    anyio.run(main)
-    for name, reason in reasons.items():
-        assert reason in ("stop", "length"), (name, reason)
-    return tokens
-
-
-def _first_difference(got: list[int], want: list[int]) -> int | None:
-    for i, (a, b) in enumerate(zip(got, want, strict=False)):
-        if a != b:
-            return i
-    return None if len(got) == len(want) else min(len(got), len(want))
-
-
 def _check_tokens(manifest: dict, name: str, got: list[int]) -> None:
-    case = _case(manifest, name)
+    case = case_entry(manifest, name)
     want = case["generated_ids"]
-    at = _first_difference(got, want)
+    at = first_difference(got, want)
     if at is not None:
-        margins = _tensors(manifest, name)["generated_margins"]
+        margins = case_tensors(manifest, name)["generated_margins"]
         margin = float(margins[at]) if at < len(margins) else float("nan")
         pytest.fail(
             f"{name}: greedy tokens differ first at step {at} (reference top-1/top-2 margin "
@@ -429,15 +282,15 @@ def _check_tokens(manifest: dict, name: str, got: list[int]) -> None:
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_greedy_tokens_match_reference_generate(reference, parts, ours, name):
+def test_greedy_tokens_match_referencegreedy(reference, parts, ours, name):
     _, manifest = reference
-    got = _generate(parts, {name: ours[name]["prompt"]})[name]
+    got = greedy(parts, {name: ours[name]["prompt"]})[name]
     _check_tokens(manifest, name, got)
 
 
-def test_concurrent_greedy_tokens_match_reference_generate(reference, parts, ours):
+def test_concurrent_greedy_tokens_match_referencegreedy(reference, parts, ours):
     """All five cases on one engine at once (four slots: the fifth joins mid-decode)."""
     _, manifest = reference
-    got = _generate(parts, {name: ours[name]["prompt"] for name in CASES})
+    got = greedy(parts, {name: ours[name]["prompt"] for name in CASES})
     for name in CASES:
         _check_tokens(manifest, name, got[name])

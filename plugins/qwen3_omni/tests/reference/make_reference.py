@@ -20,7 +20,11 @@ Request (JSON; every key optional)::
      "max_shard_size": "10MB",
      "images": {"NAME": [height, width], ...},   # synthetic RGB images
      "audios": {"NAME": seconds, ...},           # synthetic 16 kHz clips
-     "cases": [{"name": str, "messages": [...]}, ...]}
+     "cases": [{"name": str, "messages": [...]}, ...],
+     "bf16": false}                              # also run every case in bf16
+
+With ``"bf16": true`` the saved checkpoint is also loaded in bfloat16 and every
+case run again (``bf16_record.py`` says what it records, under ``ref/bf16/``).
 
 Messages use omni's internal form (see ``omni_qwen3_omni.chat``); a media part
 names its input: ``{"type": "image", "image": "NAME"}`` /
@@ -332,6 +336,7 @@ def main() -> None:
 
     thinker = model.thinker
     manifest_cases = []
+    case_inputs = []  # (name, processor output) for the bf16 run
     for case in cases:
         name, messages = case["name"], case["messages"]
         image_names, audio_names = (
@@ -345,6 +350,7 @@ def main() -> None:
             audio=[audios[n] for n in audio_names] or None,
             return_tensors="pt",
         )
+        case_inputs.append((name, inputs))
         input_ids = inputs["input_ids"]
         record: dict[str, torch.Tensor] = {"input_ids": input_ids[0]}
         entry: dict = {
@@ -445,6 +451,10 @@ def main() -> None:
         "checkpoint": "ckpt",
         "cases": manifest_cases,
     }
+    if request.get("bf16"):
+        from bf16_record import record_bf16
+
+        manifest["bf16"] = record_bf16(ckpt, ref, model, attn, max_new, case_inputs)
     (ref / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
