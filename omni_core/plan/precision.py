@@ -9,7 +9,9 @@ the device cannot run well is a refusal naming the path and the fix (exit 2).
 The checkpoint's dtype is read from the ``config.json`` a stage's weights
 come with (``checkpoint_config`` on its factory-argument class, default
 ``config.json``) under a local ``model_path``; a hub id or a preset without
-one gets the release's dtype (``release_dtype``, default bfloat16).
+one gets the release's dtype (``release_dtype``, default bfloat16); so does
+every stage whose ``checkpoint_config`` is None (the release computes it in
+that dtype whatever its weights are stored in: MOSS-TTS's codec).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ def stage_checkpoint_dtype(stage: Any, model_path: str) -> tuple[str, str]:
     """(dtype, source) of the weights ``stage`` loads, without loading them."""
     args = type(stage.factory)
     release = str(getattr(args, "release_dtype", "bfloat16"))
-    name = str(getattr(args, "checkpoint_config", "config.json"))
+    name = getattr(args, "checkpoint_config", "config.json")
+    if name is None:  # the release computes the stage in release_dtype, whatever its weights
+        return checkpoint_dtype(None, release)
     directory, file = os.path.split(os.path.join(model_path or "", name))
     config = read_local_config(directory, file) if model_path else None
     return checkpoint_dtype(config, release)

@@ -102,25 +102,55 @@ def _steer_dummy(network: MossNetwork) -> None:
             head[token, dim] = logit * unit
 
 
+# The release computes the codec (MOSS-Audio-Tokenizer) in float32 on every device: its
+# processor loads it with no dtype (the codec's config.json says float32) and only moves
+# it (``.to(device)``, also on a GPU where the backbone is bf16), and its RLFQ decode sums
+# codebook entries into a float32 buffer that meets output_proj's weights, so the release
+# with bf16 codec weights fails ("Input type (float) and bias type (BFloat16) should be
+# the same"). ``auto`` therefore keeps it float32 whatever the device or the codec's
+# config says; an explicit bfloat16 is ours: see :func:`load_codec`.
+CODEC_RELEASE_DTYPE = "float32"
+
+
+def codec_dtype(requested: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The vocoder's ``factory.dtype`` resolved: ``auto`` is the release's float32."""
+    return parse_dtype(requested, device, config=None, release=CODEC_RELEASE_DTYPE)
+
+
 def load_codec(
     model_path: str,
     codec_path: str | None,
     load_format: str,
     device: torch.device,
     seed: int,
+    dtype: torch.dtype = torch.float32,
 ) -> AudioTokenizer:
-    """The codec, in float32 (it is small next to the backbone, and bf16 audio is worse)."""
+    """The codec, in float32 unless ``dtype`` asks for bf16 (:func:`codec_dtype` decides).
+
+    With bfloat16 only the decoder's transformers compute in it (the part a
+    stream runs at every chunk, bound by reading its weights); the quantizer
+    keeps float32 weights and sums (the release's float32 state) and the
+    encoder stays float32, so a reference clip's codes are the release's.
+    """
     check_load_format(load_format)
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(
+            f"stage 'vocoder': factory.dtype {dtype} for the MOSS codec: not implemented yet "
+            "(float32, the release's, or bfloat16 for its decoder); set auto, float32 or bfloat16"
+        )
     root = model_root(model_path, load_format)
     directory = resolve_codec(root, codec_path)
     cfg = CodecConfig.from_dict(read_json(directory / "config.json"))
     codec = build_empty(lambda: AudioTokenizer(cfg), device, torch.float32)
-    key = f"moss-tts:{directory}:{load_format}:{seed}:codec"
+    codec.decoder.to(dtype)
+    key = f"moss-tts:{directory}:{load_format}:{seed}:{dtype}:codec"
     return fill_shared(key, codec, load_format, directory, lambda m: dummy_fill_codec(m, seed + 1))
 
 
 __all__ = [
+    "CODEC_RELEASE_DTYPE",
     "check_load_format",
+    "codec_dtype",
     "load_codec",
     "load_network",
     "model_root",

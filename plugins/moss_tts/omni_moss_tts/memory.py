@@ -84,5 +84,7 @@ def _shares_codec(pipeline: Any, engine: Any) -> bool:
     for stage in pipeline.stages:
         if stage.name == "vocoder":
             same_process = pipeline.process_of(stage) == pipeline.process_of(engine)
-            return same_process and stage.gpu == engine.gpu
+            # a bf16 vocoder keeps its own copy beside the engine's float32 one
+            float32 = getattr(stage.factory, "dtype", None) in (None, "auto", "float32", "fp32")
+            return same_process and stage.gpu == engine.gpu and float32
     return False

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from omni_core.kit.pipeline import ChunkArgs, TTSPipeline, TypedWeightArgs, WeightArgs
-from omni_core.schema import Quantization
+from omni_core.kit.pipeline import ChunkArgs, TTSPipeline, TypedWeightArgs
+from omni_core.schema import DType, Quantization
 
 from .source import SOURCE  # torch-free
 
@@ -27,12 +27,29 @@ class EngineFactoryArgs(TypedWeightArgs):
     quantization: Quantization = "none"
 
 
-class VocoderArgs(WeightArgs, ChunkArgs):
+class VocoderArgs(TypedWeightArgs, ChunkArgs):
+    # auto/none: float32 on every device, whatever the codec's config.json says, because
+    # the release computes the codec in float32 (omni_moss_tts.loading says how we know);
+    # bfloat16: the decoder's transformers in bf16, the quantizer and encoder float32
+    checkpoint_config: ClassVar[str | None] = None
+    release_dtype: ClassVar[str] = "float32"
+    dtype: DType | None = None
     codec_path: str | None = None
     # frames in the first audio chunk (2 frames = 0.16 s): the delay pattern already
     # holds the first frame back 32 steps, so a short first chunk matters; later
     # chunks double up to max_chunk_frames (default 16 chunks batched, on the CPU too)
     chunk_frames: int = Field(default=2, ge=1)
+
+    @field_validator("dtype")
+    @classmethod
+    def _no_float16(cls, value: str | None) -> str | None:
+        if value in ("float16", "fp16"):
+            raise ValueError(
+                f"{value!r} is not implemented for the MOSS codec: the release computes it in "
+                "float32 only, and only a bf16 decoder is checked against it; use auto "
+                "(float32) or bfloat16"
+            )
+        return value
 
 
 class MossTTSPipeline(TTSPipeline):

@@ -43,7 +43,7 @@ from omni_qwen3_tts.stages import Vocoder
 from omni_qwen3_tts.tokenizer import TextTokenizer
 
 from .codec import AudioTokenizer, prepare_reference
-from .loading import load_codec, model_root, read_config
+from .loading import codec_dtype, load_codec, model_root, read_config
 from .model import MAX_TEXT_STEPS, MossTTSModel, RequestPrompt, TextSampling
 from .pipeline import DEFAULT_VOICE
 from .prompt import PromptBuilder, PromptError
@@ -61,10 +61,19 @@ REQUEST_KEYS = SPEECH_REQUEST_KEYS | {
 
 @functools.lru_cache(maxsize=4)
 def shared_codec(
-    model_path: str, codec_path: str | None, load_format: str, device: str, seed: int
+    model_path: str,
+    codec_path: str | None,
+    load_format: str,
+    device: str,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
 ) -> AudioTokenizer:
-    """One codec per process and settings: the engine encodes references, the vocoder decodes."""
-    return load_codec(model_path, codec_path, load_format, torch.device(device), seed)
+    """One codec per process and settings: the engine encodes references, the vocoder decodes.
+
+    The engine's is always float32 (reference codes must be the release's); the
+    vocoder's is the same object unless its ``factory.dtype`` asks for bfloat16.
+    """
+    return load_codec(model_path, codec_path, load_format, torch.device(device), seed, dtype)
 
 
 @functools.lru_cache(maxsize=4)
@@ -76,7 +85,8 @@ def load_model(
     seed: int,
     codec_path: str | None,
 ) -> MossTTSModel:
-    codec = shared_codec(model_path, codec_path, load_format, device, seed)
+    # float32 given explicitly: lru_cache keys on the arguments as passed
+    codec = shared_codec(model_path, codec_path, load_format, device, seed, torch.float32)
     return MossTTSModel.from_pretrained(
         model_path, load_format=load_format, dtype=dtype, device=device, seed=seed, codec=codec
     )
@@ -344,10 +354,15 @@ def create_vocoder(
     chunk_frames: int = 2,
     max_chunk_frames: int | None = 48,
     max_batch_size: int | None = None,
+    dtype: str | None = None,
 ) -> Vocoder:
-    """Stateful streaming decode with the MOSS codec, through Qwen3-TTS's streaming vocoder."""
+    """Stateful streaming decode with the MOSS codec, through Qwen3-TTS's streaming vocoder.
+
+    ``dtype``: auto keeps the codec float32, as the release does (``loading.codec_dtype``).
+    """
     device = torch_device(gpu_id, "vocoder")
-    codec = shared_codec(model_path, codec_path, load_format, device, seed)
+    resolved = codec_dtype(dtype, torch.device(device))
+    codec = shared_codec(model_path, codec_path, load_format, device, seed, resolved)
     # The codec is transformers all the way: a chunk's decode is bound by reading
     # its ~3.5 GB of decoder weights, so concurrent requests' chunks are stacked
     # on the CPU too (Qwen3-TTS's convolutional codec is the opposite case).

@@ -58,8 +58,13 @@ class AudioTokenizer(nn.Module):
     def num_quantizers(self) -> int:
         return self.cfg.num_quantizers
 
-    def _param(self) -> torch.Tensor:
-        return next(self.parameters())
+    def _param(self, part: nn.Module | None = None) -> torch.Tensor:
+        """A parameter of ``part`` (default the encoder): its device, and the dtype it computes in.
+
+        The encoder and the decoder may differ: a bf16 decoder keeps a float32
+        encoder (``loading.load_codec``).
+        """
+        return next((part or self.encoder).parameters())
 
     # -- encode ----------------------------------------------------------------------
 
@@ -116,7 +121,7 @@ class AudioTokenizer(nn.Module):
 
     def new_stream(self, batch: int = 1) -> CodecStream:
         """An empty stream state for ``batch`` rows (see :meth:`stream_rows`)."""
-        param = self._param()
+        param = self._param(self.decoder)
         shapes = [
             (m.num_layers, *m.kv_shape())
             for m in self.decoder
@@ -158,7 +163,7 @@ class AudioTokenizer(nn.Module):
 
     def _decode(self, codes: torch.Tensor, state: CodecStream | None) -> torch.Tensor:
         """Codes ``[Q, B, T]`` -> audio ``[B, T * 1920]``; with ``state``, continuing its rows."""
-        param = self._param()
+        param = self._param(self.decoder)
         x = self.quantizer.decode(codes.to(param.device).long()).to(param.dtype)
         if state is None:
             start = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)

@@ -27,7 +27,10 @@ Case keys besides ``name``/``text``: ``language``, ``tokens``, ``instruction``,
 ``continuation``), ``ref_text`` (continuation: the user text is
 ``ref_text + text``), ``clone_reference`` (continuation: also pass the clip as the
 user's reference), ``max_new_tokens`` (overrides the request's). ``codec`` is
-optional; its ``wav`` defaults to the first case's ``ref_wav``.
+optional; its ``wav`` defaults to the first case's ``ref_wav``. ``"dtype":
+"bfloat16"`` generates with the checkpoint reloaded in bf16 and records, per
+case, every step's logits and float32's along the same rows (``run_case``);
+the codec stays float32, as the release's processor loads it.
 
 What it writes (``OUT_DIR``):
 
@@ -432,7 +435,16 @@ def first_index(values, token) -> int | None:
     return int(hits[0, 0]) if len(hits) else None
 
 
-def run_case(case: dict, processor, model, default_max_new: int) -> tuple[dict, dict]:
+def run_case(
+    case: dict, processor, model, default_max_new: int, float32_model=None
+) -> tuple[dict, dict]:
+    """One case on ``model``; with ``float32_model`` (a bf16 run), also every step's logits.
+
+    Then ``step_text_logits`` / ``step_audio_logits`` are the logits each of
+    ``generate``'s forward calls returned (the ones its greedy picks read), and
+    ``fp32_text_logits`` / ``fp32_audio_logits`` the float32 model's at the same
+    positions, teacher-forced along the bf16 run's own rows (one forward pass).
+    """
     import numpy as np
     import torch
 
@@ -479,20 +491,39 @@ def run_case(case: dict, processor, model, default_max_new: int) -> tuple[dict, 
     step0_text = prompt_out.logits[0][0, -1].float()
     step0_audio = torch.stack([lg[0, -1].float() for lg in prompt_out.logits[1:]])
 
+    steps: list = []
+    hook = None
+    if float32_model is not None:
+
+        def record(_module, _args, output):
+            logits = output.logits
+            steps.append(
+                (logits[0][0, -1].float(), torch.stack([lg[0, -1].float() for lg in logits[1:]]))
+            )
+
+        hook = model.register_forward_hook(record)
     t0 = time.perf_counter()
-    outputs = model.generate(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        max_new_tokens=max_new,
-        text_temperature=0,
-        audio_temperature=0,
-    )
+    try:
+        outputs = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=max_new,
+            text_temperature=0,
+            audio_temperature=0,
+        )
+    finally:
+        if hook is not None:
+            hook.remove()
     seconds = time.perf_counter() - t0
     start_length, cur = outputs[0]
     start_length = int(start_length)
     if not torch.equal(cur[:start_length], input_ids[0, seq_len - start_length :]):
         fail(f"case {name}: generate's output does not start with the prompt's tail")
     generated = cur[start_length:]
+    if float32_model is not None:
+        if len(steps) != generated.shape[0]:
+            fail(f"case {name}: {len(steps)} forward calls for {generated.shape[0]} rows")
+        arrays.update(teacher_forced(float32_model, input_ids, generated, steps))
 
     # processor.decode's audio path (_parse_audio_codes), minus its chunked codec decode
     audio_rows = cur[:, 1:]
@@ -575,6 +606,32 @@ def run_case(case: dict, processor, model, default_max_new: int) -> tuple[dict, 
         "shapes": {k: list(np.shape(v)) for k, v in arrays.items()},
     }
     return arrays, summary
+
+
+def teacher_forced(float32_model, input_ids, generated, steps: list) -> dict:
+    """The bf16 run's per-step logits, and float32's along the same rows (one forward pass).
+
+    Call t of ``generate`` read the prompt plus rows ``0..t-1`` and produced
+    row t's logits, so the float32 model fed the prompt and rows ``0..N-2``
+    gives the same N positions (a full pass, not a KV-cached loop: the two
+    differ by float32 rounding, far below bf16's).
+    """
+    import numpy as np
+    import torch
+
+    n = generated.shape[0]
+    sequence = torch.cat([input_ids[0], generated[: n - 1]])[None]
+    with torch.inference_mode():
+        out = float32_model(input_ids=sequence, attention_mask=torch.ones(sequence.shape[:2]))
+    first = input_ids.shape[1] - 1
+    text32 = out.logits[0][0, first:].float()
+    audio32 = torch.stack([lg[0, first:].float() for lg in out.logits[1:]], dim=1)
+    return {
+        "step_text_logits": torch.stack([t for t, _ in steps]).numpy().astype(np.float32),
+        "step_audio_logits": torch.stack([a for _, a in steps]).numpy().astype(np.float32),
+        "fp32_text_logits": text32.numpy().astype(np.float32),
+        "fp32_audio_logits": audio32.numpy().astype(np.float32),
+    }
 
 
 def run_codec(spec: dict, processor, seed: int) -> tuple[dict, dict]:
@@ -682,6 +739,23 @@ def main(argv: list[str]) -> dict:
         dtype=torch.float32,
     ).eval()
     same_state(built["model"], model, "model")
+    # "dtype": "bfloat16" runs the cases on the same checkpoint loaded in bf16, as the
+    # release's README loads it on a GPU; the codec stays as the processor loads it
+    # (its config.json says float32 and the processor passes no dtype)
+    run_dtype = request.get("dtype", "float32")
+    if run_dtype not in ("float32", "bfloat16"):
+        fail(f"request dtype {run_dtype!r}: float32 or bfloat16")
+    generating, float32_model = model, None
+    if run_dtype == "bfloat16":
+        generating = AutoModel.from_pretrained(
+            str(built["model_dir"]),
+            trust_remote_code=True,
+            attn_implementation="eager",
+            dtype=torch.bfloat16,
+        ).eval()
+        if next(generating.parameters()).dtype != torch.bfloat16:
+            fail("the model did not load in bfloat16")
+        float32_model = model
     same_state(built["codec"], processor.audio_tokenizer, "codec")
     processor.audio_tokenizer.eval()
     timings["load"] = round(time.perf_counter() - t0, 3)
@@ -715,7 +789,7 @@ def main(argv: list[str]) -> dict:
         if case["name"] in names or not case["name"].replace("_", "").replace("-", "").isalnum():
             fail(f"bad or repeated case name {case['name']!r}")
         names.add(case["name"])
-        arrays, summary = run_case(case, processor, model, default_max_new)
+        arrays, summary = run_case(case, processor, generating, default_max_new, float32_model)
         np.savez_compressed(out / f"{case['name']}.npz", **arrays)
         cases_summary.append(summary)
     timings["cases"] = round(sum(c["generate_seconds"] for c in cases_summary), 3)
@@ -735,6 +809,7 @@ def main(argv: list[str]) -> dict:
     summary = {
         "ok": True,
         "seed": seed,
+        "dtype": run_dtype,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "commits": {
             "MOSS-TTS": git_head(src / "MOSS-TTS"),
