@@ -140,3 +140,23 @@ def test_a_bf16_vocoder_is_counted_as_a_codec_copy_beside_the_engines() -> None:
     together = estimate(shared)["tts_engine"].weights_bytes
     alone = estimate(apart)["tts_engine"].weights_bytes
     assert alone - together == CODEC_PARAMS * 4  # the engine's float32 codec of its own
+
+
+@pytest.mark.usefixtures("_fresh_plugins")
+def test_a_bf16_checkpoint_does_not_make_the_codec_bf16(capsys, monkeypatch, tmp_path) -> None:
+    """``checkpoint_config = None``: the checkpoint's torch_dtype decides the backbone only."""
+    import json
+    import shutil
+
+    from omni_moss_tts.source import PRESETS_DIR
+
+    monkeypatch.setenv(FLAGS_VAR, "amx_bf16")
+    model = tmp_path / "model"
+    shutil.copytree(PRESETS_DIR / "tiny", model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    code, out = plan(capsys, "--model-path", str(model), "--json")
+    assert code == 0, out
+    precisions = json.loads(out)["precisions"]
+    assert precisions["tts_engine"]["reason"] == "auto: checkpoint bf16, CPU has AMX"
+    assert precisions["vocoder"] == {"dtype": "float32", "reason": "auto: release fp32"}
