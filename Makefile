@@ -114,9 +114,10 @@ moss-reference-env: $(STAMP)
 	  touch $(MOSS_REFERENCE_VENV)/.omni-moss-ref )
 
 # Qwen3-ASR's release (qwen-asr 0.0.6, which pins transformers 4.57.6) in its own
-# environment, seeing omni's CPU torch through a .pth file. Its package imports
-# nagisa (Japanese word splitting for the forced aligner, a compiled DyNet build) at
-# import time; a stand-in module takes its place, since no test aligns Japanese.
+# environment, seeing omni's CPU torch through a .pth file, with the word splitters
+# its forced aligner pins (nagisa 0.2.11 on DyNet38's wheels, soynlp 0.0.493), which
+# the word-list test compares omni's with. An environment built before they were
+# added (with a stand-in nagisa package) gets them on the next run.
 QWEN_ASR_REFERENCE_VENV ?= /tmp/qwen-asr-ref
 .PHONY: qwen-asr-reference-env
 qwen-asr-reference-env: $(STAMP)
@@ -127,11 +128,14 @@ qwen-asr-reference-env: $(STAMP)
 	    > $(QWEN_ASR_REFERENCE_VENV)/lib/python3.11/site-packages/zz_omni_torch.pth && \
 	  $(QWEN_ASR_REFERENCE_VENV)/bin/pip install $(PIP_QUIET) --no-deps qwen-asr==0.0.6 && \
 	  $(QWEN_ASR_REFERENCE_VENV)/bin/pip install $(PIP_QUIET) transformers==4.57.6 \
-	    accelerate==1.12.0 librosa soundfile && \
-	  sp=$(QWEN_ASR_REFERENCE_VENV)/lib/python3.11/site-packages && \
-	  mkdir -p $$sp/nagisa && echo '"""stand-in: no test splits Japanese"""' > $$sp/nagisa/__init__.py && \
+	    accelerate==1.12.0 librosa soundfile nagisa==0.2.11 soynlp==0.0.493 && \
 	  $(QWEN_ASR_REFERENCE_VENV)/bin/python -c "import qwen_asr, transformers" && \
 	  touch $(QWEN_ASR_REFERENCE_VENV)/.omni-asr-ref )
+	{ $(QWEN_ASR_REFERENCE_VENV)/bin/pip show -qq nagisa && \
+	  $(QWEN_ASR_REFERENCE_VENV)/bin/pip show -qq soynlp; } >/dev/null 2>&1 || ( \
+	  rm -rf $(QWEN_ASR_REFERENCE_VENV)/lib/python3.11/site-packages/nagisa && \
+	  $(QWEN_ASR_REFERENCE_VENV)/bin/pip install $(PIP_QUIET) nagisa==0.2.11 soynlp==0.0.493 && \
+	  $(QWEN_ASR_REFERENCE_VENV)/bin/python -c "import nagisa, soynlp.tokenizer" )
 
 test-reference: $(STAMP) moss-reference-env qwen-asr-reference-env
 	test -x $(REFERENCE_VENV)/bin/python || ( \

@@ -12,15 +12,19 @@ The raw times need not be monotonic. :func:`repair` keeps the longest
 non-decreasing run of them (the first one found when several tie, as the
 release does) and moves the rest: a stretch of one or two out-of-order times
 takes its nearer kept neighbour's value (the left one on a tie), a longer
-stretch is spread evenly between its kept neighbours. Word splitting follows
-the release for languages written with spaces and for Chinese; Japanese and
-Korean need dictionary word splitters (nagisa, soynlp) and are not
-implemented yet.
+stretch is spread evenly between its kept neighbours.
+
+The words are split as the release splits them (:mod:`.words`): at spaces
+(Chinese ideographs one by one); Japanese with nagisa, the release's own
+splitter, an optional dependency (``pip install 'omni-qwen3-asr[ja]'``; without
+it Japanese timings are refused naming that command); Korean eojeol cut after
+their longest listed prefix, as the release cuts them, when the release's word
+list is installed (the ``qwen-asr`` package: omni does not copy it), else the
+eojeol whole, since Korean writes spaces between words.
 """
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +32,10 @@ import torch
 
 from omni_qwen3_tts.layers import causal_mask
 
+from .words import split_words
+
 AUDIO = "<|audio_start|><|audio_pad|><|audio_end|>"
 STAMPS = "<timestamp><timestamp>"
-UNSPLIT_LANGUAGES = ("japanese", "korean")
 
 
 @dataclass(frozen=True)
@@ -38,48 +43,6 @@ class WordTime:
     word: str
     start: float  # seconds
     end: float
-
-
-def _kept(ch: str) -> bool:
-    return ch == "'" or unicodedata.category(ch)[0] in "LN"
-
-
-def _ideograph(ch: str) -> bool:
-    code = ord(ch)
-    return any(
-        low <= code <= high
-        for low, high in (
-            (0x4E00, 0x9FFF),
-            (0x3400, 0x4DBF),
-            (0x20000, 0x2A6DF),
-            (0x2A700, 0x2B73F),
-            (0x2B740, 0x2B81F),
-            (0x2B820, 0x2CEAF),
-            (0xF900, 0xFAFF),
-        )
-    )
-
-
-def split_words(text: str, language: str) -> list[str]:
-    """The units the aligner times: space-separated words (letters, digits and ``'`` kept),
-    every CJK ideograph on its own."""
-    if language.lower() in UNSPLIT_LANGUAGES:
-        raise NotImplementedError(
-            f"word timings for {language} are not implemented yet: the release splits its "
-            "words with a dictionary tokenizer"
-        )
-    words: list[str] = []
-    for piece in text.split():
-        run = ""
-        for ch in filter(_kept, piece):
-            if _ideograph(ch):
-                words.extend([run, ch] if run else [ch])
-                run = ""
-            else:
-                run += ch
-        if run:
-            words.append(run)
-    return words
 
 
 def aligner_text(words: list[str]) -> str:

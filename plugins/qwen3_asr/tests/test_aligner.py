@@ -34,12 +34,6 @@ def test_words_keep_letters_digits_and_apostrophes_and_split_ideographs() -> Non
     )
 
 
-def test_japanese_and_korean_are_not_implemented_yet() -> None:
-    for language in ("Japanese", "korean"):
-        with pytest.raises(NotImplementedError, match="not implemented yet"):
-            split_words("こんにちは", language)
-
-
 def test_times_are_repaired_around_their_longest_ordered_run() -> None:
     assert repair([0, 80, 160, 240]) == [0, 80, 160, 240]  # ordered: untouched
     # one stray value takes its nearer kept neighbour (the left one on a tie)

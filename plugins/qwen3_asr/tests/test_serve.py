@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.util
 import io
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ sf = pytest.importorskip("soundfile")
 from omni_core.plugins import OmniPlugins  # noqa: E402
 from omni_core.serve.realtime.formats import resample  # noqa: E402
 from omni_core.testing import plan_on_cpu, short_private_dir  # noqa: E402
+from omni_qwen3_asr.words import split_words  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[3] / "examples" / "qwen3_asr_demo.toml"
 FLAGS = ["--preprocessing.factory.max_tokens", "12"]  # short transcripts, fast tests
@@ -84,6 +86,23 @@ def test_word_timings_come_from_the_forced_aligner(server, hello_wav) -> None:
     assert all(0.0 <= w.start <= w.end for w in timed.words)
 
 
+def test_japanese_and_korean_words_are_the_units_the_release_times(server, hello_wav) -> None:
+    timed = {"response_format": "verbose_json", "timestamp_granularities": ["word"]}
+    korean = _transcribe(server, hello_wav, language="ko", **timed)
+    assert korean.language == "ko" and korean.text
+    # eojeol, or the release's cuts where its word list (qwen-asr) is installed
+    assert [w.word for w in korean.words] == split_words(korean.text, "Korean")
+    if importlib.util.find_spec("nagisa") is None:
+        with pytest.raises(openai.BadRequestError) as refused:
+            _transcribe(server, hello_wav, language="ja", **timed)
+        assert "pip install 'omni-qwen3-asr[ja]'" in str(refused.value)
+        return
+    japanese = _transcribe(server, hello_wav, language="ja", **timed)
+    assert [w.word for w in japanese.words] == split_words(japanese.text, "Japanese")
+    starts = [w.start for w in japanese.words]
+    assert starts == sorted(starts) and all(w.start <= w.end for w in japanese.words)
+
+
 def test_a_forced_language_and_a_context_change_the_prompt_not_the_protocol(
     server, hello_wav
 ) -> None:
@@ -126,15 +145,6 @@ def test_client_mistakes_are_400s_naming_the_field(server, hello_wav) -> None:
         _transcribe(server, hello_wav, timestamp_granularities=["word"])  # json: no timings
     assert "needs response_format verbose_json" in str(words.value)
     assert words.value.body["param"] == "timestamp_granularities"
-    with pytest.raises(openai.BadRequestError) as japanese:
-        _transcribe(
-            server,
-            hello_wav,
-            language="ja",
-            response_format="verbose_json",
-            timestamp_granularities=["word"],
-        )
-    assert "Japanese are not implemented yet" in str(japanese.value)
     with pytest.raises(openai.BadRequestError) as garbage:
         _transcribe(server, b"RIFF not a wave file at all")
     assert "'file'" in str(garbage.value)

@@ -79,7 +79,7 @@ def model_config() -> dict[str, Any]:
     return {
         "architectures": ["Qwen3ASRForConditionalGeneration"],
         "model_type": "qwen3_asr",
-        "support_languages": ["Chinese", "English", "German", "French", "Japanese"],
+        "support_languages": ["Chinese", "English", "German", "French", "Japanese", "Korean"],
         "thinker_config": {
             "model_type": "qwen3_asr_thinker",
             "audio_token_id": AUDIO_PAD_ID,
