@@ -136,7 +136,10 @@ class Piece:
       stage, not its audio stage: the counts are never summed across stages);
     - ``"language"`` (what the model heard) and ``"words"`` (``[{"word", "start",
       "end"}]``, seconds) from the text stage -> ``Piece("details", {...})``, for
-      a transcription's ``verbose_json``.
+      a transcription's ``verbose_json``; and ``"transcript"``, the final text
+      when it is not just the streamed deltas joined (qwen3-asr collapses
+      runaway repetitions in its finished text), which a transcription's
+      response and done event then carry.
     """
 
     kind: str  # "text", "audio", "finish", "usage" or "details"
@@ -354,7 +357,9 @@ class Service:
         usage = event.data.get("usage")
         if usage is not None and event.stage == serving.usage_stage:
             found.append(Piece("usage", _usage(usage, event.stage)))
-        details = {k: event.data[k] for k in ("language", "words") if event.data.get(k)}
+        details = {
+            k: event.data[k] for k in ("language", "words", "transcript") if event.data.get(k)
+        }
         if details and event.stage == serving.text_stage:
             found.append(Piece("details", details))
         return found

@@ -36,7 +36,7 @@ async def transcribe(session: Any, item: Item) -> None:
     scratch.add(item)
     messages = scratch.messages(instruction)
     plan = ResponsePlan(instruction, ("text",), None, MAX_TRANSCRIPT_TOKENS)
-    service, handle, text = session.service, None, []
+    service, handle, text, final = session.service, None, [], None
     try:
         if "chat" in service.serving.api:
             data, api = chat_data(service, messages, plan), "chat"
@@ -47,6 +47,8 @@ async def transcribe(session: Any, item: Item) -> None:
         async for piece in service.pieces(handle, path="/v1/realtime"):
             if piece.kind == "text":
                 text.append(piece.data)
+            elif piece.kind == "details":  # the pipeline's final text, when it gives one
+                final = piece.data.get("transcript", final)
     except APIError as exc:
         await session._send(
             event(
@@ -61,7 +63,7 @@ async def transcribe(session: Any, item: Item) -> None:
     finally:
         if handle is not None:
             await service.finish(handle, "transcription ended")
-    transcript = "".join(text).strip()
+    transcript = (final if final is not None else "".join(text)).strip()
     item.parts[0]["transcript"] = transcript
     await session._send(
         event(

@@ -8,7 +8,10 @@ others answer 404 ``unsupported_api`` like any route they do not serve.
 
 ``stream=true`` answers ``text/event-stream`` with OpenAI's events:
 ``{"type": "transcript.text.delta", "delta": str}`` per text piece, then
-``{"type": "transcript.text.done", "text": str, "usage": {...}}``. As with
+``{"type": "transcript.text.done", "text": str, "usage": {...}}``; the done
+text (and a non-streamed response's) is the text stage's final
+``transcript`` when it gives one (qwen3-asr: repetitions collapsed), else
+the deltas joined. As with
 chat, the first piece is awaited before the status line, so a request the
 pipeline refuses still gets its 4xx; a failure after that is an
 ``{"type": "error", "error": {...}}`` event.
@@ -79,7 +82,8 @@ async def create_transcription(
             text = await unless_disconnected(request, collect)
         finally:
             await close()
-        details = ended["details"]
+        details = dict(ended["details"])
+        text = details.pop("transcript", text)
         if form.words and "words" not in details and text.strip():
             raise APIError(
                 400,
@@ -129,10 +133,13 @@ async def _events(
                     yield _event({"type": "transcript.text.delta", "delta": piece.data})
                 elif piece.kind == "usage":
                     ended["usage"] = piece.data
+                elif piece.kind == "details":
+                    ended["details"] = piece.data
     except APIError as exc:
         yield _event({"type": "error", **exc.body()})
         return
-    done: dict[str, Any] = {"type": "transcript.text.done", "text": "".join(text)}
+    final = ended["details"].get("transcript", "".join(text))
+    done: dict[str, Any] = {"type": "transcript.text.done", "text": final}
     usage = token_usage(ended["usage"])
     if usage is not None:
         done["usage"] = usage

@@ -21,11 +21,17 @@ from omni_core.schema import DType, LoadFormat
 
 from .plugin import CHECKPOINT_NAMES
 from .source import SOURCE
+from .split import MAX_ALIGNED_PIECE_SECONDS, MAX_PIECE_SECONDS
 
 
 class PreprocessingArgs(FactoryArgs):
-    # one clip per request, bounded before it is decoded
+    # one clip per request, bounded before it is decoded: the whole clip, however it is cut
     max_audio_seconds: float = Field(default=300.0, gt=0)
+    # longer clips are cut at quiet points into pieces of about this length, transcribed
+    # separately and joined (the release's 1200 s; 180 s when word timings are asked, the
+    # forced aligner's longest input): see omni_qwen3_asr.split
+    max_piece_seconds: float = Field(default=MAX_PIECE_SECONDS, gt=0)
+    max_aligned_piece_seconds: float = Field(default=MAX_ALIGNED_PIECE_SECONDS, gt=0)
     max_media_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     # tokens a transcript may take (the release's transformers backend: 512; vLLM: 4096)
     max_tokens: int = Field(default=4096, ge=1)

@@ -12,6 +12,16 @@ no context: the chat's instruction text is not context for this model.
 language, as the release's vLLM backend does for a target language; the
 release trains no translation task, so expect a transcript when the speech
 is not English.
+
+A clip longer than ``factory.max_piece_seconds`` (1200 s, the release's
+value; ``factory.max_aligned_piece_seconds``, 180 s, when word timings are
+asked) is cut into pieces at quiet points (:mod:`.split`), each with its own
+mel and prompt (same context, same forced language): the asr stage runs
+them as separate sequences and the text stages join their answers. The
+whole clip is still bounded first by ``factory.max_audio_seconds`` (what one
+request may cost the server), and every piece's prompt by
+``factory.max_prompt_tokens``. One piece is sent as before (``token_ids``,
+``mel``); several as ``pieces``, a list of ``{token_ids, mel, offset}``.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from .languages import canonical
 from .loading import read_config
 from .prompt import prompt_ids
 from .source import resolve_model_path
+from .split import MAX_ALIGNED_PIECE_SECONDS, MAX_PIECE_SECONDS, split_clip
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,8 @@ class Limits:
     max_media_bytes: int
     max_tokens: int
     max_prompt_tokens: int
+    max_piece_seconds: float = MAX_PIECE_SECONDS
+    max_aligned_piece_seconds: float = MAX_ALIGNED_PIECE_SECONDS
 
 
 class Preprocessing:
@@ -66,12 +79,18 @@ class Preprocessing:
         words = "word" in (asked.get("timestamps") or [])
         sampling = self._sampling(data.get("sampling") or {})
         prepared = await anyio.to_thread.run_sync(
-            self._prepare, where, encoded, context, language, sampling
+            self._prepare, where, encoded, context, language, sampling, words
         )
         return {**prepared, "words": words}
 
     def _prepare(
-        self, where: str, encoded: Any, context: str, language: str | None, sampling: dict
+        self,
+        where: str,
+        encoded: Any,
+        context: str,
+        language: str | None,
+        sampling: dict,
+        words: bool,
     ) -> dict[str, Any]:
         limits = AudioLimits(
             max_seconds=self.limits.max_audio_seconds,
@@ -86,7 +105,23 @@ class Preprocessing:
             mono = soxr.resample(mono, clip.rate, SAMPLE_RATE).astype(np.float32)
         if mono.shape[0] < SAMPLE_RATE // 100:
             raise RequestError(f"{where}: the clip is shorter than 10 ms")
-        mel = log_mel(mono)
+        longest = self.limits.max_aligned_piece_seconds if words else self.limits.max_piece_seconds
+        pieces = [
+            {**self._piece(piece.samples, context, language), "offset": piece.offset}
+            for piece in split_clip(mono, SAMPLE_RATE, longest)
+        ]
+        common = {
+            "audio_token_id": self.config.audio_token_id,
+            "language": language,
+            "sampling": sampling,
+        }
+        if len(pieces) == 1:
+            return {"token_ids": pieces[0]["token_ids"], "mel": pieces[0]["mel"], **common}
+        return {"pieces": pieces, **common}
+
+    def _piece(self, samples: np.ndarray, context: str, language: str | None) -> dict[str, Any]:
+        """One piece's mel and prompt ids (the whole clip's, when it is one piece)."""
+        mel = log_mel(samples)
         rows = audio_token_count(int(mel.shape[-1]))
         ids = prompt_ids(self.prompter, context, rows, language)
         if len(ids) > self.limits.max_prompt_tokens:
@@ -94,15 +129,10 @@ class Preprocessing:
                 f"the prompt takes {len(ids)} tokens (the clip's {rows} and the context's); "
                 f"this server takes at most {self.limits.max_prompt_tokens} "
                 "(factory.max_prompt_tokens of the preprocessing stage)",
-                hint="send a shorter clip or a shorter prompt",
+                hint="send a shorter clip or a shorter prompt, or lower "
+                "factory.max_piece_seconds so that long clips are cut into shorter pieces",
             )
-        return {
-            "token_ids": ids,
-            "audio_token_id": self.config.audio_token_id,
-            "mel": mel,
-            "language": language,
-            "sampling": sampling,
-        }
+        return {"token_ids": ids, "mel": mel}
 
     def _sampling(self, given: dict[str, Any]) -> dict[str, Any]:
         max_tokens = given.get("max_tokens") or self.limits.max_tokens
@@ -150,6 +180,15 @@ def create_preprocessing(
     max_media_bytes: int = 64 * 1024 * 1024,
     max_tokens: int = 4096,
     max_prompt_tokens: int = 32768,
+    max_piece_seconds: float = MAX_PIECE_SECONDS,
+    max_aligned_piece_seconds: float = MAX_ALIGNED_PIECE_SECONDS,
 ) -> Preprocessing:
-    limits = Limits(max_audio_seconds, max_media_bytes, max_tokens, max_prompt_tokens)
+    limits = Limits(
+        max_audio_seconds,
+        max_media_bytes,
+        max_tokens,
+        max_prompt_tokens,
+        max_piece_seconds,
+        max_aligned_piece_seconds,
+    )
     return Preprocessing(resolve_model_path(model_path).path, limits)

@@ -6,10 +6,21 @@ time; the tower is a small share of the work), splices the rows into the
 prompt at the audio placeholders and enqueues it on the torch engine, where
 requests decode together, continuously batched. It streams each token id to
 ``decode``, then why generation ended and the token counts.
+
+A long clip comes as pieces (:mod:`.split`): each is its own engine sequence,
+all enqueued at once so they decode in one batch, but their tokens reach
+``decode`` in piece order, each piece behind a header of its own (its offset
+and, for word timings, its mel): piece 0 streams as it is decoded, later
+pieces' tokens wait in their queues until every earlier piece has ended.
+``decode`` reads each piece's language header off separately, and ``align``
+cleans each piece's text (:mod:`.repetitions`), joins them, merges their
+languages and times each piece's words on its own audio, shifted by its offset.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Any
 
 import anyio
@@ -25,9 +36,14 @@ from omni_qwen3_omni.thinker.step import ThinkerStepModel
 
 from .config import EOS_TOKENS
 from .loading import load_model
+from .merge import merge_languages, shifted
 from .preprocessing import create_preprocessing  # noqa: F401 - a factory_path target
 from .prompt import AnswerParser
+from .repetitions import collapse_repetitions
 from .source import resolve_model_path
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 
 class ASR:
@@ -44,16 +60,22 @@ class ASR:
             (rows,) = self.encoder([mel.to(self.device, self.dtype)])
         return rows
 
-    async def run(self, request: Any) -> dict[str, Any]:
-        data = request.data
-        rows = await anyio.to_thread.run_sync(self._encode, data["mel"], limiter=self.limiter)
-        ids = list(data["token_ids"])
-        index = torch.tensor([i for i, t in enumerate(ids) if t == data["audio_token_id"]])
+    async def _prompt(self, ids: list[int], mel: torch.Tensor, audio_id: int) -> EmbeddedPrompt:
+        """The prompt with the clip's rows spliced in at its audio placeholders."""
+        rows = await anyio.to_thread.run_sync(self._encode, mel, limiter=self.limiter)
+        index = torch.tensor([i for i, t in enumerate(ids) if t == audio_id])
         if index.numel() != rows.shape[0]:
             raise RuntimeError(
                 f"the prompt holds {index.numel()} audio placeholders for {rows.shape[0]} rows"
             )
-        prompt = EmbeddedPrompt(ids, embeddings=rows, embedding_index=index)
+        return EmbeddedPrompt(ids, embeddings=rows, embedding_index=index)
+
+    async def run(self, request: Any) -> dict[str, Any]:
+        data = request.data
+        if "pieces" in data:
+            return await self._run_pieces(request, data)
+        ids = list(data["token_ids"])
+        prompt = await self._prompt(ids, data["mel"], data["audio_token_id"])
         align = data["mel"] if data.get("words") else None  # the clip, for the aligner
         header = {"language": data.get("language"), "prompt_tokens": len(ids), "align": align}
         await request.emit(header)
@@ -67,8 +89,69 @@ class ASR:
         await request.emit({"finish_reason": stream.finish_reason, "usage": usage})
         return {"finish_reason": stream.finish_reason, "usage": usage}
 
+    async def _run_pieces(self, request: Any, data: dict[str, Any]) -> dict[str, Any]:
+        """Every piece its own sequence, enqueued together; tokens emitted in piece order."""
+        pieces = data["pieces"]
+        prompts = [
+            await self._prompt(list(p["token_ids"]), p["mel"], data["audio_token_id"])
+            for p in pieces
+        ]
+        sampling = SamplingParams(**data["sampling"])
+        queues = [anyio.create_memory_object_stream[int](math.inf) for _ in pieces]
+        reasons: list[str] = ["stop"] * len(pieces)
+
+        async def pump(i: int) -> None:
+            """Drain piece ``i``'s engine stream into its queue (a lazy backend starts here)."""
+            send = queues[i][0]
+            name = f"{request.request_id}/piece{i}"
+            async with send, self.engine.enqueue(name, prompts[i], sampling) as stream:
+                async for token in stream:
+                    send.send_nowait(int(token))
+            reasons[i] = stream.finish_reason or "stop"
+
+        tokens = 0
+        try:
+            async with anyio.create_task_group() as group:
+                for i in range(len(pieces)):
+                    group.start_soon(pump, i)
+                for i, piece in enumerate(pieces):
+                    header = {
+                        "language": data.get("language"),
+                        "prompt_tokens": len(piece["token_ids"]),
+                        "align": piece["mel"] if data.get("words") else None,
+                        "piece": i,
+                        "offset": piece["offset"],
+                    }
+                    await request.emit(header)
+                    async with queues[i][1] as receive:
+                        async for token in receive:
+                            await request.emit(token)
+                            tokens += 1
+        except BaseExceptionGroup as group:  # a refusal of one piece is the request's
+            refusal = _first_request_error(group)
+            if refusal is None:
+                raise
+            raise refusal from None
+        reason = "length" if "length" in reasons else reasons[-1]
+        prompt_tokens = sum(len(p["token_ids"]) for p in pieces)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": tokens}
+        await request.emit({"finish_reason": reason, "usage": usage})
+        return {"finish_reason": reason, "usage": usage}
+
     async def aclose(self) -> None:
         await self.engine.aclose()
+
+
+def _first_request_error(group: BaseExceptionGroup) -> RequestError | None:
+    """The first RequestError among ``group``'s leaves: what the client is told."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_request_error(exc)
+            if found is not None:
+                return found
+        elif isinstance(exc, RequestError):
+            return exc
+    return None
 
 
 @engine_factory("asr")
@@ -94,7 +177,13 @@ def create_asr(engine: EngineContext, pack_weights: bool = True) -> ASR:
 
 
 class Decode:
-    """Token ids in, transcript deltas out; the answer's language header read off."""
+    """Token ids in, transcript deltas out; the answer's language header read off.
+
+    Each piece of a long clip starts with a header of its own and is an answer
+    of its own (its own language header, its own detokenizer state); the
+    trailer lists the pieces (text, language, mel for the aligner, offset)
+    for the align stage, which forms the final text from them.
+    """
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
@@ -103,23 +192,38 @@ class Decode:
     async def run(self, request: Any) -> dict[str, Any]:
         detok = Detokenizer(self.tokenizer.decode, skip=self.special)
         parser = AnswerParser()
-        reason, usage, align = None, None, None
+        reason, usage = None, None
+        pieces: list[dict[str, Any]] = []
+        text: list[str] = []
+
+        async def say(part: str) -> None:
+            if part:
+                text.append(part)
+                await request.emit(part)
+
+        async def end_piece() -> None:
+            await say(parser.feed(detok.flush()) + parser.flush())
+            if pieces:
+                pieces[-1].update(text="".join(text), language=parser.language)
+            text.clear()
+
         async for item in request.stream:
-            if isinstance(item, dict):  # the asr stage's header or trailer
+            if isinstance(item, dict):  # the asr stage's header (one per piece) or trailer
                 if "prompt_tokens" in item:
+                    await end_piece()
+                    detok = Detokenizer(self.tokenizer.decode, skip=self.special)
                     parser = AnswerParser(forced=item.get("language"))
-                    align = item.get("align")
+                    pieces.append({"align": item.get("align"), "offset": item.get("offset", 0.0)})
                 reason = item.get("finish_reason", reason)
                 usage = item.get("usage", usage)
                 continue
-            text = parser.feed(detok.feed(int(item)))
-            if text:
-                await request.emit(text)
-        rest = parser.feed(detok.flush()) + parser.flush()
-        if rest:
-            await request.emit(rest)
-        ending = {"finish_reason": reason, "usage": usage, "language": parser.language}
-        await request.emit({**ending, "align": align})  # the align stage's trailer
+            await say(parser.feed(detok.feed(int(item))))
+        await end_piece()
+        languages = merge_languages([p["language"] for p in pieces]) if pieces else None
+        ending = {"finish_reason": reason, "usage": usage, "language": languages}
+        align = pieces[0]["align"] if len(pieces) == 1 else None
+        # the align stage's trailer
+        await request.emit({**ending, "align": align, "pieces": pieces})
         return ending
 
 
@@ -134,7 +238,10 @@ class Align:
 
     Word timings come from the release's forced aligner (:mod:`.aligner`),
     loaded when ``factory.aligner_path`` names one; without it a request for
-    them is refused, saying which setting to add.
+    them is refused, saying which setting to add. The final text is each
+    piece's text with its runaway repetitions collapsed (:mod:`.repetitions`,
+    which says why the streamed deltas stay raw), joined; the words are timed
+    on that text.
     """
 
     def __init__(self, aligner: Any | None):
@@ -151,9 +258,15 @@ class Align:
             else:
                 trailer = item
         out = {k: trailer.get(k) for k in ("finish_reason", "usage", "language")}
-        out["text"] = "".join(text)  # the whole transcript, for callers of the runtime
-        mel = trailer.get("align")
-        if mel is None:
+        pieces = trailer.get("pieces") or [
+            {"text": "".join(text), "language": out["language"], "align": trailer.get("align")}
+        ]
+        for piece in pieces:
+            piece["text"] = collapse_repetitions(piece["text"])
+        # the whole transcript: for callers of the runtime, and ("transcript") the final
+        # text the server answers with, where the streamed deltas stayed raw
+        out["text"] = out["transcript"] = "".join(p["text"] for p in pieces)
+        if all(p.get("align") is None for p in pieces):
             return out
         if self.aligner is None:
             raise RequestError(
@@ -161,14 +274,20 @@ class Align:
                 hint="set stages.align.factory.aligner_path to a Qwen3-ForcedAligner checkpoint "
                 "(e.g. Qwen/Qwen3-ForcedAligner-0.6B)",
             )
-        language = out["language"] or "English"
-        try:
-            words = await anyio.to_thread.run_sync(
-                self.aligner.align, mel, "".join(text), language, limiter=self.limiter
-            )
-        except NotImplementedError as exc:
-            raise RequestError(str(exc)) from None
-        out["words"] = [{"word": w.word, "start": w.start, "end": w.end} for w in words]
+        out["words"] = []
+        for piece in pieces:  # each on its own audio, shifted by where it starts
+            language = piece.get("language") or "English"
+            try:
+                words = await anyio.to_thread.run_sync(
+                    self.aligner.align,
+                    piece["align"],
+                    piece["text"],
+                    language,
+                    limiter=self.limiter,
+                )
+            except NotImplementedError as exc:
+                raise RequestError(str(exc)) from None
+            out["words"] += shifted(words, piece.get("offset", 0.0))
         return out
 
 

@@ -4,7 +4,10 @@ One server for the module (tiny preset, dummy weights, CPU, one process). The
 transcript of random weights is meaningless but greedy, so every response
 format of one clip carries the same text and a stream's deltas join to it.
 The realtime API transcribes each committed turn on this listening-only
-pipeline, and refuses to answer.
+pipeline, and refuses to answer. The server cuts clips longer than 8 s into
+pieces (``factory.max_piece_seconds``, 1200 s by default, lowered so that a
+few spoken phrases make a long clip): such a clip's answer is its pieces'
+answers, each as the piece alone gets it, joined in order.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -26,10 +30,16 @@ sf = pytest.importorskip("soundfile")
 from omni_core.plugins import OmniPlugins  # noqa: E402
 from omni_core.serve.realtime.formats import resample  # noqa: E402
 from omni_core.testing import plan_on_cpu, short_private_dir  # noqa: E402
+from omni_qwen3_asr.split import split_clip  # noqa: E402
 from omni_qwen3_asr.words import split_words  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[3] / "examples" / "qwen3_asr_demo.toml"
-FLAGS = ["--preprocessing.factory.max_tokens", "12"]  # short transcripts, fast tests
+PIECE_SECONDS = 8.0
+FLAGS = [
+    *("--preprocessing.factory.max_tokens", "12"),  # short transcripts, fast tests
+    *("--preprocessing.factory.max_piece_seconds", str(PIECE_SECONDS)),
+    *("--preprocessing.factory.max_aligned_piece_seconds", str(PIECE_SECONDS)),
+]
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +236,79 @@ def test_the_sessions_transcription_language_and_prompt_reach_the_model(server, 
     # the same clip, heard with a forced language and a context: another greedy answer
     assert plain.transcript and forced.transcript and forced.transcript != plain.transcript
     assert refused.error.param == "session.audio.input.transcription.language"
+
+
+PHRASES = (
+    "one two three four",
+    "the weather is nice today",
+    "see you tomorrow",
+    "where is the station",
+    "thank you very much",
+    "good night",
+)
+
+
+@pytest.fixture(scope="module")
+def long_clip(speak) -> np.ndarray:
+    """Spoken phrases with silences between them, 16 kHz int16: longer than a piece."""
+    soxr = pytest.importorskip("soxr")
+    parts = []
+    for text in PHRASES:
+        samples, rate = sf.read(io.BytesIO(speak(text)), dtype="float32")
+        parts += [soxr.resample(samples, rate, 16000), np.zeros(9600, np.float32)]
+    clip = np.round(np.concatenate(parts) * 32767).astype(np.int16)
+    assert len(clip) > PIECE_SECONDS * 16000
+    return clip
+
+
+def _pcm16_wav(samples: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    sf.write(buffer, samples, 16000, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
+def _pieces(clip: np.ndarray) -> list:
+    """The pieces the server cuts, each short enough to be one piece when sent alone."""
+    pieces = split_clip(clip.astype(np.float32) / 32768, 16000, PIECE_SECONDS)
+    assert len(pieces) >= 2
+    assert all(8000 <= p.length <= PIECE_SECONDS * 16000 for p in pieces)  # none padded
+    return pieces
+
+
+def test_a_long_clip_is_its_pieces_transcribed_and_joined_in_order(server, long_clip) -> None:
+    pieces = _pieces(long_clip)
+    alone = [
+        _transcribe(server, _pcm16_wav(long_clip[p.start : p.start + p.length])) for p in pieces
+    ]
+    whole = _transcribe(server, _pcm16_wav(long_clip))
+    assert all(a.text for a in alone) and len({a.text for a in alone}) > 1
+    assert whole.text == "".join(a.text for a in alone)
+    assert whole.usage.input_tokens == sum(a.usage.input_tokens for a in alone)
+    assert whole.usage.output_tokens == sum(a.usage.output_tokens for a in alone)
+    deltas, done = [], []
+    for event in _transcribe(server, _pcm16_wav(long_clip), stream=True):
+        if event.type == "transcript.text.delta":
+            deltas.append(event.delta)
+        elif event.type == "transcript.text.done":
+            done.append(event)
+    # piece 0 streams live, later pieces follow it, in order
+    assert "".join(deltas) == whole.text == done[0].text
+    assert done[0].usage.output_tokens == whole.usage.output_tokens
+
+
+def test_a_long_clips_words_are_each_pieces_words_shifted_by_its_offset(server, long_clip) -> None:
+    timed = {"response_format": "verbose_json", "timestamp_granularities": ["word"]}
+    pieces = _pieces(long_clip)
+    alone = [
+        _transcribe(server, _pcm16_wav(long_clip[p.start : p.start + p.length]), **timed)
+        for p in pieces
+    ]
+    whole = _transcribe(server, _pcm16_wav(long_clip), **timed)
+    expected = [
+        (w.word, round(w.start + p.offset, 3), round(w.end + p.offset, 3))
+        for p, a in zip(pieces, alone, strict=True)
+        for w in a.words
+    ]
+    assert sum(1 for a in alone if a.words) > 1  # words in more than one piece
+    assert [(w.word, w.start, w.end) for w in whole.words] == expected
+    assert whole.text == "".join(a.text for a in alone)
