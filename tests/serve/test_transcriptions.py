@@ -55,3 +55,38 @@ def test_the_openai_preset_names_transcription_models_only_where_it_is_served():
 
     assert "whisper-1" in openai_compat.model_names(("chat", "transcription"))
     assert "whisper-1" not in openai_compat.model_names(("chat", "speech"))
+
+
+def test_a_text_stages_final_transcript_is_the_done_text_while_deltas_stay_raw():
+    """qwen3-asr cleans its finished text (runaway repetitions); the stream's deltas went
+    out as written, and the done event (like a non-streamed body) carries the clean text."""
+    import json
+    from types import SimpleNamespace
+
+    import anyio
+
+    from omni_core.serve.service import Piece, Service
+    from omni_core.serve.transcribe.form import TranscriptionForm
+    from omni_core.serve.transcribe.routes import _events
+
+    service = Service(None, Serving.of(_pipeline(("transcription",), "align")), ("m",), 1.0)
+    raw, clean = "so " + "ha" * 25, "so ha"
+    final = {"finish_reason": "stop", "usage": None, "language": "English", "transcript": clean}
+    finish, details = service._ending(SimpleNamespace(stage="align", final=True, data=final))
+    assert finish == Piece("finish", "stop")
+    assert details == Piece("details", {"language": "English", "transcript": clean})
+    assert service._ending(SimpleNamespace(stage="decode", final=True, data=final)) == []
+
+    async def stream() -> list[dict]:
+        async def rest():
+            yield Piece("text", raw[3:])
+            yield details
+
+        ended = {"usage": None, "details": {}}
+        form = TranscriptionForm.__new__(TranscriptionForm)
+        events = _events(Piece("text", raw[:3]), rest(), ended, form)
+        return [json.loads(chunk.decode()[len("data: ") :]) async for chunk in events]
+
+    *deltas, done = anyio.run(stream)
+    assert "".join(d["delta"] for d in deltas) == raw
+    assert done == {"type": "transcript.text.done", "text": clean}
