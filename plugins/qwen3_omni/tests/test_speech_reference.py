@@ -60,7 +60,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("PIL")
 
 from safetensors.torch import load_file  # noqa: E402
-from test_reference import openai_messages, rel_l2  # noqa: E402
+from understanding_support import openai_messages, rel_l2  # noqa: E402
 
 from omni_core.engine.backends import create_engine  # noqa: E402
 from omni_core.engine.interface import EngineSettings, SamplingParams  # noqa: E402

@@ -43,13 +43,13 @@ pytest.importorskip("PIL")
 
 from media_samples import mp4_bytes, png_bytes, speech_samples  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from test_reference import _generate, rel_l2  # noqa: E402
 from test_speech_reference import (  # noqa: E402
     _frame_mismatch,
     _parts,
     _speak_in_process,
     _token_mismatch,
 )
+from understanding_support import greedy, rel_l2  # noqa: E402
 
 from omni_core.media import VideoLimits, probe_video  # noqa: E402
 from omni_qwen3_omni.assemble import assemble, to_prompt  # noqa: E402
@@ -227,7 +227,7 @@ def test_greedy_thinker_tokens_equal_the_reference(reference, ours):
         "config": ours["config"],
         "root": reference["ckpt"],
     }
-    got = _generate(parts, {name: ours["cases"][name]["prompt"] for name in GREEDY})
+    got = greedy(parts, {name: ours["cases"][name]["prompt"] for name in GREEDY})
     for name in GREEDY:
         want = manifest["by_name"][name]["generated_ids"]
         assert got[name] == want, (

@@ -33,7 +33,8 @@ Request (JSON; every key optional)::
     {"seed": 3, "thinker_max_new_tokens": 12, "talker_max_new_tokens": 31,
      "attn_implementation": "sdpa", "max_shard_size": "10MB",
      "images": {"NAME": [height, width]}, "audios": {"NAME": seconds},
-     "cases": [{"name": str, "speaker": str, "messages": [...]}]}
+     "cases": [{"name": str, "speaker": str, "messages": [...]}],
+     "bf16": false}
 
 Messages as in ``make_reference.py`` (a media part names its input).
 
@@ -50,9 +51,14 @@ Output (``OUT_DIR``)::
                           codes [F, G] (the frames), code0 [F + 1] (every
                           codebook-0 token sampled, the last one has no frame
                           unless the talker hit its limit), code0_margins,
+                          code0_logits [F + 1, V] (the talker's raw codebook-0
+                          logits at each step, before the penalty and bans),
                           predictor_margins [F, G - 1] (top-1 minus top-2 at
                           each greedy pick), wav [1920 F - 555] (the unchunked
                           forward), wav_generate (generate's chunked output)
+    ref/bf16/CASE.safetensors  with ``"bf16": true`` in the request: the same,
+                          the checkpoint loaded as ``from_pretrained(dtype=
+                          torch.bfloat16)`` and the features cast to bf16
 """
 
 from __future__ import annotations
@@ -197,6 +203,108 @@ def margins(scores) -> torch.Tensor:
     return top[:, 0] - top[:, 1]
 
 
+def install_hooks(model, record: dict) -> None:
+    """A greedy code predictor, and what the talker and code2wav saw, kept in ``record``."""
+    predictor = model.talker.code_predictor
+    predictor_generate = predictor.generate
+
+    def greedy_predictor(*args, **kwargs):
+        kwargs.update(do_sample=False, top_k=None, top_p=None, output_scores=True)
+        kwargs["return_dict_in_generate"] = True
+        result = predictor_generate(*args, **kwargs)
+        record["predictor_margins"].append(margins(result.scores))
+        return result
+
+    predictor.generate = greedy_predictor
+    talker_generate = model.talker.generate
+
+    def talker_recorded(*args, **kwargs):
+        kwargs["output_scores"] = True
+        kwargs["output_logits"] = True
+        result = talker_generate(*args, **kwargs)
+        record["code0"] = result.sequences[0].clone()
+        record["code0_margins"] = margins(result.scores)
+        record["code0_logits"] = torch.stack([step[0].float() for step in result.logits])
+        return result
+
+    model.talker.generate = talker_recorded
+    chunked_decode = model.code2wav.chunked_decode
+
+    def decode_recorded(codes, **kwargs):
+        record["codes"] = codes[0].t().clone()  # [G, F] -> [F, G]
+        record["wav"] = model.code2wav(codes)[0, 0].clone()
+        return chunked_decode(codes, **kwargs)
+
+    model.code2wav.chunked_decode = decode_recorded
+
+
+def speak(model, inputs, speaker: str, record: dict, thinker_tokens: int, talker_tokens: int):
+    """One greedy spoken answer: the tensors a case records (see the module docstring)."""
+    record.clear()
+    record["predictor_margins"] = []
+    model.thinker.rope_deltas = None
+    model.talker.rope_deltas = None
+    with torch.no_grad():
+        thinker_result, wav_generate = model.generate(
+            **inputs,
+            speaker=speaker,
+            return_audio=True,
+            thinker_max_new_tokens=thinker_tokens,
+            thinker_do_sample=False,
+            thinker_output_scores=True,
+            talker_do_sample=False,
+            talker_max_new_tokens=talker_tokens,
+        )
+    return {
+        "generated_ids": thinker_result.sequences[0, inputs["input_ids"].shape[1] :],
+        "thinker_margins": margins(thinker_result.scores),
+        "codes": record["codes"].long(),
+        "code0": record["code0"].long(),
+        "code0_margins": record["code0_margins"],
+        "code0_logits": record["code0_logits"],
+        "predictor_margins": torch.stack(record["predictor_margins"]),
+        "wav": record["wav"].float(),
+        "wav_generate": wav_generate.reshape(-1).float(),
+    }
+
+
+def speak_bf16(
+    ckpt: Path, ref: Path, attn: str, case_inputs: list, thinker_tokens: int, talker_tokens: int
+) -> dict:
+    """Every case again, the checkpoint loaded as ``from_pretrained(dtype=bfloat16)``.
+
+    Writes ``ref/bf16/CASE.safetensors`` (the same tensors, float32 / int64);
+    returns the manifest's ``bf16`` entry: per case the thinker's tokens, the
+    frame count and whether the talker ended on its EOS.
+    """
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        ckpt, dtype=torch.bfloat16, attn_implementation=attn
+    ).eval()
+    record: dict = {}
+    install_hooks(model, record)
+    eos = model.config.talker_config.codec_eos_token_id
+    out = ref / "bf16"
+    out.mkdir(parents=True, exist_ok=True)
+    cases = {}
+    for name, speaker, inputs32 in case_inputs:
+        # As the release's model card does (BatchFeature.to casts in place: a copy first).
+        inputs = type(inputs32)(dict(inputs32)).to(model.dtype)
+        tensors = speak(model, inputs, speaker, record, thinker_tokens, talker_tokens)
+        save_file(
+            {
+                k: (v if not v.is_floating_point() else v.float()).contiguous()
+                for k, v in tensors.items()
+            },
+            str(out / f"{name}.safetensors"),
+        )
+        cases[name] = {
+            "generated_ids": tensors["generated_ids"].tolist(),
+            "frames": int(tensors["codes"].shape[0]),
+            "talker_stopped_on_eos": bool(tensors["code0"][-1] == eos),
+        }
+    return {"parameter_dtype": str(model.dtype).removeprefix("torch."), "cases": cases}
+
+
 def main() -> None:
     out, request_path = Path(sys.argv[1]), Path(sys.argv[2])
     request = json.loads(request_path.read_text())
@@ -261,40 +369,12 @@ def main() -> None:
         audios[name], rate = soundfile.read(inputs_dir / f"{name}.wav", dtype="float32")
         assert rate == mk.SAMPLE_RATE
 
-    # The hooks: a greedy code predictor, and what the talker and code2wav saw.
     record: dict = {}
-    predictor = model.talker.code_predictor
-    predictor_generate = predictor.generate
-
-    def greedy_predictor(*args, **kwargs):
-        kwargs.update(do_sample=False, top_k=None, top_p=None, output_scores=True)
-        kwargs["return_dict_in_generate"] = True
-        result = predictor_generate(*args, **kwargs)
-        record["predictor_margins"].append(margins(result.scores))
-        return result
-
-    predictor.generate = greedy_predictor
-    talker_generate = model.talker.generate
-
-    def talker_recorded(*args, **kwargs):
-        kwargs["output_scores"] = True
-        result = talker_generate(*args, **kwargs)
-        record["code0"] = result.sequences[0].clone()
-        record["code0_margins"] = margins(result.scores)
-        return result
-
-    model.talker.generate = talker_recorded
-    chunked_decode = model.code2wav.chunked_decode
-
-    def decode_recorded(codes, **kwargs):
-        record["codes"] = codes[0].t().clone()  # [G, F] -> [F, G]
-        record["wav"] = model.code2wav(codes)[0, 0].clone()
-        return chunked_decode(codes, **kwargs)
-
-    model.code2wav.chunked_decode = decode_recorded
+    install_hooks(model, record)
 
     eos = config.talker_config.codec_eos_token_id
     manifest_cases = []
+    case_inputs = []  # (name, speaker, processor output) for the bf16 run
     for case in cases:
         name, messages, speaker = case["name"], case["messages"], case["speaker"]
         image_names = mk.media_in_order(messages, "image")
@@ -307,34 +387,9 @@ def main() -> None:
             return_tensors="pt",
         )
         input_ids = inputs["input_ids"]
-        record.clear()
-        record["predictor_margins"] = []
-        model.thinker.rope_deltas = None
-        model.talker.rope_deltas = None
-        with torch.no_grad():
-            thinker_result, wav_generate = model.generate(
-                **inputs,
-                speaker=speaker,
-                return_audio=True,
-                thinker_max_new_tokens=thinker_tokens,
-                thinker_do_sample=False,
-                thinker_output_scores=True,
-                talker_do_sample=False,
-                talker_max_new_tokens=talker_tokens,
-            )
-        generated = thinker_result.sequences[0, input_ids.shape[1] :]
-        codes = record["codes"].long()
-        code0 = record["code0"].long()
-        tensors = {
-            "generated_ids": generated,
-            "thinker_margins": margins(thinker_result.scores),
-            "codes": codes,
-            "code0": code0,
-            "code0_margins": record["code0_margins"],
-            "predictor_margins": torch.stack(record["predictor_margins"]),
-            "wav": record["wav"].float(),
-            "wav_generate": wav_generate.reshape(-1).float(),
-        }
+        case_inputs.append((name, speaker, inputs))
+        tensors = speak(model, inputs, speaker, record, thinker_tokens, talker_tokens)
+        generated, codes, code0 = tensors["generated_ids"], tensors["codes"], tensors["code0"]
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(ref / f"{name}.safetensors"))
         tokens = generated.tolist()
         manifest_cases.append(
@@ -373,6 +428,8 @@ def main() -> None:
         "checkpoint": "ckpt",
         "cases": manifest_cases,
     }
+    if request.get("bf16"):
+        manifest["bf16"] = speak_bf16(ckpt, ref, attn, case_inputs, thinker_tokens, talker_tokens)
     (ref / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
