@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import itertools
+import sys
 
 import numpy as np
 import pytest
@@ -24,6 +25,9 @@ from omni_qwen3_asr.split import (
     cut_points,
     split_clip,
 )
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 RATE = 16_000
 
@@ -227,3 +231,15 @@ def test_the_final_text_is_each_pieces_text_cleaned_and_joined_the_deltas_stay_r
     halves = [{**pieces[0], "text": "ha" * 15}, {**pieces[1], "text": "ha" * 15}]
     joined = anyio.run(stage.run, _Streamed([{**trailer, "pieces": halves}]))
     assert joined["text"] == "ha" * 30
+
+
+def test_one_pieces_refusal_is_the_requests_refusal() -> None:
+    """The asr stage runs a request's pieces in a task group; a RequestError in any of them
+    (a prompt the engine can never admit) reaches the client as itself, not as a group."""
+    from omni_core import RequestError
+    from omni_qwen3_asr.stages import _first_request_error
+
+    refusal = RequestError("the prompt takes 9000 positions")
+    nested = BaseExceptionGroup("pieces", [ValueError("a"), BaseExceptionGroup("b", [refusal])])
+    assert _first_request_error(nested) is refusal
+    assert _first_request_error(BaseExceptionGroup("c", [ValueError("d")])) is None
