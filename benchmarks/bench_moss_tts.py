@@ -9,8 +9,18 @@ keeps the checkpoint for the next run). Needs the reference environment
 ``--no-reference`` measures ours alone). ``--smoke``: the tiny preset with
 dummy weights (no checkpoint written), a few frames at concurrency 1 and 2,
 ours alone, in seconds: it checks that the script still runs (``make test``).
-``--model PATH`` measures ours on another checkpoint (a preset name too,
-with ``--load-format dummy``), ``--device cuda --dtype bfloat16`` on a GPU.
+``--dtype bfloat16`` runs our backbone in bf16 and ``--quantization int8``
+adds int8 weight-only backbone layers (the tts_engine stage's
+``factory.dtype`` and ``factory.quantization``; the checkpoint stays float32);
+``--reference-dtype bfloat16`` casts the reference's model after its strict
+load (its codec stays float32). ``benchmarks/gpu_check.py`` runs ``ours`` on
+a GPU in bf16.
+
+Our decode step at concurrency 1 is also set against the memory-bandwidth
+limit (``roofline.py``): the weights one step in the middle of a request
+reads, counted op by op in the dtype used, plus its KV cache, over the limit
+measured at the start and the end of the run (the higher kept), as a
+percentage of the step's measured time (backbone + heads and sampling).
 
 What is measured, and why this shape. The issue's target is speed at the
 real architecture, so the script writes a checkpoint in the release's
@@ -98,7 +108,9 @@ from typing import Any
 
 import anyio
 import torch
+from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_bandwidth
 
+from omni_core.engine.quantize import quantization_problem
 from omni_moss_tts import stages
 from omni_moss_tts.model import MossTTSModel
 from omni_moss_tts.source import PRESETS_DIR
@@ -532,11 +544,16 @@ async def ours(
     load_format: str = "auto",
     gpu_id: int | None = None,
     dtype: str | None = None,
+    quantization: str = "none",
 ) -> tuple[list[Level], dict[str, Any], dict[str, Any]]:
     """Our three stages at each concurrency of ``levels``, built by the stages' factories.
 
     ``model_dir``: a checkpoint directory, or a preset name with ``load_format
-    = "dummy"``; ``gpu_id``: the GPU the engine and vocoder go to (None: the CPU).
+    = "dummy"``; ``gpu_id``: the GPU the engine and vocoder go to (None: the CPU);
+    ``dtype`` and ``quantization``: the tts_engine stage's ``factory.dtype`` and
+    ``factory.quantization``. At concurrency 1, the decode step in the middle of
+    the request (the most codebooks due) counts the bytes of weights it reads
+    (:class:`roofline.StepReads`; that step's timings are left out of the breakdown).
     """
     from omni_core.engine.interface import EngineSettings
 
@@ -551,7 +568,12 @@ async def ours(
         max_running_requests=max(levels), max_total_tokens=max(levels) * per_request
     )
     engine = stages.create_tts_engine(
-        path, gpu_id=gpu_id, engine_settings=settings, dtype=dtype, load_format=load_format
+        path,
+        gpu_id=gpu_id,
+        engine_settings=settings,
+        dtype=dtype,
+        load_format=load_format,
+        quantization=quantization,
     )
     vocoder = stages.create_vocoder(
         path, gpu_id=gpu_id, load_format=load_format, max_batch_size=vocoder_batch
@@ -567,15 +589,18 @@ async def ours(
     try:
         await warm_up(pre, engine, vocoder, model)
         results = []
+        counted: dict[str, int] = {}
         for concurrency in levels:
             timers = Timers()
             timers.wrap(model, "_forward", "forward", _positions)
             timers.wrap(model, "_emit", "emit", lambda seqs, hidden: len(seqs))
             timers.wrap(model.codec, "stream_rows", "codec", _codec_frames)
+            if concurrency == 1:
+                count_reads(model, timers, (frames + 32) // 2, counted)
             try:
                 run = await run_level(pre, engine, vocoder, concurrency, frames, seed)
             finally:
-                for owner, name in watched:
+                for owner, name in (*watched, (model, "decode")):
                     timers.unwrap(owner, name)
             run.parts = breakdown(timers, run)
             results.append(run)
@@ -584,9 +609,48 @@ async def ours(
         if one is not None:
             chunks = chunk_schedule(frames, vocoder)
             parts = {**one.parts, "codec_alone": codec_alone(model, frames, chunks)}
+            backbone = model.config.backbone
+            positions = parts["prompt_positions"] + parts["engine_steps"] / 2
+            parts["step_reads"] = {
+                "weight_bytes": counted.get("bytes", 0),
+                "kv_bytes": kv_bytes(
+                    backbone.num_hidden_layers,
+                    backbone.num_key_value_heads,
+                    backbone.head_dim,
+                    positions,
+                    model.dtype,
+                ),
+                "dtype": str(model.dtype).removeprefix("torch."),
+                "quantization": quantization,
+            }
         return results, parts, load
     finally:
         await engine.aclose()
+
+
+def count_reads(model: MossTTSModel, timers: Timers, call: int, counted: dict[str, int]) -> None:
+    """Count the weight bytes of the model's ``call``-th decode step (0-based) into ``counted``.
+
+    Wraps ``model.decode`` (an instance attribute; ``Timers.unwrap`` removes
+    it); the counted step's timer records are dropped, as the counting slows it.
+    """
+    method = model.decode
+    calls = [0]
+
+    @functools.wraps(method)
+    def decode(sequences: Any, cache: Any) -> Any:
+        index, calls[0] = calls[0], calls[0] + 1
+        if index != call:
+            return method(sequences, cache)
+        kept = {key: len(records) for key, records in timers.records.items()}
+        with StepReads(model.network) as reads:
+            out = method(sequences, cache)
+        for key in ("forward", "emit"):
+            del timers.records.get(key, [])[kept.get(key, 0) :]
+        counted["bytes"] = reads.bytes
+        return out
+
+    model.decode = decode  # type: ignore[method-assign]
 
 
 def _positions(sequences: Any, embeds: list[torch.Tensor], cache: Any) -> int:
@@ -624,6 +688,7 @@ def reference(
     threads: int,
     seed: int,
     attn: str,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     job = {
         "model_dir": str(root / "model"),
@@ -636,6 +701,7 @@ def reference(
         "texts": TEXTS,
         "attn_implementation": attn,
         "audio": {"temperature": 1.7, "top_p": 0.8, "top_k": 25},
+        "dtype": dtype,
     }
     (root / "job.json").write_text(json.dumps(job))
     done = subprocess.run(
@@ -666,6 +732,7 @@ def report(
     parts: dict[str, Any],
     ref: dict[str, Any] | None,
     prompt_check: str,
+    bandwidth: Bandwidth | None = None,
 ) -> dict[str, Any]:
     seconds = args.frames / FRAME_RATE
     print(
@@ -741,6 +808,26 @@ def report(
             f"{alone['streamed_ms_per_frame']:.0f} ms per frame; one pass over all "
             f"{args.frames} frames alone {alone['one_pass_ms_per_frame']:.0f} ms per frame"
         )
+    limit = limit_figures(parts, bandwidth)
+    if limit:
+        reads = parts["step_reads"]
+        print(
+            f"\nour decode step at concurrency 1 vs the memory-bandwidth limit ({reads['dtype']}, "
+            f"quantization {reads['quantization']}; weights counted op by op in one step in the "
+            "middle of a request: the backbone, one embedding row per channel, two rows of the "
+            "text head, the audio heads of the codebooks due; KV at the mean cached length; the "
+            "step: backbone + heads and sampling):"
+        )
+        step_s = (parts["backbone_step_ms"] + parts["heads_sampling_ms"]) / 1e3
+        alone_s = (parts["backbone_step_alone_ms"] + parts["heads_sampling_ms"]) / 1e3
+        assert bandwidth is not None
+        print(
+            "  " + limit_line("ours", reads["weight_bytes"], reads["kv_bytes"], step_s, bandwidth)
+        )
+        print(
+            f"    (steps with no codec work alongside, {alone_s * 1e3:.1f} ms: "
+            f"{limit['percent_alone']:.0f}%)"
+        )
     for level in levels:
         p = level.parts
         print(
@@ -792,7 +879,33 @@ def report(
             f"{said('speed_c8')}; first audio at concurrency 1 under 1/4 of the reference's: "
             f"{said('first_audio_c1')}"
         )
-    return {"rows": rows, "ours_breakdown": parts, "targets_met": verdicts}
+    return {
+        "rows": rows,
+        "ours_breakdown": parts,
+        "targets_met": verdicts,
+        "bandwidth_limit": limit,
+    }
+
+
+def limit_figures(parts: dict[str, Any], bandwidth: Bandwidth | None) -> dict[str, Any] | None:
+    """The concurrency-1 step against the limit, for BENCH_JSON (None: not measured)."""
+    reads = parts.get("step_reads")
+    if bandwidth is None or not reads or not reads["weight_bytes"]:
+        return None
+    floor_ms = (reads["weight_bytes"] + reads["kv_bytes"]) / (bandwidth.gb_s * 1e9) * 1e3
+    step_ms = parts["backbone_step_ms"] + parts["heads_sampling_ms"]
+    alone_ms = parts["backbone_step_alone_ms"] + parts["heads_sampling_ms"]
+    return {
+        "gb_s": bandwidth.gb_s,
+        "how": bandwidth.how,
+        "threads": bandwidth.threads,
+        "weight_bytes": reads["weight_bytes"],
+        "kv_bytes": reads["kv_bytes"],
+        "floor_ms": floor_ms,
+        "step_ms": step_ms,
+        "percent": 100 * floor_ms / step_ms,
+        "percent_alone": 100 * floor_ms / alone_ms,
+    }
 
 
 def prompts_agree(model_dir: Path, ref: dict[str, Any] | None) -> str:
@@ -816,15 +929,29 @@ def smoke(args: argparse.Namespace) -> None:
     """``--smoke``: the same measuring and reporting code on the tiny preset, ours alone."""
     args.frames, args.repeats = 4, 1
     levels = [1, 2]
+    bandwidth = read_bandwidth(16, 1)
     levels_run, parts, load = anyio.run(
-        ours, "tiny", args.frames, levels, args.seed, args.vocoder_max_batch, "dummy"
+        functools.partial(
+            ours,
+            "tiny",
+            args.frames,
+            levels,
+            args.seed,
+            args.vocoder_max_batch,
+            "dummy",
+            dtype=args.dtype,
+            quantization=args.quantization,
+        )
     )
     print(
-        f"MOSS-TTS tiny preset, dummy weights, float32, cpu, {args.threads} torch threads "
-        f"(--smoke: ours alone); loaded {load['tensors']} tensors in {load['load_s']:.1f} s"
+        f"MOSS-TTS tiny preset, dummy weights, {args.dtype} (quantization {args.quantization}), "
+        f"cpu, {args.threads} torch threads (--smoke: ours alone); loaded {load['tensors']} "
+        f"tensors in {load['load_s']:.1f} s"
     )
     release_memory()
-    figures = report(args, levels_run, parts, None, prompts_agree(Path("tiny"), None))
+    bandwidth = best(bandwidth, read_bandwidth(16, 1))
+    check = prompts_agree(Path("tiny"), None)
+    figures = report(args, levels_run, parts, None, check, bandwidth)
     print("BENCH_JSON " + json.dumps({"smoke": True, "frames": args.frames, **figures}))
 
 
@@ -866,6 +993,27 @@ def main() -> None:
         help="keep the checkpoint here and reuse it on the next run (default: a temporary "
         "directory, removed at the end; about 14 GB at 2 layers)",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="our backbone's dtype, the tts_engine stage's factory.dtype (bfloat16: fast on "
+        "CPUs with AMX / AVX512-BF16; the checkpoint stays float32)",
+    )
+    parser.add_argument(
+        "--quantization",
+        choices=("none", "int8"),
+        default="none",
+        help="the tts_engine stage's factory.quantization: int8 weight-only backbone layers, "
+        "the heads not (needs --dtype bfloat16)",
+    )
+    parser.add_argument(
+        "--reference-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the dtype the reference's model runs in (cast after its strict load; its codec "
+        "stays float32)",
+    )
     parser.add_argument("--write-checkpoint", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--smoke",
@@ -874,6 +1022,11 @@ def main() -> None:
         "checks the script runs (make test)",
     )
     args = parser.parse_args()
+    problem = quantization_problem(
+        args.quantization, getattr(torch, args.dtype), torch.device("cpu")
+    )
+    if problem is not None:
+        parser.error(f"--quantization {args.quantization}: {problem}")
     torch.set_num_threads(args.threads)
     if args.write_checkpoint is not None:
         info = write_checkpoint(args.write_checkpoint, args.layers, args.seed, args.reference_src)
@@ -905,10 +1058,13 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
     try:
         info = ensure_checkpoint(root, args.layers, args.seed, args.reference_src)
+        bandwidth = read_bandwidth()
         print(
             f"MOSS-TTS at 8B width (hidden 4096, 32/8 heads of 128, intermediate 12288, "
             f"vocab 151936, 32 codebooks), {args.layers} of 36 layers, real codec; dummy "
-            f"weights, float32, cpu, {args.threads} torch threads: "
+            f"weights (float32 checkpoint), ours {args.dtype} (quantization "
+            f"{args.quantization}), reference {args.reference_dtype}, cpu, {args.threads} torch "
+            f"threads: "
             f"{info['backbone_params'] / 1e6:.0f} M backbone + {info['codec_params'] / 1e6:.0f} M "
             f"codec parameters ({'reused ' + str(root) if info['reused'] else 'written'})"
         )
@@ -920,7 +1076,16 @@ def main() -> None:
             # does not fall on one side only; each level keeps its fastest run.
             tag = f"round {attempt + 1}/{args.repeats}"
             levels_run, parts, load = anyio.run(
-                ours, root / "model", args.frames, levels, args.seed, args.vocoder_max_batch
+                functools.partial(
+                    ours,
+                    root / "model",
+                    args.frames,
+                    levels,
+                    args.seed,
+                    args.vocoder_max_batch,
+                    dtype=args.dtype,
+                    quantization=args.quantization,
+                )
             )
             rounds.append((levels_run, parts))
             print(
@@ -940,6 +1105,7 @@ def main() -> None:
                     args.threads,
                     args.seed,
                     args.reference_attn,
+                    args.reference_dtype,
                 )
             except RuntimeError as exc:  # still print ours
                 print(exc, file=sys.stderr)
@@ -948,7 +1114,8 @@ def main() -> None:
             refs.append(one)
             print(
                 f"{tag}, reference: transformers {one['transformers']}, attn_implementation "
-                f"{one['attn_implementation']}; loaded {one['tensors']} tensors of our checkpoint "
+                f"{one['attn_implementation']}, {one.get('dtype', 'float32')}; loaded "
+                f"{one['tensors']} tensors of our checkpoint "
                 f"strictly (equal to the files) in {one['load_s']:.1f} s; "
                 + ", ".join(f"c{r['concurrency']} {r['wall_s']:.1f} s" for r in one["levels"])
             )
@@ -971,7 +1138,9 @@ def main() -> None:
                     for i in range(len(levels))
                 ],
             }
-        figures = report(args, levels_run, parts, ref, prompts_agree(root / "model", ref))
+        bandwidth = best(bandwidth, read_bandwidth())  # at the end too: the higher is kept
+        check = prompts_agree(root / "model", ref)
+        figures = report(args, levels_run, parts, ref, check, bandwidth)
         wall = time.perf_counter() - run_started
         print(f"\nwhole run: {wall:.0f} s")
         summary = {
@@ -979,6 +1148,9 @@ def main() -> None:
             "frames": args.frames,
             "audio_seconds_per_request": args.frames / FRAME_RATE,
             "threads": args.threads,
+            "dtype": args.dtype,
+            "quantization": args.quantization,
+            "reference_dtype": args.reference_dtype,
             "reference_attn": ref["attn_implementation"] if ref else None,
             "repeats": args.repeats,
             "vocoder_max_batch": load["vocoder_max_batch"],

@@ -13,7 +13,13 @@ in float32, the embedding and the LM head 1.25 GB each), and a vision tower
 at the release's width (hidden 1152, 16 heads, MLP 4304, patch 16, merge 2,
 output 2048) with ``--vision-depth`` blocks (the release has 27) and one
 deepstack feature per block (at most ``--layers`` of them; the release has 3).
-Float32 on the CPU, the same ``--threads`` torch threads on both sides.
+Float32 on the CPU by default, the same ``--threads`` torch threads on both
+sides; ``--dtype bfloat16`` casts our weights after filling (as the stage's
+loader builds them for ``factory.dtype``: parameters only, the rotary tables
+stay float32; oneDNN packing is float32's, so one layout is measured),
+``--quantization int8`` then swaps in int8 weight-only layers as the stage
+does for ``factory.quantization`` (experts included, the LM head not), and
+``--reference-dtype bfloat16`` casts the reference's parameters the same way.
 
 * the reference, first, in its own environment (``--reference-python``,
   default ``/tmp/qwen-tts-ref/bin/python``, transformers 4.57.3; see
@@ -62,7 +68,13 @@ Figures:
 * sanity: greedy tokens of ours vs the reference (same weights, same
   prompts; they agree unless rounding flips a near-tie), and the first token
   after the image prompt;
-* peak resident memory of each process.
+* peak resident memory of each process;
+* our decode step at concurrency 1 against the memory-bandwidth limit
+  (``roofline.py``): the bytes of weights one step reads, counted op by op in
+  a warm-up step (attention, the routed experts, the LM head, one embedding
+  row) in the dtype used, plus the KV cache at the mean cached length, over
+  the limit measured with the same threads at the start and the end (the
+  higher kept), as a percentage of the measured step (mean and median).
 
 Threads: default 1. On this two-core machine, whenever another process
 holds a core, an OpenMP-parallel op at 2 threads waits for it: ``index_add_``
@@ -106,11 +118,14 @@ from typing import Any
 import anyio
 import numpy as np
 import torch
+from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_bandwidth
 
 from omni_core.engine.backends import create_engine
 from omni_core.engine.cpu_linear import pack_linear_weights, packing_available
 from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.engine.precision import PrecisionError, torch_dtype
 from omni_core.engine.prompt import EmbeddedPrompt
+from omni_core.engine.quantize import apply_quantization, quantization_problem
 from omni_qwen3_omni.assemble import assemble, to_prompt
 from omni_qwen3_omni.config import ThinkerConfig
 from omni_qwen3_omni.loading import construct
@@ -327,6 +342,8 @@ class Ours:
     image_first_token: int | None = None
     threads_in_engine: int | None = None
     profile: str | None = None
+    step_bytes: int = 0  # weights one decode step at concurrency 1 reads (StepReads)
+    dtype: torch.dtype = torch.float32  # the weights' (and the KV cache's)
 
 
 class TimedStep(ThinkerStepModel):
@@ -339,11 +356,19 @@ class TimedStep(ThinkerStepModel):
         self.profile_steps: list[int] = []  # decode calls to profile (counted from 0)
         self.decode_calls = 0
         self.profiles: list[Any] = []
+        self.reads: StepReads | None = None  # set: count the next decode step's weight bytes
+        self.read_bytes = 0
 
     def decode(self, sequences: list[Any], cache: Any) -> Any:
         self.threads = torch.get_num_threads()  # in the engine's worker thread
         self.timers.active = True
         try:
+            if self.reads is not None:  # outside the timed levels (the warm-up)
+                reads, self.reads = self.reads, None
+                with reads:
+                    out = super().decode(sequences, cache)
+                self.read_bytes = reads.bytes
+                return out
             if self.decode_calls in self.profile_steps:
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
                     out = super().decode(sequences, cache)
@@ -356,6 +381,7 @@ class TimedStep(ThinkerStepModel):
 
 
 def build_ours(cfg: ThinkerConfig, seed: int) -> tuple[ThinkerLM, VisionEncoder]:
+    """Both modules in float32, filled as the reference fills its own (cast later: ``cast``)."""
     cpu = torch.device("cpu")
     lm = construct(lambda: ThinkerLM(cfg.text), cpu, torch.float32)
     for name, param in lm.named_parameters():
@@ -364,6 +390,12 @@ def build_ours(cfg: ThinkerConfig, seed: int) -> tuple[ThinkerLM, VisionEncoder]
     for name, param in vision.named_parameters():
         runner.fill_parameter("visual." + name, param.data, seed)
     return lm, vision
+
+
+def cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Parameters to ``dtype``, buffers (rotary tables) kept, as the stages' loader builds them."""
+    for param in module.parameters():
+        param.data = param.data.to(dtype)
 
 
 def check_same_weights(
@@ -423,8 +455,9 @@ async def image_ttft(
     started = time.perf_counter()
 
     def encode() -> tuple[torch.Tensor, list[torch.Tensor]]:  # the image_encoder stage's work
+        pixels = inputs.pixel_values.to(next(vision.parameters()).dtype)  # as the stage does
         with torch.inference_mode():
-            return vision(inputs.pixel_values, torch.tensor([inputs.grid]))
+            return vision(pixels, torch.tensor([inputs.grid]))
 
     embeds, deepstack = await anyio.to_thread.run_sync(encode)
     encoded = time.perf_counter()
@@ -470,7 +503,7 @@ async def measure_ours(
         cfg.text,
         eos_ids=set(),  # exactly new_tokens per request, as the reference (EOS off)
         device=torch.device("cpu"),
-        dtype=torch.float32,
+        dtype=lm.model.embed_tokens.weight.dtype,
         timers=timers,
     )
     longest = max(len(inputs.image_ids), *(len(p) for p in inputs.prompts)) + new_tokens
@@ -480,7 +513,9 @@ async def measure_ours(
     engine = create_engine(step, settings, device="cpu")
     result = Ours(label)
     try:
+        step.reads = StepReads(lm)  # the warm-up's first decode step (concurrency 1) counts
         await run_level(engine, [inputs.warmup], 3, f"{label}-warmup")
+        result.step_bytes = step.read_bytes
         for count in levels:
             timers.reset()
             level = await run_level(engine, inputs.prompts[:count], new_tokens, label)
@@ -501,6 +536,7 @@ async def measure_ours(
     finally:
         await engine.aclose()
     result.threads_in_engine = step.threads
+    result.dtype = lm.model.embed_tokens.weight.dtype
     return result
 
 
@@ -537,6 +573,36 @@ def same_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def report_limit(
+    runs: list[Ours], cfg: ThinkerConfig, bandwidth: Bandwidth, prompt: int, new_tokens: int
+) -> None:
+    """Each of our runs' decode step at concurrency 1 against the memory-bandwidth limit."""
+    text = cfg.text
+    print(
+        "\nour decode step at concurrency 1 vs the memory-bandwidth limit (weights counted op by "
+        "op in one step: attention, the routed experts, the LM head, one embedding row; KV at "
+        "the mean cached length):"
+    )
+    for run in runs:
+        one = next((lv for lv in run.levels if lv.concurrency == 1), None)
+        if one is None or not run.step_bytes:
+            print(f"  {run.label}: no concurrency-1 level measured")
+            continue
+        kv = kv_bytes(
+            text.num_hidden_layers,
+            text.num_key_value_heads,
+            text.head_dim,
+            prompt + (new_tokens - 1) / 2,
+            run.dtype,
+        )
+        print("  " + limit_line(run.label, run.step_bytes, kv, one.step_s(), bandwidth))
+        floor_s = (run.step_bytes + kv) / (bandwidth.gb_s * 1e9)
+        print(
+            f"    (at the median step, {one.median_step_s() * 1e3:.1f} ms: "
+            f"{100 * floor_s / one.median_step_s():.0f}%)"
+        )
 
 
 def report_ours(runs: list[Ours], new_tokens: int, prompt: int) -> None:
@@ -669,6 +735,26 @@ def main() -> int:
     )
     parser.add_argument("--profile", action="store_true", help="profile our decode steps")
     parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="our weights' dtype, the thinker stage's factory.dtype (bfloat16: fast on CPUs with "
+        "AMX / AVX512-BF16; oneDNN packing is float32's, so --ours is ignored)",
+    )
+    parser.add_argument(
+        "--quantization",
+        choices=("none", "int8"),
+        default="none",
+        help="the thinker stage's factory.quantization: int8 weight-only linear layers, experts "
+        "included, the LM head not (needs --dtype bfloat16)",
+    )
+    parser.add_argument(
+        "--reference-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the dtype the reference's thinker runs in (cast after filling, rotary tables kept)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="a tiny thinker, 4 new tokens at concurrency 1 and 2, ours alone: checks the "
@@ -690,6 +776,13 @@ def main() -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or not variants:
         parser.error(f"--ours: unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    try:  # what the stage's loader does with factory.dtype
+        dtype = torch_dtype(args.dtype, "cpu")
+    except PrecisionError as exc:
+        parser.error(f"--dtype {args.dtype}: {exc.message} ({exc.hint})")
+    problem = quantization_problem(args.quantization, dtype, torch.device("cpu"))
+    if problem is not None:
+        parser.error(f"--quantization {args.quantization}: {problem}")
     if not args.smoke and not args.reference_python.exists():
         print(
             f"skipped: no reference environment at {args.reference_python} (set "
@@ -712,7 +805,8 @@ def main() -> int:
         f"Qwen3-OMNI thinker at {width} width, "
         f"{args.layers} of 48 layers, vision "
         f"{args.vision_depth} of 27 blocks ({len(parts['vision']['deepstack_visual_indexes'])} "
-        f"deepstack), float32 on cpu, {args.threads} torch thread(s); image "
+        f"deepstack), ours {args.dtype} (quantization {args.quantization}), reference "
+        f"{args.reference_dtype}, on cpu, {args.threads} torch thread(s); image "
         f"{args.image}x{args.image} -> grid {inputs.grid}, {len(inputs.image_ids)} prompt tokens"
     )
     job = {
@@ -723,7 +817,10 @@ def main() -> int:
         "levels": levels,
         "new_tokens": args.new_tokens,
         "ttft_repeats": args.repeats,
+        "dtype": args.reference_dtype,
     }
+    limit_size = (16, 1) if args.smoke else (512, 10)  # MB, passes
+    bandwidth = read_bandwidth(*limit_size)
     reference = None
     if not args.smoke:
         with tempfile.TemporaryDirectory(prefix="omni-thinker-bench-") as tmp:
@@ -748,6 +845,15 @@ def main() -> int:
     )
     if not packing_available():
         variants = ["dense"]
+    names = {variant: f"ours {variant}" for variant in VARIANTS}
+    if dtype != torch.float32:  # oneDNN packs float32 weights only: one layout to measure
+        variants = ["dense"]
+        names["dense"] = "ours int8" if args.quantization == "int8" else "ours bf16"
+        cast(lm, dtype)
+        cast(vision, dtype)
+    # int8 weight-only layers, experts included, as the thinker stage does (after packing,
+    # which only float32 weights take)
+    quantized = apply_quantization(lm, args.quantization, stage="thinker")
     runs, packed = [], 0
     for variant in VARIANTS:  # dense first: packing happens in place and cannot be undone
         if variant not in variants:
@@ -760,7 +866,7 @@ def main() -> int:
         runs.append(
             anyio.run(
                 measure_ours,
-                f"ours {variant}",
+                names[variant],
                 lm,
                 vision,
                 cfg,
@@ -772,14 +878,18 @@ def main() -> int:
             )
         )
     print(
-        f"ours: {packed} linear layers packed for oneDNN in all; torch threads in the engine's "
+        f"ours: {packed} linear layers packed for oneDNN in all, {quantized} int8; torch threads "
+        f"in the engine's "
         f"worker: {runs[-1].threads_in_engine}; peak memory "
         f"{gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}"
     )
+    del lm, vision  # the limit is measured again with the memory free, the higher one kept
+    bandwidth = best(bandwidth, read_bandwidth(*limit_size))
     if reference is None:
         report_ours(runs, args.new_tokens, args.prompt)
     else:
         report(reference, runs, args.layers, args.new_tokens, args.prompt)
+    report_limit(runs, cfg, bandwidth, args.prompt, args.new_tokens)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     return 0
 

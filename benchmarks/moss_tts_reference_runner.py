@@ -10,6 +10,8 @@ release's layout) the release's way -- ``AutoProcessor.from_pretrained``
 ``AutoModel.from_pretrained`` (``MossTTSDelayModel``), both as remote code
 from the checkpoint, float32 -- and checks that every tensor of both models
 equals the file's (nothing missing, nothing left over, nothing re-initialised).
+With the job's ``dtype`` ``bfloat16`` the model's parameters are then cast to
+bfloat16 (the codec stays float32).
 
 Then for each concurrency N of the job it does what the release offers for N
 requests: one ``generate`` over N conversations (its processor left-pads
@@ -131,6 +133,12 @@ def main() -> None:
     dtypes = {p.dtype for p in model.parameters()} | {p.dtype for p in codec.parameters()}
     if dtypes != {torch.float32}:
         raise AssertionError(f"expected float32 weights, got {dtypes}")
+    if job.get("dtype", "float32") == "bfloat16":
+        # After the equality check (the files are float32). Parameters only: buffers such
+        # as the rotary tables stay float32, as from_pretrained in bfloat16 leaves them;
+        # the codec stays float32.
+        for param in model.parameters():
+            param.data = param.data.to(torch.bfloat16)
     load_s = time.perf_counter() - started
     loaded_memory = memory_gb()
 
@@ -219,6 +227,7 @@ def main() -> None:
                 "transformers": transformers.__version__,
                 "torch": torch.__version__,
                 "attn_implementation": model.config._attn_implementation,
+                "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
                 "tensors": tensors,
                 "load_s": load_s,
                 "memory_gb": {"loaded": loaded_memory, "end": memory_gb()},

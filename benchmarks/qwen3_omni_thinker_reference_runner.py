@@ -11,7 +11,9 @@ It builds transformers' ``Qwen3OmniMoeThinkerForConditionalGeneration`` from
 the job's sizes (sdpa attention, float32, parameter init switched off), fills
 every parameter with :func:`fill_parameter` (a generator seeded by the
 parameter's name: the same values on both sides without writing ~7 GB to
-disk), and records for the benchmark:
+disk), casts the parameters to the job's ``dtype`` if it is ``bfloat16``
+(buffers such as the rotary tables stay float32, as ``from_pretrained`` in
+bfloat16 leaves them), and records for the benchmark:
 
 * ``manifest``: name, shape and float64 sum of every parameter of ``model.``,
   ``lm_head.`` and ``visual.`` (the benchmark checks that its own modules have
@@ -166,6 +168,9 @@ def main() -> None:
         fill_parameter(name, param.data, int(job["seed"]))
         if name.startswith(COMPARED):
             manifest[name] = [list(param.shape), checksum(param.data)]
+    if job.get("dtype", "float32") == "bfloat16":  # after the manifest: sums of float32 values
+        for param in model.parameters():
+            param.data = param.data.to(torch.bfloat16)
     build_s = time.perf_counter() - started
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -228,6 +233,7 @@ def main() -> None:
         first_token = int(tokens[0, 0])
     result = {
         "threads": torch.get_num_threads(),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "build_s": build_s,
         "manifest": manifest,
         "levels": levels,

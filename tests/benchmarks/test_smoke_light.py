@@ -6,6 +6,7 @@ too), each in a fresh interpreter with pytest unimportable: see conftest.py.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -52,3 +53,29 @@ def test_the_harness_imports_without_pytest_and_testing_re_exports_it(
 
     for name in ("LiveServer", "PlannedDeployment", "plan_on_cpu", "short_private_dir"):
         assert getattr(testing, name) is getattr(harness, name)
+
+
+def test_thinker_and_moss_run_in_bf16_with_int8_and_print_the_bandwidth_limit(run_smoke) -> None:
+    """``--dtype bfloat16 --quantization int8``: the stages' factory settings, the limit printed."""
+    thinker = run_smoke(
+        "bench_qwen3_omni_thinker.py", "--dtype", "bfloat16", "--quantization", "int8"
+    )
+    thinker.check()
+    assert "ours int8" in thinker.stdout, thinker.stdout
+    assert re.search(r"\d+ int8;", thinker.stdout) and " 0 int8;" not in thinker.stdout
+    moss = run_smoke("bench_moss_tts.py", "--dtype", "bfloat16", "--quantization", "int8")
+    moss.check()
+    assert "bfloat16, quantization int8" in moss.stdout, moss.stdout
+    for ran in (thinker, moss):
+        assert re.search(
+            r"reads \d+\.\d+ GB of weights \+ \d+\.\d+ MB of KV per step; at the limit "
+            r"\(\d+\.\d+ GB/s.*measured step \d+\.\d+ ms: \d+% of the memory-bandwidth limit",
+            ran.stdout,
+        ), ran.stdout
+
+
+def test_int8_without_bf16_is_a_usage_error(run_smoke) -> None:
+    """int8 weight-only layers compute in bf16: float32 with int8 exits 2 and says what to set."""
+    done = run_smoke("bench_moss_tts.py", "--quantization", "int8")
+    assert done.returncode == 2, done.stderr
+    assert "--quantization int8" in done.stderr and 'factory.dtype = "bfloat16"' in done.stderr

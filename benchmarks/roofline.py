@@ -1,0 +1,205 @@
+"""A decode step's bytes against the machine's memory-bandwidth limit (shared by benchmarks).
+
+Why: decoding at small batch sizes multiplies a few rows by every weight it
+touches, so a step cannot be faster than the bytes it reads over the rate
+at which memory delivers them. Benchmarks print both, and the percentage of
+that limit a measured step reaches, so that a figure says how far a step is
+from what the hardware allows, not only how it compares with a peer.
+
+* :func:`read_bandwidth`: the limit, measured here with the caller's torch
+  threads: the faster of a plain ``sum`` and a float32 matrix-vector product
+  over a buffer far larger than the caches (best of ten passes; scripts
+  measure at the start and at the end of a run and keep the higher,
+  :func:`best`);
+* :class:`StepReads`: the bytes of weights one step actually reads, counted
+  op by op (a torch dispatch mode, entered in the thread that runs the step):
+  every operand that is one of the given modules' parameters, buffers or
+  tensor attributes (oneDNN-packed weights, int8 weights and scales) counts
+  with the bytes of the view the op reads, once per step; a gather
+  (``embedding``, ``index_select``, indexing) counts the rows it returns, not
+  the table. So a mixture of experts counts the experts it ran, an output
+  head scored on two rows counts two rows, and the dtype is whatever the
+  weights are stored in;
+* :func:`kv_bytes`: the KV cache a step reads, from the model's shapes;
+* :func:`limit_line`: the printed line.
+
+Not a module of its own benchmark (no ``bench_`` prefix: the smoke tests'
+glob skips it); the scripts import it from their own directory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+# Ops that read only the rows they return from their first (table) operand.
+GATHERS = frozenset(
+    {
+        "aten::embedding",
+        "aten::index_select",
+        "aten::index",
+        "aten::gather",
+        "aten::take",
+        "aten::embedding_bag",
+        "aten::_embedding_bag",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """The measured limit: GB/s (1e9 bytes), with how and with how many threads."""
+
+    gb_s: float
+    how: str
+    threads: int
+
+
+def read_bandwidth(megabytes: int = 512, passes: int = 10) -> Bandwidth:
+    """How fast this process streams ``megabytes`` of float32 from memory, in GB/s.
+
+    The faster of two reads of the same buffer (a ``sum``, and a matrix-vector
+    product as a decode step's linear layers do), each the best of ``passes``
+    after a warm-up pass, with the torch threads the caller set. The buffer
+    must be far larger than the last-level cache for the figure to be the
+    memory's (512 MB is; ``--smoke`` runs pass a few MB and get the cache's).
+    """
+    columns = 4096
+    rows = max(1, megabytes * (1 << 20) // (4 * columns))
+    big = torch.ones(rows, columns)
+    x = torch.ones(1, columns)
+    size = big.numel() * big.element_size()
+
+    def best(run: Any) -> float:
+        run()
+        fastest = float("inf")
+        for _ in range(passes):
+            started = time.perf_counter()
+            run()
+            fastest = min(fastest, time.perf_counter() - started)
+        return size / fastest / 1e9
+
+    with torch.inference_mode():
+        rates = {
+            "sum": best(big.sum),
+            "float32 matrix-vector": best(lambda: F.linear(x, big)),
+        }
+    how = max(rates, key=lambda k: rates[k])
+    return Bandwidth(rates[how], how, torch.get_num_threads())
+
+
+def best(*measured: Bandwidth) -> Bandwidth:
+    """The highest of several measurements (taken at the start and the end of a run, say).
+
+    On a shared machine a measurement can only come out too low (another
+    process took the memory or the cores for a while), never too high.
+    """
+    return max(measured, key=lambda b: b.gb_s)
+
+
+def _weight_tensors(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    for root in modules:
+        for module in root.modules():
+            found.extend(module.parameters(recurse=False))
+            found.extend(module.buffers(recurse=False))
+            # tensors held as plain attributes, such as a oneDNN-packed weight
+            found.extend(v for v in vars(module).values() if isinstance(v, torch.Tensor))
+    return found
+
+
+def _storage_key(tensor: torch.Tensor) -> int | None:
+    if tensor.is_mkldnn or tensor.device.type == "meta":
+        return None
+    return tensor.untyped_storage().data_ptr()
+
+
+class StepReads(TorchDispatchMode):
+    """Counts the bytes of the given modules' weights that the ops run inside it read.
+
+    Use: ``reads = StepReads(model)``, then ``with reads: step()`` in the
+    thread that runs the step (dispatch modes are per thread); ``reads.bytes``
+    holds the total of the latest ``with`` block. A weight read twice in a
+    step (the same view) counts once. It slows the ops inside it a little
+    (each one passes through Python), so count a step outside the timed ones
+    where one can.
+    """
+
+    def __init__(self, *modules: nn.Module):
+        super().__init__()
+        tensors = _weight_tensors(modules)
+        self._storages = {k for t in tensors if (k := _storage_key(t)) is not None}
+        self._packed = {id(t) for t in tensors if t.is_mkldnn}
+        self.bytes = 0
+        self._seen: set[tuple[Any, ...]] = set()
+
+    def __enter__(self) -> StepReads:
+        self.bytes, self._seen = 0, set()
+        super().__enter__()
+        return self
+
+    def _is_weight(self, tensor: torch.Tensor) -> bool:
+        if tensor.is_mkldnn:
+            return id(tensor) in self._packed
+        return _storage_key(tensor) in self._storages
+
+    def _count(self, tensor: torch.Tensor, nbytes: int) -> None:
+        if tensor.is_mkldnn:
+            key: tuple[Any, ...] = ("packed", id(tensor))
+        else:
+            key = (
+                tensor.untyped_storage().data_ptr(),
+                tensor.storage_offset(),
+                tuple(tensor.shape),
+                tuple(tensor.stride()),
+                nbytes,
+            )
+        if key not in self._seen:
+            self._seen.add(key)
+            self.bytes += nbytes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if getattr(func, "is_view", False):
+            return out  # a view reads nothing; the op that uses it does
+        name = func._schema.name
+        operands = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if name in GATHERS and operands:
+            table = operands[0]
+            if self._is_weight(table):
+                rows = sum(o.numel() for o in tree_leaves(out) if isinstance(o, torch.Tensor))
+                self._count(table, min(rows, table.numel()) * table.element_size())
+            operands = operands[1:]
+        for tensor in operands:
+            if self._is_weight(tensor):
+                self._count(tensor, tensor.numel() * tensor.element_size())
+        return out
+
+
+def kv_bytes(
+    layers: int, kv_heads: int, head_dim: int, positions: float, dtype: torch.dtype
+) -> float:
+    """Bytes of keys and values one sequence's step reads at ``positions`` cached positions."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2.0 * layers * kv_heads * head_dim * positions * element
+
+
+def limit_line(label: str, weight_bytes: float, kv: float, step_s: float, limit: Bandwidth) -> str:
+    """``label: reads X GB (weights) + Y MB (KV) per step; limit Z GB/s -> T ms; step S ms: P%``."""
+    total = weight_bytes + kv
+    floor_s = total / (limit.gb_s * 1e9)
+    return (
+        f"{label}: reads {weight_bytes / 1e9:.3f} GB of weights + {kv / 1e6:.2f} MB of KV per "
+        f"step; at the limit ({limit.gb_s:.1f} GB/s, {limit.how}, {limit.threads} thread(s)) "
+        f"{floor_s * 1e3:.1f} ms; measured step {step_s * 1e3:.1f} ms: "
+        f"{100 * floor_s / step_s:.0f}% of the memory-bandwidth limit"
+    )

@@ -1,0 +1,105 @@
+"""``benchmarks/roofline.py``: the bytes a step reads, counted op by op, and the limit's figures.
+
+The counts are checked against sizes worked out by hand from the layers'
+shapes (no timing: nothing here depends on the machine's speed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from torch import nn
+
+from omni_core.engine.cpu_linear import PackedLinear, packing_available
+from omni_core.engine.quantize import Int8Linear
+
+ROOFLINE = Path(__file__).resolve().parents[2] / "benchmarks" / "roofline.py"
+
+
+@pytest.fixture(scope="module")
+def roofline() -> Iterator[ModuleType]:
+    """The scripts' helper, loaded by path (``benchmarks/`` is not a package)."""
+    name = "benchmarks_roofline_under_test"
+    spec = importlib.util.spec_from_file_location(name, ROOFLINE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_a_step_counts_the_weights_it_touches_once_and_the_rows_it_gathers(roofline):
+    torch.manual_seed(0)
+    table = nn.Embedding(100, 16)
+    dense = nn.Linear(16, 8)
+    experts = nn.ModuleList(nn.Linear(16, 16, bias=False) for _ in range(4))
+    unused = nn.Linear(16, 16)
+    model = nn.ModuleDict({"table": table, "dense": dense, "experts": experts, "unused": unused})
+    reads = roofline.StepReads(model)
+    with torch.inference_mode(), reads:
+        x = table(torch.tensor([[3, 7, 3]]))  # three rows gathered, not the whole table
+        dense(x)
+        dense(x)  # the same weight twice in a step: once
+        experts[2](x)  # one expert of four
+        dense.weight[:2].sum()  # a slice reads only its rows
+    rows = 3 * 16 * 4
+    expected = rows + (16 * 8 + 8) * 4 + 16 * 16 * 4 + 2 * 16 * 4
+    assert reads.bytes == expected
+    with reads:  # a new block starts from zero
+        experts[0](torch.ones(1, 16))
+    assert reads.bytes == 16 * 16 * 4
+
+
+def test_int8_and_packed_layers_count_their_own_bytes_in_the_thread_that_runs_them(roofline):
+    quantized = Int8Linear(nn.Linear(64, 32).to(torch.bfloat16))
+    layers: dict[str, nn.Module] = {"int8": quantized}
+    packed_bytes = 0
+    if packing_available():
+        layers["packed"] = PackedLinear(nn.Linear(64, 32, bias=False))
+        packed_bytes = 64 * 32 * 4
+    reads = roofline.StepReads(nn.ModuleDict(layers))
+    counted: list[int] = []
+
+    def step() -> None:  # dispatch modes are per thread: the engine runs steps in a worker
+        with torch.inference_mode(), reads:
+            quantized(torch.ones(1, 64, dtype=torch.bfloat16))
+            if "packed" in layers:
+                layers["packed"](torch.ones(1, 64))
+        counted.append(reads.bytes)
+
+    worker = threading.Thread(target=step)
+    worker.start()
+    worker.join()
+    # int8 weights, bf16 per-channel scales and bias
+    assert counted == [64 * 32 + 32 * 2 + 32 * 2 + packed_bytes]
+    with reads:  # in this thread, nothing ran: nothing counted
+        pass
+    assert reads.bytes == 0
+
+
+def test_kv_bytes_and_the_printed_percentage(roofline):
+    assert roofline.kv_bytes(2, 4, 128, 10, torch.bfloat16) == 2 * 2 * 4 * 128 * 10 * 2
+    limit = roofline.Bandwidth(gb_s=10.0, how="sum", threads=1)
+    line = roofline.limit_line("ours", 1e9, 0.0, 0.2, limit)  # 1 GB at 10 GB/s: 100 ms of 200
+    assert "1.000 GB of weights" in line
+    assert "100.0 ms" in line and "200.0 ms" in line
+    assert "50% of the memory-bandwidth limit" in line
+    low, high = limit, roofline.Bandwidth(gb_s=12.0, how="sum", threads=1)
+    assert roofline.best(low, high) is high
+
+
+def test_read_bandwidth_reports_a_rate_with_the_threads_in_use(roofline):
+    measured = roofline.read_bandwidth(megabytes=4, passes=1)
+    assert measured.gb_s > 0
+    assert measured.threads == torch.get_num_threads()
+    assert measured.how in ("sum", "float32 matrix-vector")
