@@ -24,14 +24,9 @@ class SpeechTokenizer(nn.Module):
         self.cfg = cfg
         self.encoder = Encoder(cfg.encoder)
         self.decoder = Decoder(cfg.decoder)
-
-    @property
-    def samples_per_frame(self) -> int:
-        return self.cfg.decode_upsample_rate
-
-    @property
-    def sample_rate(self) -> int:
-        return self.cfg.output_sample_rate
+        # What the streaming vocoder reads of any codec: output rate, samples per code frame.
+        self.samples_per_frame: int = cfg.decode_upsample_rate
+        self.sample_rate: int = cfg.output_sample_rate
 
     @torch.no_grad()
     def encode(self, wav: torch.Tensor) -> torch.Tensor:
