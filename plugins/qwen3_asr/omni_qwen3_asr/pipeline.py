@@ -40,7 +40,9 @@ class PreprocessingArgs(FactoryArgs):
 
 
 class ASRArgs(TypedWeightArgs):
-    pass
+    # requests whose clips the audio tower encodes in one call: those arriving while a
+    # call runs join the next one (a lone request never waits)
+    encoder_max_batch_size: int = Field(default=8, ge=1)
 
 
 class AlignArgs(FactoryArgs):

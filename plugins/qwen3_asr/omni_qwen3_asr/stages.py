@@ -30,6 +30,7 @@ from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import SamplingParams
 from omni_core.engine.prompt import EmbeddedPrompt
+from omni_core.kit.batching import Coalescer
 from omni_core.kit.stages import EngineContext, engine_factory, torch_device
 from omni_qwen3_omni.detokenize import Detokenizer
 from omni_qwen3_omni.thinker.step import ThinkerStepModel
@@ -47,35 +48,55 @@ if sys.version_info < (3, 11):  # pragma: no cover
 
 
 class ASR:
-    """Encodes the clip, then runs the prompt on the engine and streams the token ids."""
+    """Encodes the clip, then runs the prompt on the engine and streams the token ids.
 
-    def __init__(self, engine: Any, encoder: Any, device: str):
+    The tower encodes the clips of concurrent requests in one call
+    (``factory.encoder_max_batch_size`` requests at most; those that arrive
+    while a call runs join the next, :mod:`omni_core.kit.batching`), as the
+    release's backends encode a batch; a long clip's pieces go in one call.
+    """
+
+    def __init__(self, engine: Any, encoder: Any, device: str, encoder_max_batch_size: int = 8):
         self.engine, self.encoder = engine, encoder
         self.device = torch.device(device)
         self.dtype = next(encoder.parameters()).dtype
-        self.limiter = anyio.CapacityLimiter(1)
+        self.coalescer = Coalescer(self._encode_batch, encoder_max_batch_size)
+
+    def _encode_batch(self, requests: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+        """Each request's mels (a clip, or a long clip's pieces) to rows, in one tower call."""
+        mels = [mel.to(self.device, self.dtype) for mels in requests for mel in mels]
+        with torch.inference_mode():
+            rows = list(self.encoder(mels))
+        out, at = [], 0
+        for mels in requests:
+            out.append(rows[at : at + len(mels)])
+            at += len(mels)
+        return out
 
     def _encode(self, mel: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode():
-            (rows,) = self.encoder([mel.to(self.device, self.dtype)])
-        return rows
+        """One clip alone, in this thread (tests compare the tower's rows this way)."""
+        return self._encode_batch([[mel]])[0][0]
 
-    async def _prompt(self, ids: list[int], mel: torch.Tensor, audio_id: int) -> EmbeddedPrompt:
-        """The prompt with the clip's rows spliced in at its audio placeholders."""
-        rows = await anyio.to_thread.run_sync(self._encode, mel, limiter=self.limiter)
-        index = torch.tensor([i for i, t in enumerate(ids) if t == audio_id])
-        if index.numel() != rows.shape[0]:
-            raise RuntimeError(
-                f"the prompt holds {index.numel()} audio placeholders for {rows.shape[0]} rows"
-            )
-        return EmbeddedPrompt(ids, embeddings=rows, embedding_index=index)
+    async def _prompts(
+        self, ids: list[list[int]], mels: list[torch.Tensor], audio_id: int
+    ) -> list[EmbeddedPrompt]:
+        """The prompts with each clip's rows spliced in at its audio placeholders."""
+        prompts = []
+        for tokens, rows in zip(ids, await self.coalescer.submit(mels), strict=True):
+            index = torch.tensor([i for i, t in enumerate(tokens) if t == audio_id])
+            if index.numel() != rows.shape[0]:
+                raise RuntimeError(
+                    f"the prompt holds {index.numel()} audio placeholders for {rows.shape[0]} rows"
+                )
+            prompts.append(EmbeddedPrompt(tokens, embeddings=rows, embedding_index=index))
+        return prompts
 
     async def run(self, request: Any) -> dict[str, Any]:
         data = request.data
         if "pieces" in data:
             return await self._run_pieces(request, data)
         ids = list(data["token_ids"])
-        prompt = await self._prompt(ids, data["mel"], data["audio_token_id"])
+        (prompt,) = await self._prompts([ids], [data["mel"]], data["audio_token_id"])
         align = data["mel"] if data.get("words") else None  # the clip, for the aligner
         header = {"language": data.get("language"), "prompt_tokens": len(ids), "align": align}
         await request.emit(header)
@@ -92,10 +113,11 @@ class ASR:
     async def _run_pieces(self, request: Any, data: dict[str, Any]) -> dict[str, Any]:
         """Every piece its own sequence, enqueued together; tokens emitted in piece order."""
         pieces = data["pieces"]
-        prompts = [
-            await self._prompt(list(p["token_ids"]), p["mel"], data["audio_token_id"])
-            for p in pieces
-        ]
+        prompts = await self._prompts(
+            [list(p["token_ids"]) for p in pieces],
+            [p["mel"] for p in pieces],
+            data["audio_token_id"],
+        )
         sampling = SamplingParams(**data["sampling"])
         queues = [anyio.create_memory_object_stream[int](math.inf) for _ in pieces]
         reasons: list[str] = ["stop"] * len(pieces)
@@ -155,7 +177,9 @@ def _first_request_error(group: BaseExceptionGroup) -> RequestError | None:
 
 
 @engine_factory("asr")
-def create_asr(engine: EngineContext, pack_weights: bool = True) -> ASR:
+def create_asr(
+    engine: EngineContext, pack_weights: bool = True, encoder_max_batch_size: int = 8
+) -> ASR:
     from omni_qwen3_omni.chat import ChatPrompter
 
     device = engine.device
@@ -173,7 +197,8 @@ def create_asr(engine: EngineContext, pack_weights: bool = True) -> ASR:
         device=torch.device(device),
         dtype=model.lm.model.embed_tokens.weight.dtype,
     )
-    return ASR(create_engine(step, engine.settings, device=device), model.encoder, device)
+    decoder = create_engine(step, engine.settings, device=device)
+    return ASR(decoder, model.encoder, device, encoder_max_batch_size)
 
 
 class Decode:

@@ -213,3 +213,37 @@ def test_the_aligner_path_is_checked_before_any_process_starts(plugins, short_tm
     with pytest.raises(ConfigError) as preset:
         plan_on_cpu(plugins, short_tmp, deploy=DEMO, flags=flags)
     assert 'needs factory.aligner_load_format = "dummy"' in preset.value.render()
+
+
+def test_concurrent_clips_share_tower_calls_and_get_their_own_rows() -> None:
+    """factory.encoder_max_batch_size: clips arriving while the tower runs join its next call."""
+    import anyio
+    import numpy as np
+
+    from omni_qwen3_asr.stages import ASR
+    from omni_qwen3_omni.audio.mel import audio_token_count
+
+    model = load_model("tiny", "dummy", "float32", "cpu", 0)
+    asr = ASR(engine=None, encoder=model.encoder, device="cpu", encoder_max_batch_size=2)
+    rng = np.random.default_rng(0)
+    mels = [
+        torch.from_numpy(rng.standard_normal((128, frames)).astype(np.float32))
+        for frames in (150, 370, 60, 1031)
+    ]
+    audio_id = 7
+    ids = [[1, *[audio_id] * audio_token_count(int(m.shape[-1])), 2] for m in mels]
+    prompts: dict[int, object] = {}
+
+    async def one(i: int) -> None:
+        (prompts[i],) = await asr._prompts([ids[i]], [mels[i]], audio_id)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for i in range(len(mels)):
+                tg.start_soon(one, i)
+
+    anyio.run(main)
+    assert asr.coalescer.batch_sizes == [1, 2, 1]  # the first alone, then by twos
+    for i, mel in enumerate(mels):
+        torch.testing.assert_close(prompts[i].embeddings, asr._encode(mel), atol=1e-5, rtol=1e-5)
+        assert prompts[i].embedding_index.tolist() == list(range(1, len(ids[i]) - 1))
