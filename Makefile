@@ -27,6 +27,8 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	$(BIN)/pip install $(PIP_QUIET) torch==2.13.0
 	$(BIN)/pip install $(PIP_QUIET) -e ".[test,gpu,audio,ray]" $(addprefix -e ,$(PLUGINS)) openai
+	# Japanese word timings' splitter (omni-qwen3-asr[ja], ~80 MB), so its tests run here too
+	$(BIN)/pip install $(PIP_QUIET) -e "plugins/qwen3_asr[ja]"
 	$(BIN)/python -m compileall -q omni_core $(foreach p,$(PLUGINS),$(p)/omni_*)
 	touch $(STAMP)
 	@echo "installed: $(BIN)/omni (try: $(BIN)/omni plugins list)"
