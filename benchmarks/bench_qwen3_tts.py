@@ -32,6 +32,12 @@ tokenizer files, weights seeded by our ``dummy`` loader) and measures:
   Without that environment the baseline is our own plain sequential
   ``Qwen3TTSModel.generate`` + full decode, and the output says so.
 
+Also our frame at concurrency 1 against the memory-bandwidth limit
+(``roofline.py``): the bytes of weights one decode call reads (the talker
+once, the code predictor 15 times), counted op by op in the dtype used, plus
+the KV caches, over the limit measured with the same threads at the start
+and the end (the higher kept), as a percentage of the mean decode call.
+
 Every request makes exactly ``--frames`` frames: EOS is banned until then
 (``min_new_tokens`` in our generation_config.json; the reference's hard-coded
 ``min_new_tokens`` is overridden by its runner). Sampling is the release's
@@ -56,6 +62,7 @@ from typing import Any
 
 import anyio
 import torch
+from roofline import Bandwidth, DecodeWatch, best, kv_bytes, limit_line, read_bandwidth
 
 from omni_core.engine.cpu_linear import pack_linear_weights
 from omni_core.engine.interface import EngineSettings, SamplingParams
@@ -262,6 +269,9 @@ class Level:
     audio_s: float
     first_chunk_s: list[float]
     steps: int
+    decode_s: float = 0.0  # mean wall time of the model's decode call (one frame)
+    step_bytes: int = 0  # weights one decode call reads (roofline.StepReads)
+    positions: float = 0.0  # the talker's mean cached positions over the decode calls
 
     @property
     def throughput(self) -> float:
@@ -351,7 +361,20 @@ async def ours(
     )
     try:
         await run_level(engine, vocoder, requests(1, 2, offset=900))  # warm-up
-        return [await run_level(engine, vocoder, requests(c, frames, c * 10)) for c in levels]
+        results = []
+        for c in levels:
+            # at concurrency 1, every frame's decode call timed and the second one's bytes counted
+            watch = DecodeWatch(model, model.network) if c == 1 else None
+            try:
+                level = await run_level(engine, vocoder, requests(c, frames, c * 10))
+            finally:
+                if watch is not None:
+                    watch.close()
+            if watch is not None:
+                level.decode_s, level.step_bytes = watch.mean_s(), watch.bytes
+                level.positions = watch.mean_positions()
+            results.append(level)
+        return results
     finally:
         await engine.aclose()
 
@@ -447,6 +470,36 @@ def own_sequential(model: Qwen3TTSModel, batch: list[Request]) -> Baseline:
 
 
 # -- report -------------------------------------------------------------------------
+
+
+def report_limit(model: Qwen3TTSModel, levels: list[Level], bandwidth: Bandwidth) -> None:
+    """Our frame at concurrency 1 (the talker once, the code predictor 15 times) vs the limit."""
+    one = next((lv for lv in levels if lv.concurrency == 1 and lv.step_bytes), None)
+    if one is None:
+        return
+    talker, predictor = model.config.talker.transformer, model.config.talker.code_predictor
+    dtype = next(model.network.parameters()).dtype
+    kv = kv_bytes(
+        talker.num_hidden_layers,
+        talker.num_key_value_heads,
+        talker.head_dim,
+        one.positions,
+        dtype,
+    )
+    # the code predictor's 15 steps per frame over 2..16 cached positions
+    kv += kv_bytes(
+        predictor.num_hidden_layers,
+        predictor.num_key_value_heads,
+        predictor.head_dim,
+        sum(range(2, 17)),
+        dtype,
+    )
+    print(
+        "\nour frame at concurrency 1 vs the memory-bandwidth limit (weights counted op by op "
+        "in one decode call: the talker once, the code predictor 15 times; the time: the mean "
+        "decode call):"
+    )
+    print("  " + limit_line("ours", one.step_bytes, kv, one.decode_s, bandwidth))
 
 
 def report(levels: list[Level], baseline: Baseline, frames: int) -> None:
@@ -545,6 +598,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     levels = [int(c) for c in args.levels.split(",")]
     use_reference = not args.no_reference and args.reference_python.exists()
+    limit_size = (16, 1) if args.smoke else (512, 10)  # MB, passes
+    bandwidth = read_bandwidth(*limit_size)
 
     with tempfile.TemporaryDirectory(prefix="qwen3-tts-bench-") as tmp:
         root = Path(tmp)
@@ -582,6 +637,8 @@ def main() -> None:
             args.compile,
         )
         report(levels_run, baseline, args.frames)
+        if args.device == "cpu":  # the limit is the CPU's memory
+            report_limit(model, levels_run, best(bandwidth, read_bandwidth(*limit_size)))
 
 
 if __name__ == "__main__":

@@ -15,11 +15,15 @@ from what the hardware allows, not only how it compares with a peer.
   op by op (a torch dispatch mode, entered in the thread that runs the step):
   every operand that is one of the given modules' parameters, buffers or
   tensor attributes (oneDNN-packed weights, int8 weights and scales) counts
-  with the bytes of the view the op reads, once per step; a gather
+  with the bytes of the view the op reads, every time an op reads it (a
+  weight used again in the same step, such as Qwen3-TTS's code predictor run
+  15 times per frame, is read from memory again: it does not fit in the
+  caches); a gather
   (``embedding``, ``index_select``, indexing) counts the rows it returns, not
   the table. So a mixture of experts counts the experts it ran, an output
   head scored on two rows counts two rows, and the dtype is whatever the
   weights are stored in;
+* :class:`DecodeWatch`: a step model's ``decode`` calls timed, one counted;
 * :func:`kv_bytes`: the KV cache a step reads, from the model's shapes;
 * :func:`limit_line`: the printed line.
 
@@ -127,8 +131,8 @@ class StepReads(TorchDispatchMode):
 
     Use: ``reads = StepReads(model)``, then ``with reads: step()`` in the
     thread that runs the step (dispatch modes are per thread); ``reads.bytes``
-    holds the total of the latest ``with`` block. A weight read twice in a
-    step (the same view) counts once. It slows the ops inside it a little
+    holds the total of the latest ``with`` block. Every read counts, a weight
+    read twice in a step twice. It slows the ops inside it a little
     (each one passes through Python), so count a step outside the timed ones
     where one can.
     """
@@ -139,10 +143,9 @@ class StepReads(TorchDispatchMode):
         self._storages = {k for t in tensors if (k := _storage_key(t)) is not None}
         self._packed = {id(t) for t in tensors if t.is_mkldnn}
         self.bytes = 0
-        self._seen: set[tuple[Any, ...]] = set()
 
     def __enter__(self) -> StepReads:
-        self.bytes, self._seen = 0, set()
+        self.bytes = 0
         super().__enter__()
         return self
 
@@ -150,21 +153,6 @@ class StepReads(TorchDispatchMode):
         if tensor.is_mkldnn:
             return id(tensor) in self._packed
         return _storage_key(tensor) in self._storages
-
-    def _count(self, tensor: torch.Tensor, nbytes: int) -> None:
-        if tensor.is_mkldnn:
-            key: tuple[Any, ...] = ("packed", id(tensor))
-        else:
-            key = (
-                tensor.untyped_storage().data_ptr(),
-                tensor.storage_offset(),
-                tuple(tensor.shape),
-                tuple(tensor.stride()),
-                nbytes,
-            )
-        if key not in self._seen:
-            self._seen.add(key)
-            self.bytes += nbytes
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -177,12 +165,54 @@ class StepReads(TorchDispatchMode):
             table = operands[0]
             if self._is_weight(table):
                 rows = sum(o.numel() for o in tree_leaves(out) if isinstance(o, torch.Tensor))
-                self._count(table, min(rows, table.numel()) * table.element_size())
+                self.bytes += min(rows, table.numel()) * table.element_size()
             operands = operands[1:]
         for tensor in operands:
             if self._is_weight(tensor):
-                self._count(tensor, tensor.numel() * tensor.element_size())
+                self.bytes += tensor.numel() * tensor.element_size()
         return out
+
+
+class DecodeWatch:
+    """Times a step model's ``decode`` calls and counts the weight bytes of one of them.
+
+    Wraps ``model.decode`` with an instance attribute (the engine looks the
+    method up at every step) until :meth:`close`. Call ``count_at`` (0-based)
+    runs under :class:`StepReads` over ``modules`` and is left out of
+    ``seconds`` (counting slows it); every other call's wall time goes to
+    ``seconds`` and the first sequence's cached positions to ``positions``.
+    """
+
+    def __init__(self, model: Any, *modules: nn.Module, count_at: int = 1):
+        self.model = model
+        self.seconds: list[float] = []
+        self.positions: list[float] = []
+        self.bytes, self.calls = 0, 0
+        method = model.decode
+
+        def decode(sequences: Any, cache: Any) -> Any:
+            index, self.calls = self.calls, self.calls + 1
+            if index == count_at:
+                with StepReads(*modules) as reads:
+                    out = method(sequences, cache)
+                self.bytes = reads.bytes
+                return out
+            begin = time.perf_counter()
+            out = method(sequences, cache)
+            self.seconds.append(time.perf_counter() - begin)
+            self.positions.append(float(getattr(sequences[0], "cached", 0)))
+            return out
+
+        model.decode = decode
+
+    def close(self) -> None:
+        self.model.__dict__.pop("decode", None)
+
+    def mean_s(self) -> float:
+        return sum(self.seconds) / max(len(self.seconds), 1)
+
+    def mean_positions(self) -> float:
+        return sum(self.positions) / max(len(self.positions), 1)
 
 
 def kv_bytes(

@@ -38,7 +38,7 @@ def roofline() -> Iterator[ModuleType]:
         sys.modules.pop(name, None)
 
 
-def test_a_step_counts_the_weights_it_touches_once_and_the_rows_it_gathers(roofline):
+def test_a_step_counts_every_read_of_the_weights_it_touches_and_the_rows_it_gathers(roofline):
     torch.manual_seed(0)
     table = nn.Embedding(100, 16)
     dense = nn.Linear(16, 8)
@@ -49,11 +49,11 @@ def test_a_step_counts_the_weights_it_touches_once_and_the_rows_it_gathers(roofl
     with torch.inference_mode(), reads:
         x = table(torch.tensor([[3, 7, 3]]))  # three rows gathered, not the whole table
         dense(x)
-        dense(x)  # the same weight twice in a step: once
+        dense(x)  # the same weight again (a code predictor's steps): read again
         experts[2](x)  # one expert of four
         dense.weight[:2].sum()  # a slice reads only its rows
     rows = 3 * 16 * 4
-    expected = rows + (16 * 8 + 8) * 4 + 16 * 16 * 4 + 2 * 16 * 4
+    expected = rows + 2 * (16 * 8 + 8) * 4 + 16 * 16 * 4 + 2 * 16 * 4
     assert reads.bytes == expected
     with reads:  # a new block starts from zero
         experts[0](torch.ones(1, 16))

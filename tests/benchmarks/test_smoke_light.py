@@ -55,7 +55,7 @@ def test_the_harness_imports_without_pytest_and_testing_re_exports_it(
         assert getattr(testing, name) is getattr(harness, name)
 
 
-def test_thinker_and_moss_run_in_bf16_with_int8_and_print_the_bandwidth_limit(run_smoke) -> None:
+def test_model_benchmarks_run_in_bf16_with_int8_and_print_the_bandwidth_limit(run_smoke) -> None:
     """``--dtype bfloat16 --quantization int8``: the stages' factory settings, the limit printed."""
     thinker = run_smoke(
         "bench_qwen3_omni_thinker.py", "--dtype", "bfloat16", "--quantization", "int8"
@@ -66,7 +66,10 @@ def test_thinker_and_moss_run_in_bf16_with_int8_and_print_the_bandwidth_limit(ru
     moss = run_smoke("bench_moss_tts.py", "--dtype", "bfloat16", "--quantization", "int8")
     moss.check()
     assert "bfloat16, quantization int8" in moss.stdout, moss.stdout
-    for ran in (thinker, moss):
+    tts = run_smoke("bench_qwen3_tts.py", "--dtype", "bfloat16", "--quantization", "int8")
+    tts.check()
+    assert "our frame at concurrency 1 vs the memory-bandwidth limit" in tts.stdout, tts.stdout
+    for ran in (thinker, moss, tts):
         assert re.search(
             r"reads \d+\.\d+ GB of weights \+ \d+\.\d+ MB of KV per step; at the limit "
             r"\(\d+\.\d+ GB/s.*measured step \d+\.\d+ ms: \d+% of the memory-bandwidth limit",
