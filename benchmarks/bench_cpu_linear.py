@@ -16,7 +16,8 @@ Beside float32 (MKL's ``F.linear`` and the oneDNN-packed layer the CPU
 stages use) it times the two cheaper layouts ``factory.dtype`` and
 ``factory.quantization`` choose: bfloat16 ``F.linear`` (oneDNN, AMX where
 the CPU has it; a oneDNN-packed bf16 weight measured the same, so there is
-no bf16 packed layer) and ``Int8Linear`` (int8 weights, bf16 activations,
+no bf16 packed layer), ``RowLinear`` (the bf16 layer the CPU stages use: a
+lone row through ``torch.mv``) and ``Int8Linear`` (int8 weights, bf16 activations,
 ``aten._weight_int8pack_mm``). GB/s counts each layout's own bytes; the
 speed-up columns are against float32 MKL.
 """
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_core.engine.cpu_linear import PackedLinear, packing_available
+from omni_core.engine.cpu_linear import PackedLinear, RowLinear, packing_available
 from omni_core.engine.quantize import Int8Linear
 
 SHAPES = {"gate/up 1024->3072": (1024, 3072), "down 3072->1024": (3072, 1024)}
@@ -75,12 +76,16 @@ def main() -> None:
             dense = [nn.Linear(k, n, bias=False) for _ in range(args.layers)]
             packed = [PackedLinear(layer) for layer in dense]
             half = [layer.weight.detach().to(torch.bfloat16) for layer in dense]
+            routed = [nn.Linear(k, n, bias=False).to(torch.bfloat16) for _ in dense]
+            for layer in routed:
+                layer.__class__ = RowLinear  # what pack_linear_weights makes of a bf16 layer
             int8 = [Int8Linear(nn.Linear(k, n, bias=False).to(torch.bfloat16)) for _ in dense]
             elements = k * n / 1e9  # GB per byte of element size
             print(f"\n{label} ({elements * 4e3:.1f} MB per float32 weight), ms per layer (GB/s):")
             print(
                 f"{'rows':>5} {'fp32 MKL':>17} {'fp32 oneDNN':>17} {'bf16 F.linear':>17}"
-                f" {'int8 (bf16 x)':>17}   speed-up oneDNN / bf16 / int8"
+                f" {'bf16 RowLinear':>17} {'int8 (bf16 x)':>17}"
+                "   speed-up oneDNN / bf16 / bf16 row / int8"
             )
             weights = [d.weight for d in dense]
             for row_count in rows:
@@ -90,6 +95,7 @@ def main() -> None:
                     (x, lambda x, w: F.linear(x, w), weights),
                     (x, lambda x, p: p(x), packed),
                     (xb, lambda x, w: F.linear(x, w), half),
+                    (xb, lambda x, r: r(x), routed),
                     (xb, lambda x, q: q(x), int8),
                 ]
                 times = [
@@ -100,7 +106,7 @@ def main() -> None:
                     )
                     for x, call, items in runs
                 ]
-                sizes = (4, 4, 2, 1)
+                sizes = (4, 4, 2, 2, 1)
                 cells = [
                     f"{t * 1e3:>8.3f} ({elements * b / t:>5.1f})"
                     for t, b in zip(times, sizes, strict=True)

@@ -30,6 +30,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .cpu_linear import RowLinear
+
 DEFAULT_MIN_ELEMENTS = 1 << 20  # 2 MiB of bf16: beyond the per-core caches
 QUANTIZATIONS = ("none", "int8")
 
@@ -112,7 +114,7 @@ def quantize_linear_weights(
         (parent, name, child)
         for prefix, parent in module.named_modules()
         for name, child in parent.named_children()
-        if type(child) is nn.Linear
+        if type(child) in (nn.Linear, RowLinear)
         and child.weight.dtype in (torch.bfloat16, torch.float16)
         and child.weight.device.type == "cpu"
         and not is_head(f"{prefix}.{name}" if prefix else name)

@@ -9,7 +9,9 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from omni_core.engine.cpu_linear import (  # noqa: E402
+    ROW_MIN_ELEMENTS,
     PackedLinear,
+    RowLinear,
     pack_linear_weights,
     packing_available,
 )
@@ -54,6 +56,50 @@ def test_packing_twice_packs_nothing_new_and_weights_stay_readable():
 def test_non_float32_layers_are_left_alone():
     net = _net().to(torch.float64)
     assert pack_linear_weights(net, min_elements=0) == 0
+
+
+def _bf16_net(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(256, 512),  # 131072 elements, with bias
+        nn.SiLU(),
+        nn.Linear(512, 256, bias=False),
+        nn.Linear(256, 8),  # 2048 elements: below ROW_MIN_ELEMENTS, left as it is
+    ).to(torch.bfloat16)
+
+
+def test_bf16_layers_route_a_lone_row_to_mv_and_keep_their_weights():
+    plain = _bf16_net()
+    routed = _bf16_net()
+    weights = [m.weight for m in routed if isinstance(m, nn.Linear)]
+    assert 256 * 8 < ROW_MIN_ELEMENTS <= 256 * 512
+    assert pack_linear_weights(routed, skip=lambda name: True) == 2  # skip is for packing
+    assert [type(m).__name__ for m in routed] == ["RowLinear", "SiLU", "RowLinear", "Linear"]
+    assert [m.weight for m in routed if isinstance(m, nn.Linear)] == weights  # same tensors
+    assert list(routed.state_dict()) == list(plain.state_dict())
+    with torch.no_grad():
+        for shape in [(1, 256), (1, 1, 256), (256,), (4, 256), (2, 3, 256), (0, 256)]:
+            x = torch.randn(*shape).to(torch.bfloat16)
+            out = routed(x)
+            assert out.shape == plain(x).shape and out.dtype == torch.bfloat16
+            # mv and F.linear both accumulate in float32: at most a bf16 rounding apart
+            torch.testing.assert_close(out, plain(x), atol=2e-2, rtol=1e-2)
+        row = torch.randn(1, 256).to(torch.bfloat16)
+        first = routed[0]
+        assert isinstance(first, RowLinear)
+        expected = torch.mv(first.weight, row[0]) + first.bias
+        torch.testing.assert_close(first(row)[0], expected, atol=0, rtol=0)  # the mv route
+    assert pack_linear_weights(routed) == 0  # idempotent
+
+
+def test_a_routed_layer_is_still_quantized_to_int8():
+    from omni_core.engine.quantize import Int8Linear, quantize_linear_weights
+
+    net = _bf16_net()
+    pack_linear_weights(net)
+    assert quantize_linear_weights(net, min_elements=4096) == 2  # the 2048-element one stays
+    assert [type(m).__name__ for m in net][:3] == ["Int8Linear", "SiLU", "Int8Linear"]
+    assert isinstance(net[0], Int8Linear)
 
 
 def test_a_packed_layer_refuses_inputs_it_cannot_take():
