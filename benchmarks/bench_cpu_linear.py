@@ -1,4 +1,4 @@
-"""Linear layers at decoding batch sizes on the CPU: float32 MKL vs oneDNN-packed, bf16, int8.
+"""Linear layers at decoding batch sizes on the CPU: float32 MKL vs oneDNN, bf16, int8.
 
 Run: ``python benchmarks/bench_cpu_linear.py [--threads 2] [--layers 40]``
 (about half a minute; ``--smoke``: two layers, one pass, a second or two).
@@ -12,8 +12,9 @@ next to a plain ``sum`` over 512 MB (the machine's read bandwidth). The
 shapes are Qwen3-TTS 0.6B's (talker and code predictor share them):
 q/gate/up ``1024 -> 3072``-ish and down ``3072 -> 1024``.
 
-Beside float32 (MKL's ``F.linear`` and the oneDNN-packed layer the CPU
-stages use) it times the two cheaper layouts ``factory.dtype`` and
+Beside float32 (MKL's ``F.linear`` and oneDNN's inner product, between
+which the CPU stages' ``PackedLinear`` picks by row count: MKL up to
+``MKL_MAX_ROWS``, printed below) it times the two cheaper layouts ``factory.dtype`` and
 ``factory.quantization`` choose: bfloat16 ``F.linear`` (oneDNN, AMX where
 the CPU has it; a oneDNN-packed bf16 weight measured the same, so there is
 no bf16 packed layer), ``RowLinear`` (the bf16 layer the CPU stages use: a
@@ -31,9 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_core.engine.cpu_linear import PackedLinear, RowLinear, packing_available
+from omni_core.engine.cpu_linear import MKL_MAX_ROWS, RowLinear, packing_available
 from omni_core.engine.quantize import Int8Linear
 
+ONEDNN = torch.ops.mkldnn._linear_pointwise  # what PackedLinear calls beyond MKL_MAX_ROWS rows
 SHAPES = {"gate/up 1024->3072": (1024, 3072), "down 3072->1024": (3072, 1024)}
 ROWS = (1, 2, 4, 8, 16)
 
@@ -70,11 +72,12 @@ def main() -> None:
     big.sum()
     seconds = time.perf_counter() - started
     print(f"memory read bandwidth (sum over {read_mb} MB): {read_mb / 1e3 / seconds:.1f} GB/s")
+    print(f"PackedLinear (float32 stages): MKL up to {MKL_MAX_ROWS} rows, oneDNN beyond")
     del big
     with torch.inference_mode():
         for label, (k, n) in SHAPES.items():
             dense = [nn.Linear(k, n, bias=False) for _ in range(args.layers)]
-            packed = [PackedLinear(layer) for layer in dense]
+            packed = [layer.weight for layer in dense]  # oneDNN reads the dense weight
             half = [layer.weight.detach().to(torch.bfloat16) for layer in dense]
             routed = [nn.Linear(k, n, bias=False).to(torch.bfloat16) for _ in dense]
             for layer in routed:
@@ -93,7 +96,7 @@ def main() -> None:
                 xb = x.to(torch.bfloat16)
                 runs = [
                     (x, lambda x, w: F.linear(x, w), weights),
-                    (x, lambda x, p: p(x), packed),
+                    (x, lambda x, w: ONEDNN(x, w, None, "none", [], ""), packed),
                     (xb, lambda x, w: F.linear(x, w), half),
                     (xb, lambda x, r: r(x), routed),
                     (xb, lambda x, q: q(x), int8),

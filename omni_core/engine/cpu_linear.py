@@ -1,14 +1,18 @@
-"""Large linear layers repacked for oneDNN on the CPU: faster memory-bound decoding.
+"""Large linear layers routed to the faster CPU kernel for their row count.
 
 Why: autoregressive decoding multiplies a handful of rows by every weight
 of the model at each step, so it is bound by how fast weights stream from
-memory. On the CPU, ``F.linear`` goes to MKL, whose small-batch kernels read
-float32 weights at roughly half the machine's memory bandwidth; oneDNN's
-inner-product kernel reads the same weights held as a oneDNN tensor 1.7 to
-2.4 times faster at 1 to 16 rows (``benchmarks/bench_cpu_linear.py`` prints
-both). The
-numbers do not change beyond float rounding (same float32 weights, another
-summation order).
+memory. On the CPU, ``F.linear`` goes to MKL, whose matrix-vector kernel
+reads float32 weights near the machine's bandwidth for one to three rows
+but falls to half of it from four rows on; oneDNN's inner-product kernel is
+the other way round (measured here, 2 threads, 1024x3072 and 3072x1024:
+MKL 10-35% faster at 1-3 rows, oneDNN 1.2-1.6x faster at 4-16 rows;
+``benchmarks/bench_cpu_linear.py`` prints both). :class:`PackedLinear`
+sends each call to the faster one. It keeps the layer's own dense weight,
+which oneDNN reads as fast as its blocked copy (within 8%) and MKL needs,
+so nothing is copied and a weight shared with other processes stays
+shared. The numbers do not change beyond float rounding (same float32
+weights, another summation order).
 
 bfloat16 layers are not repacked (a oneDNN-packed bf16 weight reads no
 faster) but take another route for a single row: :class:`RowLinear` sends
@@ -18,11 +22,11 @@ is every decode step of a lone request and every step of Qwen3-TTS's code
 predictor; two rows and more stay on ``F.linear``, which is faster there.
 
 Only float32 weights on the CPU with at least ``min_elements`` elements are
-repacked: small ones live in cache, where MKL is as fast. Inference only: a
-packed layer refuses inputs that need a gradient, and its weight leaves
+routed: small ones live in cache, where MKL is as fast. Inference only: a
+routed layer refuses inputs that need a gradient, and its weight leaves
 ``state_dict`` (save a checkpoint before packing, never after). Pack last:
-``.to()`` does not move or convert a packed weight, and a packed module
-cannot be deep-copied. Imported only in stage processes.
+``.to()`` does not move or convert a routed weight. Imported only in stage
+processes.
 """
 
 from __future__ import annotations
@@ -34,29 +38,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .mapped import is_mapped
-
 DEFAULT_MIN_ELEMENTS = 1 << 20  # 4 MiB of float32: beyond the per-core caches
 
 
+MKL_MAX_ROWS = 3  # up to this many rows MKL's kernel is the faster (see the module docstring)
+
+
 class PackedLinear(nn.Module):
-    """``nn.Linear`` whose weight is a oneDNN tensor; same inputs, same outputs."""
+    """``nn.Linear`` on MKL for one to three rows, on oneDNN beyond; same inputs, same outputs."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach()
-        # A weight shared with other processes (weight sharing) stays the shared view:
-        # oneDNN reads it in the same plain layout as its own copy (bit-identical
-        # outputs, same speed: benchmarks/bench_weight_share.py), and a copy per
-        # process would undo the sharing.
-        self.packed = weight if is_mapped(weight) else weight.to_mkldnn()
+        # The layer's own tensor, never a copy: a weight shared with other processes
+        # (weight sharing) stays the shared view, and either kernel reads it in place.
+        self.packed = linear.weight.detach()
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), False)
 
     @property
     def weight(self) -> torch.Tensor:
-        """A dense copy, for code that inspects weights (slow; never on the hot path)."""
-        return self.packed.to_dense()
+        """The weight, for code that inspects weights."""
+        return self.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or x.device.type != "cpu":
@@ -65,10 +67,15 @@ class PackedLinear(nn.Module):
             )
         if x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError("a packed linear layer is for inference: it has no gradient")
+        if x.numel() <= MKL_MAX_ROWS * self.in_features:
+            return F.linear(x, self.packed, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed=onednn"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"rows<={MKL_MAX_ROWS}: MKL, more: oneDNN"
+        )
 
 
 class RowLinear(nn.Linear):
@@ -101,7 +108,7 @@ def packing_available() -> bool:
     try:
         probe = nn.Linear(4, 3)
         with torch.no_grad():
-            x = torch.arange(8.0).reshape(2, 4)
+            x = torch.arange(16.0).reshape(4, 4)  # 4 rows: the oneDNN route
             return torch.allclose(PackedLinear(probe)(x), probe(x), atol=1e-5)
     except (RuntimeError, NotImplementedError):  # a build without the kernel
         return False
@@ -118,9 +125,9 @@ def pack_linear_weights(
     elements, and not named (``layers.0.mlp.experts.3.up_proj``) by ``skip``.
     bfloat16 layers on the CPU become :class:`RowLinear` instead (counted too).
     Nothing happens (0) where the torch build cannot run packed layers;
-    packing twice packs nothing new. Skip what sees one or two rows per call
-    even in a batch, such as a mixture's experts: there oneDNN is slower
-    than MKL (``benchmarks/bench_qwen3_omni_thinker.py``).
+    packing twice packs nothing new. ``skip`` keeps named layers plain
+    ``nn.Linear`` (a mixture's experts, which see a row or two per call,
+    gain nothing from routing).
     """
     rows = _route_single_rows(module)
     if not packing_available():

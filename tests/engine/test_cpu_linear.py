@@ -48,9 +48,28 @@ def test_packing_twice_packs_nothing_new_and_weights_stay_readable():
     assert pack_linear_weights(net, min_elements=1000) == 2
     assert pack_linear_weights(net, min_elements=1000) == 0
     assert torch.equal(net[0].weight, original)
-    assert "packed=onednn" in repr(net[0])
+    assert "rows<=3: MKL, more: oneDNN" in repr(net[0])
     # The packed weight leaves state_dict: a checkpoint must be saved before packing.
     assert "0.weight" not in net.state_dict() and "0.bias" in net.state_dict()
+
+
+def test_few_rows_go_to_mkl_and_more_to_onednn(monkeypatch):
+    dense = _net()[0]
+    routed = PackedLinear(dense)
+    assert routed.packed.data_ptr() == dense.weight.data_ptr()  # no copy of the weight
+    calls: list[int] = []
+    onednn = torch.ops.mkldnn._linear_pointwise
+
+    def counted(x, *args):
+        calls.append(x.shape[0])
+        return onednn(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
+    with torch.no_grad():
+        for rows in (1, 3, 4, 9):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(routed(x), dense(x), atol=1e-5, rtol=1e-5)
+    assert calls == [4, 9]  # one to three rows never reached oneDNN
 
 
 def test_non_float32_layers_are_left_alone():
