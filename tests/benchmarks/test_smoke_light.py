@@ -10,6 +10,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 GROUP = "light"
 
 
@@ -55,6 +57,7 @@ def test_the_harness_imports_without_pytest_and_testing_re_exports_it(
         assert getattr(testing, name) is getattr(harness, name)
 
 
+@pytest.mark.slow  # three more model benchmark runs (~30 s of CPU): make test-all
 def test_model_benchmarks_run_in_bf16_with_int8_and_print_the_bandwidth_limit(run_smoke) -> None:
     """``--dtype bfloat16 --quantization int8``: the stages' factory settings, the limit printed."""
     thinker = run_smoke(
