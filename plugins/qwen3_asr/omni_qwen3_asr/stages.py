@@ -1,8 +1,8 @@
 """Stage factories of ``qwen3-asr``: ``asr`` (tower + decoder on the engine) and ``decode``.
 
 Built in the child process that runs them (the parent never imports this
-module). ``asr`` encodes a request's mel in a worker thread (one clip at a
-time; the tower is a small share of the work), splices the rows into the
+module). ``asr`` encodes a request's mel in a worker thread (concurrent
+requests' clips in one tower call, :class:`ASR`), splices the rows into the
 prompt at the audio placeholders and enqueues it on the torch engine, where
 requests decode together, continuously batched. It streams each token id to
 ``decode``, then why generation ended and the token counts.
