@@ -37,7 +37,7 @@ class VocoderArgs(TypedWeightArgs, ChunkArgs):
     codec_path: str | None = None
     # frames in the first audio chunk (2 frames = 0.16 s): the delay pattern already
     # holds the first frame back 32 steps, so a short first chunk matters; later
-    # chunks double up to max_chunk_frames (default 16 chunks batched, on the CPU too)
+    # chunks grow fourfold up to max_chunk_frames (default 16 chunks batched, on the CPU too)
     chunk_frames: int = Field(default=2, ge=1)
 
     @field_validator("dtype")
