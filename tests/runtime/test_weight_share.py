@@ -101,6 +101,7 @@ async def test_followers_map_the_leaders_weights(share_plugins, short_tmp):
     assert not os.path.exists(planned.plan.endpoints.runtime_dir)
 
 
+@pytest.mark.slow  # two restarts of a sharing group (~10 s): make test-all
 async def test_a_dead_follower_restarts_alone_a_dead_leader_with_its_followers(
     share_plugins, short_tmp
 ):
