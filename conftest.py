@@ -15,6 +15,11 @@ import tempfile
 
 import pytest
 
+# The suite runs workers side by side on the same cores, each starting stage processes:
+# their OpenMP threads spin briefly between ops, as a plan does for processes that share
+# the cores (omni_core/plan/threads.py; OpenMP's default spin made the suite 2.5x slower).
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
 # The fixtures plugin authors load too (plugins, short_tmp), for every suite here.
 pytest_plugins = ["omni_core.testing"]
 

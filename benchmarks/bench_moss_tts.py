@@ -110,6 +110,7 @@ import anyio
 import torch
 from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_bandwidth
 
+from omni_core.engine.compute import dedicate
 from omni_core.engine.quantize import quantization_problem
 from omni_moss_tts import stages
 from omni_moss_tts.model import MossTTSModel
@@ -545,19 +546,24 @@ async def ours(
     gpu_id: int | None = None,
     dtype: str | None = None,
     quantization: str = "none",
+    threads: int | None = None,
 ) -> tuple[list[Level], dict[str, Any], dict[str, Any]]:
     """Our three stages at each concurrency of ``levels``, built by the stages' factories.
 
     ``model_dir``: a checkpoint directory, or a preset name with ``load_format
     = "dummy"``; ``gpu_id``: the GPU the engine and vocoder go to (None: the CPU);
     ``dtype`` and ``quantization``: the tts_engine stage's ``factory.dtype`` and
-    ``factory.quantization``. At concurrency 1, the decode step in the middle of
-    the request (the most codebooks due) counts the bytes of weights it reads
-    (:class:`roofline.StepReads`; that step's timings are left out of the breakdown).
+    ``factory.quantization``; ``threads``: torch threads for loading and for the
+    compute thread, dedicated once loaded as a stage process does. At
+    concurrency 1, the decode step in the middle of the request (the most
+    codebooks due) counts the bytes of weights it reads (:class:`roofline.StepReads`;
+    that step's timings are left out of the breakdown).
     """
     from omni_core.engine.interface import EngineSettings
 
     path = str(model_dir)
+    if threads:  # a round after the first finds this thread dropped to one by dedicate()
+        torch.set_num_threads(threads)
     started = time.perf_counter()
     # The preprocessing stage's default cap is generation_config's max_new_tokens (4096).
     pre = stages.create_preprocessing(path)
@@ -585,6 +591,7 @@ async def ours(
         "tensors": len(model.network.state_dict()) + len(model.codec.state_dict()),
         "vocoder_max_batch": vocoder.batcher.max_batch,
     }
+    dedicate(threads)  # what a stage process does once built (engine/compute.py)
     watched = ((model, "_forward"), (model, "_emit"), (model.codec, "stream_rows"))
     try:
         await warm_up(pre, engine, vocoder, model)
@@ -941,6 +948,7 @@ def smoke(args: argparse.Namespace) -> None:
             "dummy",
             dtype=args.dtype,
             quantization=args.quantization,
+            threads=args.threads,
         )
     )
     print(
@@ -1085,6 +1093,7 @@ def main() -> None:
                     args.vocoder_max_batch,
                     dtype=args.dtype,
                     quantization=args.quantization,
+                    threads=args.threads,
                 )
             )
             rounds.append((levels_run, parts))

@@ -186,6 +186,7 @@ def dummy_checkpoint(raw: dict, directory: Path) -> str:
 
 
 def run_ours(args: Any, model_path: str, load: str, audio: list[np.ndarray]) -> dict[str, float]:
+    from omni_core.engine.compute import dedicate
     from omni_qwen3_asr.stages import create_asr, create_decode, create_preprocessing
 
     torch.set_num_threads(args.threads)
@@ -195,6 +196,7 @@ def run_ours(args: Any, model_path: str, load: str, audio: list[np.ndarray]) -> 
         create_decode(model_path),
     )
     wavs = [_wav(c) for c in audio]
+    dedicate(args.threads)  # what a stage process does once built (engine/compute.py)
 
     async def measure() -> dict[str, float]:
         await transcribe(stages, wavs[0], "warm", args.new_tokens)

@@ -121,6 +121,7 @@ import torch
 from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_bandwidth
 
 from omni_core.engine.backends import create_engine
+from omni_core.engine.compute import dedicate
 from omni_core.engine.cpu_linear import pack_linear_weights, packing_available
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.precision import PrecisionError, torch_dtype
@@ -855,6 +856,7 @@ def main() -> int:
     # which only float32 weights take)
     quantized = apply_quantization(lm, args.quantization, stage="thinker")
     runs, packed = [], 0
+    dedicate(args.threads)  # what a stage process does once built (engine/compute.py)
     for variant in VARIANTS:  # dense first: packing happens in place and cannot be undone
         if variant not in variants:
             continue

@@ -64,6 +64,7 @@ import anyio
 import torch
 from roofline import Bandwidth, DecodeWatch, best, kv_bytes, limit_line, read_bandwidth
 
+from omni_core.engine.compute import dedicate
 from omni_core.engine.cpu_linear import pack_linear_weights
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.quantize import apply_quantization
@@ -626,6 +627,7 @@ def main() -> None:
             baseline = own_sequential(model, batch)
         # after the reference read the dense weights: what the stage does at load
         apply_quantization(model.network.talker, args.quantization, stage="tts_engine")
+        dedicate(args.threads)  # what a stage process does once built (engine/compute.py)
         levels_run = anyio.run(
             ours,
             model,

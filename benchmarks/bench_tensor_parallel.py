@@ -149,7 +149,7 @@ def _rank(args: argparse.Namespace) -> None:
         )
         stage = FollowerStage(group, layout, follower_forward(lm), stage="bench")
         await stage.start()
-        await anyio.to_thread.run_sync(stage._thread.join)
+        await anyio.to_thread.run_sync(stage.join)
 
     if args.rank == 0:
         figures = {}

@@ -6,11 +6,12 @@ at which memory delivers them. Benchmarks print both, and the percentage of
 that limit a measured step reaches, so that a figure says how far a step is
 from what the hardware allows, not only how it compares with a peer.
 
-* :func:`read_bandwidth`: the limit, measured here with the caller's torch
-  threads: the faster of a plain ``sum`` and a float32 matrix-vector product
-  over a buffer far larger than the caches (best of ten passes; scripts
-  measure at the start and at the end of a run and keep the higher,
-  :func:`best`);
+* :func:`read_bandwidth`: the limit, measured on the process's compute
+  thread (``omni_core.engine.compute``), where the steps run, with its torch
+  threads (the caller's until a script dedicates it): the faster of a plain
+  ``sum`` and a float32 matrix-vector product over a buffer far larger than
+  the caches (best of ten passes; scripts measure at the start and at the
+  end of a run and keep the higher, :func:`best`);
 * :class:`StepReads`: the bytes of weights one step actually reads, counted
   op by op (a torch dispatch mode, entered in the thread that runs the step):
   every operand that is one of the given modules' parameters, buffers or
@@ -44,6 +45,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from omni_core.engine.compute import compute_thread
+
 # Ops that read only the rows they return from their first (table) operand.
 GATHERS = frozenset(
     {
@@ -75,7 +78,12 @@ def read_bandwidth(megabytes: int = 512, passes: int = 10) -> Bandwidth:
     after a warm-up pass, with the torch threads the caller set. The buffer
     must be far larger than the last-level cache for the figure to be the
     memory's (512 MB is; ``--smoke`` runs pass a few MB and get the cache's).
+    Measured on the compute thread, as the steps it is compared with run.
     """
+    return compute_thread().submit(_read_bandwidth, megabytes, passes).result()
+
+
+def _read_bandwidth(megabytes: int, passes: int) -> Bandwidth:
     columns = 4096
     rows = max(1, megabytes * (1 << 20) // (4 * columns))
     big = torch.ones(rows, columns)

@@ -2,14 +2,14 @@
 
 One scheduler task owns every piece of state (waiting queue, running batch,
 free slots) and runs on the event loop; only the model's compute leaves it,
-one step at a time, for a worker thread (``anyio.to_thread.run_sync`` behind a
-one-seat limiter), so the event loop keeps serving while a step runs. Each
+one step at a time, for the process's compute thread (:mod:`.compute`), so the
+event loop keeps serving while a step runs. Each
 iteration, between steps:
 
 1. drop aborted and finished sequences, freeing their slots;
 2. admit waiting requests in arrival order while a slot is free and the
    step's prompt positions stay within ``engine.max_prefill_tokens``;
-3. in one worker-thread call, prefill the newcomers and decode the running
+3. in one compute-thread call, prefill the newcomers and decode the running
    sequences the model calls ready (all, unless it implements ``ready(seq)``:
    a sequence fed by a stream waits for its next input, and the scheduler
    sleeps until :meth:`TorchEngine.wake` when none is ready); the newcomers
@@ -40,6 +40,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ..errors import OmniError, RequestError
 from .buckets import StaticPlan, static_plan
 from .budget import SlotPlan, plan_slots
+from .compute import run_compute
 from .interface import (
     EngineError,
     EngineSettings,
@@ -171,10 +172,9 @@ class TorchEngine:
         self._requests: dict[str, _Request] = {}
         self._wake: anyio.Event | None = None
         self._stopped: anyio.Event | None = None
-        self._limiter: anyio.CapacityLimiter | None = None
         self._task: Any = None
         self._started = self._closing = False
-        self.steps = 0  # worker-thread calls made, for tests and figures
+        self.steps = 0  # compute-thread calls made, for tests and figures
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -286,7 +286,6 @@ class TorchEngine:
         self._task = _spawn(self._run)  # the task first runs at the caller's next await
         self._started = True
         self._wake, self._stopped = anyio.Event(), anyio.Event()
-        self._limiter = anyio.CapacityLimiter(1)
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -310,9 +309,7 @@ class TorchEngine:
                     self._wake = anyio.Event()
                     await self._wake.wait()
                     continue
-                outcome = await anyio.to_thread.run_sync(
-                    self._compute, newcomers, batch, limiter=self._limiter
-                )
+                outcome = await run_compute(self._compute, newcomers, batch)
                 self.steps += 1
                 self._deliver(outcome)
         except BaseException as exc:  # a bug here must not leave consumers waiting forever

@@ -24,6 +24,8 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
+from ..engine.compute import run_compute
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
@@ -84,7 +86,7 @@ class Coalescer(Generic[Item, Result]):
         del self._queue[: len(batch)]
         self.batch_sizes.append(len(batch))
         try:
-            results = await anyio.to_thread.run_sync(self.run_batch, [s.item for s in batch])
+            results = await run_compute(self.run_batch, [s.item for s in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"a batch of {len(batch)} gave {len(results)} results")
         except Exception as exc:  # every request of the batch fails with the same error

@@ -8,6 +8,7 @@ from typing import IO, Any
 from ..schema.sizes import format_bytes
 from ..text_table import box_table
 from .model import DeploymentPlan
+from .threads import SPIN_VAR
 
 
 def _share(fraction: float | None, reserve: int | None) -> str:
@@ -41,7 +42,11 @@ def _threads(plan: DeploymentPlan) -> str:
     groups: dict[str, list[str]] = {}
     for process in plan.processes:
         groups.setdefault(process.threads_source or "unplanned", []).append(process.name)
-    return "; ".join(f"{source}: {', '.join(names)}" for source, names in groups.items())
+    text = "; ".join(f"{source}: {', '.join(names)}" for source, names in groups.items())
+    spins = sorted({p.env[SPIN_VAR] for p in plan.processes if SPIN_VAR in p.env})
+    if spins:  # plan/threads.py: the processes share the cores
+        text += f"; idle OpenMP threads spin {'/'.join(spins)} turns ({SPIN_VAR})"
+    return text
 
 
 def _tp_column(process: Any) -> str:

@@ -18,6 +18,16 @@ a stage's own ``env.OMP_NUM_THREADS`` (or the same variable in the
 environment ``omni serve`` runs in, which the child inherits and keeps) wins
 over both. The plan records the number and where it came from;
 ``omni plan`` prints it and the child applies it (:func:`apply_cpu_threads`).
+
+When the processes' threads add up to more than the host's cores, each
+process also gets ``GOMP_SPINCOUNT`` = :data:`SHARED_CORES_SPIN` (unless the
+stage's env or the environment sets it): a stage process's compute thread
+is the only OpenMP team in it (``engine/compute.py``), so its idle threads
+spin between ops for OpenMP's default (300,000 turns, milliseconds), which
+makes a lone process fast and, on cores shared with other processes, burns
+the time they need. Measured here (2 cores, two test workers each running
+deployments): 85 s with the default spin, 31 s with 1,000 turns, 33 s
+before the compute thread existed.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from typing import Any
 from .model import ProcessPlan
 
 THREADS_VAR = "OMP_NUM_THREADS"
+SPIN_VAR = "GOMP_SPINCOUNT"
+SHARED_CORES_SPIN = 1000  # OpenMP's idle-thread spin where processes share cores
 
 
 def host_cores() -> int:
@@ -76,6 +88,9 @@ def plan_cpu_threads(
             number, source = _parse(environ[THREADS_VAR], number), f"environment {THREADS_VAR}"
         process.env.setdefault(THREADS_VAR, str(number))
         process.cpu_threads, process.threads_source = number, source
+    if sum(p.cpu_threads or 0 for p in processes) > cores and SPIN_VAR not in environ:
+        for process in processes:
+            process.env.setdefault(SPIN_VAR, str(SHARED_CORES_SPIN))
 
 
 def _parse(text: str, fallback: int) -> int:

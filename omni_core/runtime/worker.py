@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from ..engine.compute import dedicate
 from ..errors import OmniError, RequestError
 from ..factory import StageContext, import_object
 from ..plan.model import DeploymentPlan
@@ -113,6 +114,8 @@ async def _run_child(spec: ChildSpec, conn: Any) -> None:
     try:
         timings = await worker.build()
         apply_cpu_threads(worker.process)  # the plan's core budget (plan/threads.py)
+        # ... given to the compute thread, the only OpenMP team (engine/compute.py)
+        dedicate(worker.process.cpu_threads)
         await worker.listen()
     except BaseException:
         text = traceback.format_exc()

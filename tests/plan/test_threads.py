@@ -58,6 +58,7 @@ def test_omni_plan_prints_each_process_threads(plugins, configure, monkeypatch):
     from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     config = configure(Qwen3TTSPipeline, {"vocoder": {"process": "codec"}})
     plan = plan_deployment(config, plugins=plugins)
     out = io.StringIO()
@@ -65,6 +66,7 @@ def test_omni_plan_prints_each_process_threads(plugins, configure, monkeypatch):
     text = out.getvalue()
     assert "threads" in text and "cpu threads: decoder share of" in text
     assert "helper share of" in text and "codec" in text.split("cpu threads:")[1]
+    assert "idle OpenMP threads spin 1000 turns (GOMP_SPINCOUNT)" in text  # 2 + 1 on 2 cores
     listed = json.loads(json.dumps(plan.to_dict()))
     by_name = {p["name"]: p for p in listed["processes"]}
     assert by_name["codec"]["cpu_threads"] == 1
@@ -91,3 +93,16 @@ def test_nothing_is_applied_without_a_number():
     before = torch.get_num_threads()
     apply_cpu_threads(ProcessPlan(name="x", logical="x", stages=(), gpu=None))
     assert torch.get_num_threads() == before
+
+
+def test_processes_that_share_the_cores_spin_briefly_between_ops():
+    procs = _processes("pipeline", "codec")  # 2 + 1 threads on 2 cores
+    plan_cpu_threads(procs, {"pipeline"}, None, cores=2, environ={})
+    assert [p.env.get("GOMP_SPINCOUNT") for p in procs] == ["1000", "1000"]
+    procs = _processes("pipeline")  # the cores to itself: OpenMP's own spin
+    plan_cpu_threads(procs, {"pipeline"}, None, cores=2, environ={})
+    assert "GOMP_SPINCOUNT" not in procs[0].env
+    procs = _processes("pipeline", "codec")  # the user's setting wins
+    procs[1].env["GOMP_SPINCOUNT"] = "50"
+    plan_cpu_threads(procs, {"pipeline"}, None, cores=2, environ={"GOMP_SPINCOUNT": "7"})
+    assert "GOMP_SPINCOUNT" not in procs[0].env and procs[1].env["GOMP_SPINCOUNT"] == "50"

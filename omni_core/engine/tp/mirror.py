@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import anyio
 import torch
 
+from ..compute import compute_thread
 from ..interface import CacheLayout
 from ..kv_cache import SlotKVCache
 from .channel import StepChannel
@@ -66,7 +67,7 @@ Forward = Callable[[SlotKVCache, Any], Any]
 
 
 class FollowerStage:
-    """Ranks 1..N-1 as a stage: no requests, only the leader's passes, in a thread.
+    """Ranks 1..N-1 as a stage: no requests, only the leader's passes, on the compute thread.
 
     ``forward(cache, value)`` runs one pass of this rank's shard with the
     value the leader sent to :meth:`Mirror.step`.
@@ -79,14 +80,18 @@ class FollowerStage:
         self.channel = StepChannel(group)
         self.cache: SlotKVCache | None = None
         self.steps = 0
-        self._thread: threading.Thread | None = None
+        self._serving: Future[None] | None = None
 
     async def start(self) -> None:
         await anyio.to_thread.run_sync(self._setup)
-        self._thread = threading.Thread(
-            target=self._serve, name=f"tp-rank{self.group.rank}", daemon=True
-        )
-        self._thread.start()
+        # The follower's passes hold the compute thread for good: a follower
+        # process has no other compute, and its passes get the process's cores.
+        self._serving = compute_thread().submit(self._serve)
+
+    def join(self) -> None:
+        """Block until this rank leaves its loop (the leader stopped, or the group broke)."""
+        if self._serving is not None:
+            self._serving.result()
 
     def _setup(self) -> None:
         op, value = self.channel.recv()

@@ -20,12 +20,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import anyio
 import numpy as np
 import torch
 
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
+from omni_core.engine.compute import run_compute
 from omni_core.engine.interface import SamplingParams, check_sampling
 from omni_core.engine.quantize import apply_quantization
 from omni_core.kit.stages import (
@@ -223,12 +223,10 @@ class TTSEngine:
     async def run(self, request: Any) -> dict[str, Any]:
         data = request.data
         if data.get("enroll") is not None:  # a voice upload: its codes, computed once
-            codes = await anyio.to_thread.run_sync(
-                self.model.encode_reference, torch.from_numpy(data["enroll"])
-            )
+            codes = await run_compute(self.model.encode_reference, torch.from_numpy(data["enroll"]))
             await request.emit({"voice_prompt": {"codes": codes.numpy()}})
             return {"frames": 0}
-        prompt = await anyio.to_thread.run_sync(self._prompt, data)
+        prompt = await run_compute(self._prompt, data)
         submitted = RequestPrompt(prompt, data["text_sampling"])
         frames, finish = 0, None
         async with self.engine.enqueue(request.request_id, submitted, data["sampling"]) as stream:

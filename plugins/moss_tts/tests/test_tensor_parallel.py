@@ -70,7 +70,7 @@ RANK = textwrap.dedent(
             result = {"reference": reference, "split": split}
         else:
             await stage.start()
-            await anyio.to_thread.run_sync(stage._thread.join)
+            await anyio.to_thread.run_sync(stage.join)
             await stage.aclose()
             result = {"steps": stage.steps, "kv_heads": stage.cache.k.shape[2]}
         leave_group()

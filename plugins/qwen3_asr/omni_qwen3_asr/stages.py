@@ -28,6 +28,7 @@ import torch
 
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
+from omni_core.engine.compute import run_compute
 from omni_core.engine.interface import SamplingParams
 from omni_core.engine.prompt import EmbeddedPrompt
 from omni_core.kit.batching import Coalescer
@@ -271,7 +272,6 @@ class Align:
 
     def __init__(self, aligner: Any | None):
         self.aligner = aligner
-        self.limiter = anyio.CapacityLimiter(1)
 
     async def run(self, request: Any) -> dict[str, Any]:
         text: list[str] = []
@@ -303,12 +303,11 @@ class Align:
         for piece in pieces:  # each on its own audio, shifted by where it starts
             language = piece.get("language") or "English"
             try:
-                words = await anyio.to_thread.run_sync(
+                words = await run_compute(
                     self.aligner.align,
                     piece["align"],
                     piece["text"],
                     language,
-                    limiter=self.limiter,
                 )
             except NotImplementedError as exc:
                 raise RequestError(str(exc)) from None

@@ -81,7 +81,7 @@ RANK = textwrap.dedent(
             await stage.aclose()
             result = {"reference": reference, "split": split, "kv_heads": kv}
         else:
-            await anyio.to_thread.run_sync(stage._thread.join)
+            await anyio.to_thread.run_sync(stage.join)
             await stage.aclose()
             result = {"steps": stage.steps, "kv_heads": stage.cache.k.shape[2]}
         leave_group()

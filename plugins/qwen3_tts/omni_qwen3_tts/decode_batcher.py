@@ -25,6 +25,8 @@ from typing import Any
 import anyio
 import torch
 
+from omni_core.engine.compute import run_compute
+
 
 @dataclass(eq=False)  # chunks are found by identity: comparing their codes tensors would raise
 class _Chunk:
@@ -92,7 +94,7 @@ class DecodeBatcher:
         codes = torch.stack([c.codes for c in batch]).transpose(1, 2)  # [B, 16, T]
         payloads = [c.payload for c in batch]
         try:
-            audio = await anyio.to_thread.run_sync(self.decode_batch, codes, payloads)
+            audio = await run_compute(self.decode_batch, codes, payloads)
         except Exception as exc:  # every chunk of the batch fails with the cause
             for chunk in batch:
                 chunk.error = exc

@@ -21,11 +21,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import anyio
 import torch
 
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
+from omni_core.engine.compute import run_compute
 from omni_core.engine.interface import SamplingParams
 from omni_core.engine.quantize import apply_quantization
 from omni_core.kit.stages import (
@@ -213,12 +213,12 @@ class TTSEngine:
 
     async def run(self, request: Any) -> dict[str, Any]:
         if request.data.get("enroll"):
-            voice = await anyio.to_thread.run_sync(self._voice_prompt, request.data["enroll"])
+            voice = await run_compute(self._voice_prompt, request.data["enroll"])
             await request.emit({"voice_prompt": voice})  # the vocoder hands it to the server
             return {"frames": 0}
         prompt, sampling = request.data["prompt"], request.data["sampling"]
         if request.data.get("clone"):
-            prompt = await anyio.to_thread.run_sync(self._clone_prompt, request.data["clone"])
+            prompt = await run_compute(self._clone_prompt, request.data["clone"])
             if prompt.icl:
                 # The release decodes an in-context clone after the reference's codes,
                 # so the codec starts from the reference voice, not from silence.
