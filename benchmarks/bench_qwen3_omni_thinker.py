@@ -852,10 +852,12 @@ def main() -> int:
         names["dense"] = "ours int8" if args.quantization == "int8" else "ours bf16"
         cast(lm, dtype)
         cast(vision, dtype)
+    runs, packed = [], 0
+    if dtype != torch.float32:  # the stage's factory.pack_weights: bf16 single rows on torch.mv
+        packed += pack_linear_weights(lm, skip=lambda name: ".experts." in name)
     # int8 weight-only layers, experts included, as the thinker stage does (after packing,
     # which only float32 weights take)
     quantized = apply_quantization(lm, args.quantization, stage="thinker")
-    runs, packed = [], 0
     dedicate(args.threads)  # what a stage process does once built (engine/compute.py)
     for variant in VARIANTS:  # dense first: packing happens in place and cannot be undone
         if variant not in variants:

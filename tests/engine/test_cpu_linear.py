@@ -108,6 +108,9 @@ def test_bf16_layers_route_a_lone_row_to_mv_and_keep_their_weights():
         assert isinstance(first, RowLinear)
         expected = torch.mv(first.weight, row[0]) + first.bias
         torch.testing.assert_close(first(row)[0], expected, atol=0, rtol=0)  # the mv route
+        rows = torch.randn(2, 3, 256).to(torch.bfloat16)
+        expected = torch.mm(first.weight, rows.reshape(6, 256).t()).t() + first.bias
+        torch.testing.assert_close(first(rows).reshape(6, -1), expected, atol=0, rtol=0)  # mm
     assert pack_linear_weights(routed) == 0  # idempotent
 
 
