@@ -56,17 +56,21 @@ async def test_a_cancelled_caller_waits_for_its_job_to_finish():
         release.wait(5)
         finished.append(True)
 
-    async def call() -> None:
-        await run_compute(step)
+    scope = anyio.CancelScope()
+    returned = anyio.Event()
 
-    with anyio.CancelScope() as scope:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(call)
-            await anyio.to_thread.run_sync(started.wait, 5)
-            scope.cancel()
-            await anyio.sleep(0.05)
-            assert not finished  # cancelled, but still waiting for the step
-            release.set()
+    async def call() -> None:
+        with scope:
+            await run_compute(step)
+        returned.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await anyio.to_thread.run_sync(started.wait, 5)
+        scope.cancel()
+        await anyio.sleep(0.05)
+        assert not returned.is_set() and not finished  # cancelled, still waiting for the step
+        release.set()
     assert scope.cancelled_caught and finished == [True]
 
 
