@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import torch
 
-from ..compute import compute_thread
+from ..compute import ComputeThread
 from ..interface import CacheLayout
 from ..kv_cache import SlotKVCache
 from .channel import StepChannel
@@ -67,7 +67,7 @@ Forward = Callable[[SlotKVCache, Any], Any]
 
 
 class FollowerStage:
-    """Ranks 1..N-1 as a stage: no requests, only the leader's passes, on the compute thread.
+    """Ranks 1..N-1 as a stage: no requests, only the leader's passes, on a thread of their own.
 
     ``forward(cache, value)`` runs one pass of this rank's shard with the
     value the leader sent to :meth:`Mirror.step`.
@@ -84,9 +84,11 @@ class FollowerStage:
 
     async def start(self) -> None:
         await anyio.to_thread.run_sync(self._setup)
-        # The follower's passes hold the compute thread for good: a follower
-        # process has no other compute, and its passes get the process's cores.
-        self._serving = compute_thread().submit(self._serve)
+        # The passes hold their thread for good, so it is a compute thread of its
+        # own, not the process's (whose jobs must end: the runtime's dedicate()
+        # waits on it once the stages are built). It takes the planned thread
+        # count the loop thread has now, and is the process's only busy team.
+        self._serving = ComputeThread().submit(self._serve)
 
     def join(self) -> None:
         """Block until this rank leaves its loop (the leader stopped, or the group broke)."""
