@@ -366,8 +366,12 @@ class TorchEngine:
                 continue
             # The caps first: a model may also call its last allowed step finished,
             # but the request ended because of the cap ("length"), not by itself.
+            # A finished step with no output (a speech model's end-of-speech code,
+            # which makes no frame) is the model stopping, even on the last step.
             limit = seq.sampling.max_new_tokens
-            if (limit is not None and seq.steps >= limit) or seq.cached >= self.plan.slot_len:
+            stopped = result.finished and result.output is None
+            capped = limit is not None and seq.steps >= limit
+            if not stopped and (capped or seq.cached >= self.plan.slot_len):
                 self._finish(request, "length")
             elif result.finished:
                 self._finish(request, "stop")

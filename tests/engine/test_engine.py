@@ -45,6 +45,7 @@ class FakeModel:
         self.engine: TorchEngine | None = None
         self.calls: list[tuple[int, str, list[str], list[int]]] = []
         self.stop_at: dict[str, int] = {}
+        self.silent_stop: dict[str, int] = {}  # finishes at that step with no output
         self.bad_prompts: set[str] = set()
         self.decode_error: Exception | None = None
         self.row_errors: set[str] = set()
@@ -72,6 +73,8 @@ class FakeModel:
             return StepResult(None, error=ValueError(f"row {seq.request_id} broke"))
         step = len(seq.state.setdefault("out", []))
         seq.state["out"].append(step)
+        if self.silent_stop.get(seq.request_id) == step:  # an end-of-speech step: no output
+            return StepResult(None, finished=True)
         return StepResult((seq.request_id, step), finished=self.stop_at.get(seq.request_id) == step)
 
     def prefill(self, sequences: list[Sequence], cache: SlotKVCache) -> list[StepResult]:
@@ -141,6 +144,19 @@ async def test_the_model_finishing_a_sequence_ends_its_stream() -> None:
             stream = engine.enqueue("a", [1], params(100))
             assert await collect(stream) == [("a", 0), ("a", 1), ("a", 2)]
     assert stream.finish_reason == "stop"
+
+
+async def test_a_model_stopping_on_its_last_allowed_step_without_output_says_stop() -> None:
+    """A speech model's end-of-speech code makes no frame: the cap did not cut that speech."""
+    model = FakeModel()
+    model.silent_stop["a"] = 2  # the third step, which max_new_tokens 3 also ends
+    model.stop_at["b"] = 2  # an output on that step: the cap is the reason
+    with anyio.fail_after(10):
+        async with engine_with(model, max_running_requests=2, max_total_tokens=64) as engine:
+            silent, loud = engine.enqueue("a", [1], params(3)), engine.enqueue("b", [1], params(3))
+            assert await collect(silent) == [("a", 0), ("a", 1), None]
+            assert len(await collect(loud)) == 3
+    assert silent.finish_reason == "stop" and loud.finish_reason == "length"
 
 
 async def test_a_full_slot_ends_the_sequence() -> None:

@@ -226,6 +226,7 @@ async def speak(runtime, request: dict) -> np.ndarray:
     return np.concatenate(chunks)
 
 
+@pytest.mark.slow  # ~12-17 s in make test, which must stay under 5 minutes: make test-all
 async def test_qwen3_tts_demo_replicas_share_and_speak_as_unshared_ones(plugins, short_tmp):
     pytest.importorskip("omni_qwen3_tts")
     request = {"input": "Hello there", "voice": "serena", "seed": 3, "max_frames": 12}
