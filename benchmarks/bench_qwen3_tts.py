@@ -503,7 +503,14 @@ def report_limit(model: Qwen3TTSModel, levels: list[Level], bandwidth: Bandwidth
     print("  " + limit_line("ours", one.step_bytes, kv, one.decode_s, bandwidth))
 
 
-def report(levels: list[Level], baseline: Baseline, frames: int) -> None:
+#: Throughput over the reference that the issues ask for at concurrency 1 and 8:
+#: float32 weights (as the reference's), and fewer bytes per weight (issue 29).
+TARGETS = {"float32": (1.0, 3.0), "reduced": (1.5, 4.0)}
+
+
+def report(
+    levels: list[Level], baseline: Baseline, frames: int, targets: tuple[float, float]
+) -> None:
     print(f"\nours (tts_engine + vocoder stages, TorchEngine), {frames} frames per request:")
     print(
         f"{'concurrency':>11} {'wall s':>7} {'audio s':>8} {'audio s/s':>9} {'RTF':>6} "
@@ -532,9 +539,13 @@ def report(levels: list[Level], baseline: Baseline, frames: int) -> None:
             f"{by[c].throughput / baseline.throughput:.2f}x"
         )
     if 1 in by and 8 in by:
-        verdict_1 = "met" if by[1].throughput >= baseline.throughput else "NOT met"
-        verdict_8 = "met" if by[8].throughput >= 3 * baseline.throughput else "NOT met"
-        print(f"  target >= 1x at concurrency 1: {verdict_1}; >= 3x at concurrency 8: {verdict_8}")
+        one, eight = targets
+        verdict_1 = "met" if by[1].throughput >= one * baseline.throughput else "NOT met"
+        verdict_8 = "met" if by[8].throughput >= eight * baseline.throughput else "NOT met"
+        print(
+            f"  target >= {one:g}x at concurrency 1: {verdict_1}; "
+            f">= {eight:g}x at concurrency 8: {verdict_8}"
+        )
 
 
 def main() -> None:
@@ -638,7 +649,8 @@ def main() -> None:
             not args.no_pack_weights,
             args.compile,
         )
-        report(levels_run, baseline, args.frames)
+        plain = args.dtype == "float32" and args.quantization == "none"
+        report(levels_run, baseline, args.frames, TARGETS["float32" if plain else "reduced"])
         if args.device == "cpu":  # the limit is the CPU's memory
             report_limit(model, levels_run, best(bandwidth, read_bandwidth(*limit_size)))
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .buckets import StaticPlan, bucket_for
+from .compute import call_on_compute_thread
 from .cuda_graphs import CapturedStep, graph_pool
 from .static_kv import StaticSlotStore, static_mask
 
@@ -102,12 +103,6 @@ class StaticDecoder:
         self.enabled = not (plan.cuda_graphs and not self.use_graphs and not plan.compile)
         self._step: Callable[..., Any] = self._eager_step
         if plan.compile:
-            torch._dynamo.config.recompile_limit = max(
-                torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT
-            )
-            torch._dynamo.config.accumulated_recompile_limit = max(
-                torch._dynamo.config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT
-            )
             self._step = torch.compile(self._eager_step, dynamic=False)
         self._graphs: dict[tuple[int, int], CapturedStep] = {}
         self.calls = 0  # steps run statically (tests and figures)
@@ -178,6 +173,10 @@ class StaticDecoder:
         if not self.enabled:
             return
         pool = graph_pool() if self.use_graphs else None
+        # One eager step first: whatever the model fills lazily on its first call
+        # (a table cached per device) is then there when dynamo traces, instead of
+        # a guard on its absence that fails on the first real step and recompiles.
+        self._eager_step(*self.example(min(self.buckets), self.steps[0]))
         for bucket in sorted(self.buckets, reverse=True):
             for steps in self.steps:
                 example = self.example(bucket, steps)
@@ -285,9 +284,24 @@ class StaticContext:
         return built
 
     def warm_up(self) -> float:
-        """Compile and capture every decoder's buckets; the seconds it took."""
+        """Compile and capture every decoder's buckets; the seconds it took.
+
+        On the compute thread, which runs the steps: dynamo guards on the
+        calling thread's torch thread count, and a graph compiled at another
+        count is compiled again at the first step of each bucket (until the
+        recompile limit, and then the step runs eagerly).
+        """
         started = time.perf_counter()
+        call_on_compute_thread(self._warm_up_all)
+        return time.perf_counter() - started
+
+    def _warm_up_all(self) -> None:
+        # Dynamo's configuration is per thread: raise the limits where the steps run.
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+        config.accumulated_recompile_limit = max(
+            config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT
+        )
         with torch.inference_mode():
             for decoder in self.decoders:
                 decoder.warm_up()
-        return time.perf_counter() - started

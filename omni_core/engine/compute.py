@@ -145,6 +145,19 @@ def dedicate(threads: int | None) -> ComputeThread:
     return current
 
 
+def call_on_compute_thread(fn: Callable[..., Result], *args: Any) -> Result:
+    """``fn(*args)`` on the compute thread, blocking the caller (start-up work, not serving).
+
+    For work whose result depends on the thread it runs on, as a compiled
+    step's guards do on the thread count. Called from the compute thread
+    itself, it runs ``fn`` at once rather than wait for itself.
+    """
+    current = compute_thread()
+    if threading.current_thread() is current.thread:
+        return fn(*args)
+    return current.submit(fn, *args).result()
+
+
 async def run_compute(fn: Callable[..., Result], *args: Any) -> Result:
     """``fn(*args)`` on the compute thread, after the jobs before it; the loop serves meanwhile.
 

@@ -273,3 +273,25 @@ def test_a_decoder_that_cannot_be_captured_decodes_eagerly_under_cuda_graphs():
     assert not model.static.use_graphs and not model.static.enabled
     eager = _drive(model, SlotKVCache(model.cache_layout(), 2, 32), PROMPTS[:2], 4)
     assert _drive(model, cache, PROMPTS[:2], 4) == eager and model.static.calls == 0
+
+
+def test_warm_up_runs_on_the_compute_thread_with_raised_recompile_limits():
+    """Dynamo guards on the thread count and keeps its limits per thread: warm where steps run."""
+    import threading
+
+    from omni_core.engine.compiled import RECOMPILE_LIMIT
+    from omni_core.engine.compute import compute_thread
+
+    model = TinyDecoder(num_layers=1, seed=9)
+    cache = SlotKVCache(model.cache_layout(), 2, 16, spare=True)
+    context = StaticContext(StaticPlan(True, False, (1,), "test"), cache)
+    seen: list[threading.Thread] = []
+    decoder = context.decoder("toy", model.stack, hidden=model.dim, dtype=torch.float32)
+    decoder._step = lambda *inputs: seen.append(threading.current_thread())  # no inductor here
+    decoder._eager_step = decoder._step
+    context.warm_up()
+    worker = compute_thread().thread
+    assert seen and set(seen) == {worker}  # the eager first call and the bucket's
+    limits: list[int] = []
+    compute_thread().submit(lambda: limits.append(torch._dynamo.config.recompile_limit)).result()
+    assert limits == [RECOMPILE_LIMIT]

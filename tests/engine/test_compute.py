@@ -12,7 +12,7 @@ import anyio
 import pytest
 import torch
 
-from omni_core.engine.compute import compute_thread, run_compute
+from omni_core.engine.compute import call_on_compute_thread, compute_thread, run_compute
 
 pytestmark = pytest.mark.anyio
 
@@ -148,3 +148,13 @@ async def test_a_cancelled_callers_job_that_has_not_started_never_runs():
             await run_compute(ran.append, "queued")  # behind the blocker: dropped
         release.set()
     assert await run_compute(lambda: list(ran)) == ["blocker"]
+
+
+def test_call_on_compute_thread_runs_there_and_inline_from_there():
+    worker = compute_thread().thread
+    assert call_on_compute_thread(threading.current_thread) is worker
+
+    def nested() -> threading.Thread:  # would wait for itself if it queued the inner call
+        return call_on_compute_thread(threading.current_thread)
+
+    assert compute_thread().submit(nested).result(timeout=10) is worker

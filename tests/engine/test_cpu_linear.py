@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -164,3 +166,33 @@ def test_skip_leaves_the_named_layers_dense():
     assert packed == 1
     assert isinstance(model["attn"], PackedLinear)
     assert all(type(e) is nn.Linear for e in model["experts"])
+
+
+def test_several_rows_come_back_row_major():
+    """A strided last dimension would follow the result into attention and unfuse it."""
+    layer = _bf16_net()[0]
+    pack_linear_weights(layer)
+    with torch.no_grad():
+        out = layer(torch.randn(3, 256).to(torch.bfloat16))
+    assert out.is_contiguous() and out.stride(-1) == 1
+
+
+def test_a_compiled_step_calls_the_routed_kernels_as_one_operator():
+    """Inductor would write its own (slower) loop for the product; the operator keeps ours."""
+    net = _bf16_net()
+    pack_linear_weights(net)
+    graphs: list[Any] = []
+
+    def capture(graph: Any, inputs: Any) -> Any:
+        graphs.append(graph)
+        return graph.forward
+
+    for rows in (1, 4):
+        x = torch.randn(rows, 256).to(torch.bfloat16)
+        with torch.no_grad():
+            want = net(x)
+            torch._dynamo.reset()
+            got = torch.compile(net, backend=capture, dynamic=False)(x)
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        targets = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
+        assert targets.count("omni.row_product") == 2, targets

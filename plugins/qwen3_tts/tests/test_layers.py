@@ -1,0 +1,36 @@
+"""The shared decoder layers: grouped-query attention reads shared keys in place, exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+from omni_qwen3_tts.layers import Attention, rope_cos_sin  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_heads_equal_heads_given_repeated_keys_bit_for_bit(dtype, monkeypatch):
+    torch.manual_seed(0)
+    attn = Attention(hidden=64, heads=8, kv_heads=2, head_dim=16, layer=0).to(dtype)
+    x = torch.randn(2, 5, 64, dtype=dtype)
+    positions = torch.arange(5)[None].expand(2, 5)
+    cos, sin = rope_cos_sin(positions, 1.0 / (10000 ** (torch.arange(0, 16, 2) / 16)), dtype)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]
+    captured = {}
+    original = F.scaled_dot_product_attention
+
+    def repeated(q, k, v, attn_mask=None, enable_gqa=False):
+        captured["grouped"] = enable_gqa
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return original(q, k, v, attn_mask=attn_mask)
+
+    with torch.no_grad():
+        grouped = attn(x, cos, sin, mask)
+        monkeypatch.setattr(F, "scaled_dot_product_attention", repeated)
+        expected = attn(x, cos, sin, mask)
+    assert captured["grouped"] is True
+    assert torch.equal(grouped, expected)
