@@ -98,8 +98,8 @@ class RowLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
             # Opaque to inductor, which would otherwise generate its own loop for
-            # the product: measured here 19 GB/s against aten's 24 in a chain of
-            # bf16 products (``bench_cpu_linear.py --compiled``).
+            # the product: measured here (2 threads, ten SwiGLU blocks of 3072x1024
+            # bf16 weights one after another) 19 GB/s against 24 through this op.
             out = torch.ops.omni.row_product(x.reshape(-1, self.in_features), self.weight)
         elif x.numel() == self.in_features:
             out = torch.mv(self.weight, x.reshape(-1))
