@@ -50,6 +50,9 @@ RANK = textwrap.dedent(
             got = channel.recv()
         torch.save({"full": full, "sharded": sharded, "summed": summed, "got": got}, out)
     elif scenario == "break":
+        # Both ranks' connections are up once a barrier passes: a rank gone while the
+        # group still forms is init_group's error (a TPStartError), not this scenario.
+        torch.distributed.barrier()
         if rank == 1:
             os._exit(3)  # gone before the collective
         group.all_reduce(torch.ones(2))
@@ -115,6 +118,30 @@ def test_two_ranks_shard_layers_exchange_steps_and_match_the_full_layer(tmp_path
     rank1 = torch.load(tmp_path / "rank1.pt", weights_only=False)
     assert rank0["sharded"].equal(rank1["sharded"])  # every rank ends with the same sum
     assert rank1["got"][1][0].equal(rank0["got"][1][0])
+
+
+def test_a_peer_dying_while_the_group_forms_is_a_start_error(tmp_path, monkeypatch):
+    """A peer gone between the rendezvous and the connections: named, not a traceback."""
+    import torch.distributed as dist
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("Gloo connectFullMesh failed with [pair.cc:553] Connection closed")
+
+    monkeypatch.setattr(dist, "init_process_group", refused)
+    with pytest.raises(TPStartError) as caught:
+        init_group(
+            name="thinker",
+            rank=0,
+            size=1,
+            store_path=str(tmp_path / "store"),
+            backend="gloo",
+            device="cpu",
+            timeout=5.0,
+            ranks=["thinker_tp0"],
+        )
+    message = caught.value.render()
+    assert "rank 0 (thinker_tp0) could not connect to the other ranks: Gloo" in message
+    assert "ended while the group formed" in message
 
 
 def test_a_rank_that_never_arrives_is_named(tmp_path):

@@ -141,7 +141,8 @@ def init_group(
     """Meet the other ranks at ``store_path`` and build the process group (blocking).
 
     TPStartError, naming the ranks that never arrived, when the others do not
-    all join within ``timeout`` seconds.
+    all join within ``timeout`` seconds, or naming this rank when a peer's
+    process ends while the connections form.
     """
     global _current
     if _current is not None:
@@ -168,7 +169,14 @@ def init_group(
             hint="the missing rank's process failed or hangs before it: read its log; raise "
             "runtime.startup_timeout if loading is just slow",
         ) from None
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=wait)
+    try:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=wait)
+    except RuntimeError as exc:  # a peer that arrived and then died while the links formed
+        raise TPStartError(
+            f"tensor-parallel group {name!r}: rank {rank} ({group.process_of(rank)}) could "
+            f"not connect to the other ranks: {str(exc).splitlines()[0]}",
+            hint="another rank's process ended while the group formed: read its log",
+        ) from None
     _current = group
     # A rank that ends without leaving (a script, a stage that returns) would let gloo's
     # threads abort the interpreter's exit with std::terminate (SIGABRT, seen under load).
