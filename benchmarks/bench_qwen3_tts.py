@@ -4,8 +4,10 @@ Run: ``python benchmarks/bench_qwen3_tts.py [--frames 48] [--threads 2]``
 (about 5 minutes on two CPU cores, most of it the reference's share).
 ``--size 1.7B`` builds the larger release instead (talker width 2048),
 ``--device cuda --dtype bfloat16`` runs ours on a GPU (``benchmarks/gpu_check.py``
-does), and ``--smoke`` runs the tiny preset for a few frames without the
-reference, in seconds: it checks that the script still runs (``make test``).
+does), ``--dtype bfloat16`` casts the codec too unless ``--codec-dtype float32``
+keeps it (the vocoder stage's own ``factory.dtype``), and ``--smoke`` runs the
+tiny preset for a few frames without the reference, in seconds: it checks that
+the script still runs (``make test``).
 
 Why this shape: the issue's target is speed at the real architecture, not at
 the tiny preset, so the script writes a CustomVoice 0.6B checkpoint
@@ -362,17 +364,24 @@ async def ours(
     )
     try:
         await run_level(engine, vocoder, requests(1, 2, offset=900))  # warm-up
+        # One decode call's weight bytes counted in a run of its own: counting
+        # passes every op through Python, which must not slow a timed run.
+        counter = DecodeWatch(model, model.network, count_at=0)
+        try:
+            await run_level(engine, vocoder, requests(1, 3, offset=950))
+        finally:
+            counter.close()
         results = []
         for c in levels:
-            # at concurrency 1, every frame's decode call timed and the second one's bytes counted
-            watch = DecodeWatch(model, model.network) if c == 1 else None
+            # at concurrency 1, every frame's decode call timed
+            watch = DecodeWatch(model, model.network, count_at=None) if c == 1 else None
             try:
                 level = await run_level(engine, vocoder, requests(c, frames, c * 10))
             finally:
                 if watch is not None:
                     watch.close()
             if watch is not None:
-                level.decode_s, level.step_bytes = watch.mean_s(), watch.bytes
+                level.decode_s, level.step_bytes = watch.mean_s(), counter.bytes
                 level.positions = watch.mean_positions()
             results.append(level)
         return results
@@ -437,7 +446,7 @@ def reference(
         f"in {result['load_s']:.1f} s"
     )
     return Baseline(
-        f"reference qwen-tts ({dtype} talker), sequential (generate + codec decode)",
+        f"reference qwen-tts ({dtype} talker and codec), sequential (generate + codec decode)",
         [r["total_s"] for r in result["requests"]],
         [r["frames"] for r in result["requests"]],
     )
@@ -593,10 +602,17 @@ def main() -> None:
         help="the tts_engine stage's factory.quantization (int8 needs --dtype bfloat16)",
     )
     parser.add_argument(
+        "--codec-dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="the vocoder stage's factory.dtype (default: --dtype, as the release's "
+        "from_pretrained(dtype=...) casts its codec with the talker)",
+    )
+    parser.add_argument(
         "--reference-dtype",
         choices=("float32", "bfloat16"),
         default="float32",
-        help="the dtype the reference's talker runs in (its codec stays float32)",
+        help="the dtype the reference runs in, talker and codec (from_pretrained's dtype)",
     )
     parser.add_argument(
         "--smoke",
@@ -617,14 +633,20 @@ def main() -> None:
         root = Path(tmp)
         write_configs(root, args.frames, args.size)
         started = time.perf_counter()
+        codec_dtype = args.codec_dtype or args.dtype
         model = Qwen3TTSModel.from_pretrained(
-            root, load_format="dummy", seed=0, dtype=args.dtype, device=args.device
+            root,
+            load_format="dummy",
+            seed=0,
+            dtype=args.dtype,
+            device=args.device,
+            speech_dtype=codec_dtype,
         )
         talker = sum(p.numel() for p in model.network.parameters())
         codec = sum(p.numel() for p in model.speech_tokenizer.parameters())  # type: ignore[union-attr]
         print(
-            f"Qwen3-TTS CustomVoice {args.size} architecture, dummy weights, {args.dtype} on "
-            f"{args.device}, "
+            f"Qwen3-TTS CustomVoice {args.size} architecture, dummy weights, {args.dtype} "
+            f"(codec {codec_dtype}) on {args.device}, "
             f"{torch.get_num_threads()} torch threads: {talker / 1e6:.0f} M parameters "
             f"(+ {codec / 1e6:.0f} M codec), built in {time.perf_counter() - started:.1f} s"
         )

@@ -72,7 +72,8 @@ def main() -> None:
     tensors = _load_strict(model, root / "model.safetensors")
     tensors += _load_strict(codec, root / "speech_tokenizer" / "model.safetensors")
     if job.get("dtype", "float32") == "bfloat16":
-        model = model.to(torch.bfloat16)  # the talker; the codec stays float32
+        # talker and codec, as the release's from_pretrained(dtype=...) casts both
+        model, codec = model.to(torch.bfloat16), codec.to(torch.bfloat16)
         for sub in model.modules():  # rotary tables in float32, as from_pretrained leaves them
             if hasattr(sub, "rope_init_fn") and hasattr(sub, "inv_freq"):
                 sub.inv_freq, _ = sub.rope_init_fn(sub.config, sub.inv_freq.device)

@@ -189,9 +189,11 @@ class DecodeWatch:
     runs under :class:`StepReads` over ``modules`` and is left out of
     ``seconds`` (counting slows it); every other call's wall time goes to
     ``seconds`` and the first sequence's cached positions to ``positions``.
+    ``count_at=None`` counts nothing: a timed run whose bytes were counted in
+    another, untimed one, so that the slow counted call is not in its wall time.
     """
 
-    def __init__(self, model: Any, *modules: nn.Module, count_at: int = 1):
+    def __init__(self, model: Any, *modules: nn.Module, count_at: int | None = 1):
         self.model = model
         self.seconds: list[float] = []
         self.positions: list[float] = []

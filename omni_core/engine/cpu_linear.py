@@ -110,21 +110,29 @@ class RowLinear(nn.Linear):
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
-@torch.library.custom_op("omni::row_product", mutates_args=())
 def row_product(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``rows @ weight.T`` (``[N, in]`` -> ``[N, out]``) on :class:`RowLinear`'s kernels.
 
-    An operator of its own so that a compiled step calls these kernels as they
-    are.
+    An operator of its own (``omni::row_product``) so that a compiled step
+    calls these kernels as they are.
     """
     if rows.shape[0] == 1:
         return torch.mv(weight, rows[0])[None]
     return _transposed_product(rows, weight)
 
 
-@row_product.register_fake
 def _row_product_shape(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return rows.new_empty((rows.shape[0], weight.shape[0]))
+
+
+# Declared through torch.library.Library rather than the @custom_op decorator:
+# a compiled decode step calls it about 740 times per Qwen3-TTS frame, and
+# the decorator's Python wrapper costs about 2 us more per call (measured here:
+# 9.1 against 7.2 us per call of a compiled chain of small products).
+_LIBRARY = torch.library.Library("omni", "FRAGMENT")
+_LIBRARY.define("row_product(Tensor rows, Tensor weight) -> Tensor")
+_LIBRARY.impl("row_product", row_product, "CPU")
+torch.library.register_fake("omni::row_product", _row_product_shape, lib=_LIBRARY)
 
 
 def _transposed_product(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -60,7 +60,17 @@ class SlotKVCache:
             self.v[layer, slot, :, start:stop] = v[row, :, : stop - start]
 
     def read(self, layer: int, slots: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``slots`` at positions ``0..length`` (``[B, heads, length, dim]``)."""
+        """Keys and values of ``slots`` at positions ``0..length`` (``[B, heads, length, dim]``).
+
+        Consecutive ascending slots (a lone sequence, or a batch whose slots
+        were handed out in order) come back as views of the cache, not
+        copies: a copy per layer and step cost a talker step 3 ms at batch 1
+        (Qwen3-TTS 0.6B, bf16, 28 layers). Callers only read them.
+        """
+        first = slots[0]
+        if slots == list(range(first, first + len(slots))):
+            rows = slice(first, first + len(slots))
+            return self.k[layer, rows, :, :length], self.v[layer, rows, :, :length]
         index = torch.tensor(slots, device=self.k.device)
         return self.k[layer, index, :, :length], self.v[layer, index, :, :length]
 

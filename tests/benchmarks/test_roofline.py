@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -85,6 +85,28 @@ def test_int8_and_packed_layers_count_their_own_bytes_in_the_thread_that_runs_th
     with reads:  # in this thread, nothing ran: nothing counted
         pass
     assert reads.bytes == 0
+
+
+def test_a_decode_watch_times_every_call_but_the_counted_one_and_can_count_none(roofline):
+    layer = nn.Linear(16, 8)
+
+    class StepModel:
+        def decode(self, sequences, cache):
+            return layer(torch.ones(1, 16))
+
+    model = StepModel()
+    counting = roofline.DecodeWatch(model, layer, count_at=1)
+    sequence = SimpleNamespace(cached=5)
+    for _ in range(3):
+        model.decode([sequence], None)
+    counting.close()
+    assert counting.bytes == (16 * 8 + 8) * 4 and len(counting.seconds) == 2
+    assert "decode" not in model.__dict__  # closed: the class's method again
+    timing = roofline.DecodeWatch(model, layer, count_at=None)
+    for _ in range(3):
+        model.decode([sequence], None)
+    timing.close()
+    assert timing.bytes == 0 and len(timing.seconds) == 3 and timing.mean_positions() == 5
 
 
 def test_kv_bytes_and_the_printed_percentage(roofline):

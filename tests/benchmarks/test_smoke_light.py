@@ -72,12 +72,19 @@ def test_model_benchmarks_run_in_bf16_with_int8_and_print_the_bandwidth_limit(ru
     tts = run_smoke("bench_qwen3_tts.py", "--dtype", "bfloat16", "--quantization", "int8")
     tts.check()
     assert "our frame at concurrency 1 vs the memory-bandwidth limit" in tts.stdout, tts.stdout
+    assert "bfloat16 (codec bfloat16)" in tts.stdout, tts.stdout  # --codec-dtype follows --dtype
     for ran in (thinker, moss, tts):
         assert re.search(
             r"reads \d+\.\d+ GB of weights \+ \d+\.\d+ MB of KV per step; at the limit "
             r"\(\d+\.\d+ GB/s.*measured step \d+\.\d+ ms: \d+% of the memory-bandwidth limit",
             ran.stdout,
         ), ran.stdout
+
+
+def test_the_qwen3_tts_codec_dtype_can_differ_from_the_talkers(run_smoke) -> None:
+    ran = run_smoke("bench_qwen3_tts.py", "--dtype", "bfloat16", "--codec-dtype", "float32")
+    ran.check()
+    assert "bfloat16 (codec float32)" in ran.stdout, ran.stdout
 
 
 def test_int8_without_bf16_is_a_usage_error(run_smoke) -> None:

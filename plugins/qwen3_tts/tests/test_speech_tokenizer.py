@@ -171,3 +171,29 @@ def test_voice_clone_end_to_end(base_model):
 def test_voice_clone_needs_base(tiny_model):
     with pytest.raises(RuntimeError, match="Base checkpoint"):
         tiny_model.voice_clone_reference(torch.zeros(2400))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_short_upsampling_input_takes_the_product_and_equals_the_convolution(
+    monkeypatch, dtype, batch
+):
+    """Few inputs through a wide layer go through one product and an overlap-add."""
+    from omni_qwen3_tts.speech_tokenizer.convs import CausalTransConv1d
+
+    torch.manual_seed(0)
+    layer = CausalTransConv1d(64, 32, kernel_size=8, stride=4).to(dtype).eval()
+    short = torch.randn(batch, 64, 5).to(dtype)
+    with torch.inference_mode():
+        expected = layer.conv(short)[..., : 5 * 4]  # the right overhang trimmed
+        monkeypatch.setattr(layer.conv, "forward", _refuse)
+        got = layer(short)
+        assert got.shape == expected.shape
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got, expected, atol=tolerance, rtol=tolerance)
+        with pytest.raises(AssertionError, match="took the convolution"):
+            layer(torch.randn(batch, 64, 40).to(dtype))  # long: the convolution's
+
+
+def _refuse(x):
+    raise AssertionError("took the convolution")
