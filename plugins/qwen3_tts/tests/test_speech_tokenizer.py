@@ -175,25 +175,42 @@ def test_voice_clone_needs_base(tiny_model):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_a_short_upsampling_input_takes_the_product_and_equals_the_convolution(
+def test_upsampling_takes_the_product_for_short_inputs_and_equals_the_convolution(
     monkeypatch, dtype, batch
 ):
-    """Few inputs through a wide layer go through one product and an overlap-add."""
-    from omni_qwen3_tts.speech_tokenizer.convs import CausalTransConv1d
+    """Few inputs through a wide layer: one product and an overlap-add; many: a convolution."""
+    from omni_qwen3_tts.speech_tokenizer import convs
 
     torch.manual_seed(0)
-    layer = CausalTransConv1d(64, 32, kernel_size=8, stride=4).to(dtype).eval()
-    short = torch.randn(batch, 64, 5).to(dtype)
+    layer = convs.CausalTransConv1d(64, 32, kernel_size=8, stride=4).to(dtype).eval()
+    calls = []
+    product = convs._transposed_conv_as_product
+    monkeypatch.setattr(
+        convs, "_transposed_conv_as_product", lambda *a: calls.append(1) or product(*a)
+    )
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     with torch.inference_mode():
-        expected = layer.conv(short)[..., : 5 * 4]  # the right overhang trimmed
-        monkeypatch.setattr(layer.conv, "forward", _refuse)
-        got = layer(short)
-        assert got.shape == expected.shape
-        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-        torch.testing.assert_close(got, expected, atol=tolerance, rtol=tolerance)
-        with pytest.raises(AssertionError, match="took the convolution"):
-            layer(torch.randn(batch, 64, 40).to(dtype))  # long: the convolution's
+        for steps, by_product in ((5, True), (40, False)):  # 2 * rows vs 64 channels
+            x = torch.randn(batch, 64, steps).to(dtype)
+            expected = layer.conv(x)[..., : steps * 4]  # the right overhang trimmed
+            calls.clear()
+            got = layer(x)
+            assert bool(calls) == by_product
+            torch.testing.assert_close(got, expected, atol=tolerance, rtol=tolerance)
 
 
-def _refuse(x):
-    raise AssertionError("took the convolution")
+def test_long_signals_run_channels_last_and_equal_the_release_layout():
+    """The decoder's convolutions compute long signals time-major, with the same samples."""
+    from omni_qwen3_tts.speech_tokenizer.convs import CausalConv1d
+
+    torch.manual_seed(0)
+    plain = CausalConv1d(8, 8, 7, dilation=3).eval()
+    routed = CausalConv1d(8, 8, 7, dilation=3, time_major=True).eval()
+    routed.load_state_dict(plain.state_dict())
+    with torch.inference_mode():
+        long, short = torch.randn(2, 8, 50), torch.randn(1, 8, 5)
+        out = routed(long)
+        assert out.stride(1) == 1  # channels innermost
+        torch.testing.assert_close(out, plain(long), atol=1e-5, rtol=1e-5)
+        assert routed(short).is_contiguous()  # fewer steps than channels: the release's layout
+        torch.testing.assert_close(routed(short), plain(short), atol=1e-5, rtol=1e-5)

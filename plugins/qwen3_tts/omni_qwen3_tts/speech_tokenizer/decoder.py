@@ -239,9 +239,9 @@ class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int):
         super().__init__()
         self.act1 = SnakeBeta(dim)
-        self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation)
+        self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation, time_major=True)
         self.act2 = SnakeBeta(dim)
-        self.conv2 = CausalConv1d(dim, dim, 1)
+        self.conv2 = CausalConv1d(dim, dim, 1, time_major=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.conv2(self.act2(self.conv1(self.act1(x))))
@@ -309,7 +309,7 @@ class CodecDecoder(nn.Module):
             nn.ModuleList([CausalTransConv1d(width, width, factor, factor), ConvNeXtBlock(width)])
             for factor in cfg.upsampling_ratios
         )
-        stages: list[nn.Module] = [CausalConv1d(width, cfg.decoder_dim, 7)]
+        stages: list[nn.Module] = [CausalConv1d(width, cfg.decoder_dim, 7, time_major=True)]
         for i, rate in enumerate(cfg.upsample_rates):
             stages.append(
                 DecoderBlock(
@@ -317,7 +317,7 @@ class CodecDecoder(nn.Module):
                 )
             )
         out_dim = cfg.decoder_dim // 2 ** len(cfg.upsample_rates)
-        stages += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7)]
+        stages += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7, time_major=True)]
         self.decoder = nn.ModuleList(stages)
         self.total_upsample = math.prod((*cfg.upsampling_ratios, *cfg.upsample_rates))
         self.lookahead_samples = _lookahead_samples(
