@@ -197,6 +197,9 @@ def test_upsampling_takes_the_product_for_short_inputs_and_equals_the_convolutio
             got = layer(x)
             assert bool(calls) == by_product
             torch.testing.assert_close(got, expected, atol=tolerance, rtol=tolerance)
+        calls.clear()
+        off_cpu = layer.to("meta")(torch.randn(batch, 64, 5, device="meta", dtype=dtype))
+        assert not calls and off_cpu.shape == (batch, 32, 20)  # other devices: the release's
 
 
 def test_long_signals_run_channels_last_and_equal_the_release_layout():
@@ -214,3 +217,4 @@ def test_long_signals_run_channels_last_and_equal_the_release_layout():
         torch.testing.assert_close(out, plain(long), atol=1e-5, rtol=1e-5)
         assert routed(short).is_contiguous()  # fewer steps than channels: the release's layout
         torch.testing.assert_close(routed(short), plain(short), atol=1e-5, rtol=1e-5)
+        assert routed.to("meta")(long.to("meta")).is_contiguous()  # off the CPU: the release's

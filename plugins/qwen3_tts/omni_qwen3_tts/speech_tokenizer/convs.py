@@ -121,8 +121,9 @@ def _long_enough(x: torch.Tensor, channels: int) -> bool:
     against 0.33 ms; kernel 7: 3.4 against 1.0; float32 1.8 against 1.2 and
     8.9 against 6.6). With few steps through many channels the kernel's weight
     rearrangement dominates instead and channels-first is as fast or faster.
+    On GPUs (not measured) the release's layout is kept.
     """
-    return x.shape[0] * x.shape[-1] >= channels
+    return x.is_cpu and x.shape[0] * x.shape[-1] >= channels
 
 
 def time_major(x: torch.Tensor) -> torch.Tensor:
@@ -195,11 +196,12 @@ class CausalTransConv1d(nn.Module):
         the length (it rearranges the weight at every call), against 3-9 ms
         for the product (measured here, 2 threads, 17 and 49 inputs, float32
         and bf16). Long inputs through small weights are the other way round.
+        The CPU only: GPUs keep the release's convolution.
         The sum is reordered: equal within float rounding (about 1e-6
         relative in float32).
         """
         conv, rows = self.conv, x.shape[0] * x.shape[-1]
-        if 2 * rows <= conv.in_channels and conv.groups == 1:
+        if x.is_cpu and 2 * rows <= conv.in_channels and conv.groups == 1:
             out = _transposed_conv_as_product(x, conv.weight, conv.bias, self.stride)
             # where the next layers run channels-last (see _long_enough), hand them that
             return time_major(out) if _long_enough(out, conv.out_channels) else out
