@@ -138,16 +138,19 @@ async def test_text_only_requests_never_need_the_talker_even_when_it_dies(short_
         written = _written([{"role": "user", "content": "Hi"}])
         before = await _answer(runtime, written)
         assert before["text"] and before["audio"].size == 0
-        spoken = [
-            await runtime.dispatch(_spoken([{"role": "user", "content": "Hi"}], max_tokens=200))
-        ]
-        await anyio.sleep(1.0)
+        story = [{"role": "user", "content": "Tell me a long story"}]
+        handle = await runtime.dispatch(_spoken(story, max_tokens=200))
+        # Killed mid-answer: once its first audio is out, not after a fixed sleep, which a
+        # faster codec outran (this long answer goes on for hundreds of frames).
+        with anyio.fail_after(60):
+            async for event in handle.stream():
+                if event.stage == "code2wav":
+                    break
         victim = runtime.children["talker_ar"]
         os.kill(victim.proc.pid, signal.SIGKILL)
-        for handle in spoken:
-            with pytest.raises(RequestFailed) as failed:
-                await handle.result()
-            assert "talker_ar" in str(failed.value)
+        with pytest.raises(RequestFailed) as failed:
+            await handle.result()
+        assert "talker_ar" in str(failed.value)
         during = await _answer(runtime, written)  # served while the talker restarts
         assert during["text"] == before["text"]
         with anyio.fail_after(60):
