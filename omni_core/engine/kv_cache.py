@@ -67,8 +67,8 @@ class SlotKVCache:
         copies: a copy per layer and step cost a talker step 3 ms at batch 1
         (Qwen3-TTS 0.6B, bf16, 28 layers). Callers only read them.
         """
-        first = slots[0]
-        if slots == list(range(first, first + len(slots))):
+        first = slots[0] if slots else 0
+        if slots and slots == list(range(first, first + len(slots))):
             rows = slice(first, first + len(slots))
             return self.k[layer, rows, :, :length], self.v[layer, rows, :, :length]
         index = torch.tensor(slots, device=self.k.device)
