@@ -21,6 +21,10 @@ no bf16 packed layer), ``RowLinear`` (the bf16 layer the CPU stages use: a
 lone row through ``torch.mv``) and ``Int8Linear`` (int8 weights, bf16 activations,
 ``aten._weight_int8pack_mm``). GB/s counts each layout's own bytes; the
 speed-up columns are against float32 MKL.
+
+Last, bf16 sibling projections (a Qwen3 layer's q/k/v, then gate/up) as
+separate ``RowLinear`` products and fused into one per group
+(``omni_core.engine.fused_linear``, what ``pack_linear_weights`` does).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_core.engine.cpu_linear import MKL_MAX_ROWS, RowLinear, packing_available
+from omni_core.engine.fused_linear import fuse_projections, project
 from omni_core.engine.quantize import Int8Linear
 
 ONEDNN = torch.ops.mkldnn._linear_pointwise  # what PackedLinear calls beyond MKL_MAX_ROWS rows
@@ -116,6 +121,35 @@ def main() -> None:
                 ]
                 ups = " / ".join(f"{times[0] / t:.2f}x" for t in times[1:])
                 print(f"{row_count:>5} {' '.join(f'{c:>17}' for c in cells)}   {ups}")
+        print_fused(args.layers, rows, passes)
+
+
+#: A Qwen3-TTS 0.6B layer's projections that read one input: q/k/v, gate/up.
+SIBLINGS = ((1024, (2048, 1024, 1024)), (1024, (3072, 3072)))
+
+
+def print_fused(layers: int, rows: tuple[int, ...], passes: int) -> None:
+    """bf16 sibling projections, separate against fused, over ``layers`` layers' worth."""
+
+    def group(k: int, outs: tuple[int, ...]) -> list[nn.Linear]:
+        members = [nn.Linear(k, n, bias=False).to(torch.bfloat16) for n in outs]
+        for layer in members:
+            layer.__class__ = RowLinear
+        return members
+
+    separate = [group(k, outs) for _ in range(layers) for k, outs in SIBLINGS]
+    fused = [group(k, outs) for _ in range(layers) for k, outs in SIBLINGS]
+    fuse_projections(fused, kinds=(RowLinear,))
+    gigabytes = sum(layer.weight.numel() * 2 for g in separate for layer in g) / 1e9
+    print(f"\nbf16 q/k/v + gate/up of {layers} layers ({gigabytes * 1e3:.0f} MB), GB/s:")
+    print(f"{'rows':>5} {'separate':>9} {'fused':>9}")
+    for row_count in rows:
+        x = torch.randn(row_count, 1024).to(torch.bfloat16)
+        times = [
+            best_per_layer(lambda x=x, gs=groups: [project(x, *g) for g in gs], 1, passes)
+            for groups in (separate, fused)
+        ]
+        print(f"{row_count:>5} {gigabytes / times[0]:>9.1f} {gigabytes / times[1]:>9.1f}")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fused_linear import fuse_sibling_projections
+
 DEFAULT_MIN_ELEMENTS = 1 << 20  # 4 MiB of float32: beyond the per-core caches
 
 
@@ -177,13 +179,18 @@ def pack_linear_weights(
 
     Eligible: float32, on the CPU, at least ``min_elements`` weight
     elements, and not named (``layers.0.mlp.experts.3.up_proj``) by ``skip``.
-    bfloat16 layers on the CPU become :class:`RowLinear` instead (counted too).
+    bfloat16 layers on the CPU become :class:`RowLinear` instead (counted too),
+    and those that a module names in ``sibling_projections`` are fused into one
+    product per group (:mod:`.fused_linear`; not counted again).
     Nothing happens (0) where the torch build cannot run packed layers;
     packing twice packs nothing new. ``skip`` keeps named layers plain
     ``nn.Linear`` (a mixture's experts, which see a row or two per call,
     gain nothing from routing).
     """
     rows = _route_single_rows(module)
+    # Routed bf16 projections that read one input become one product each
+    # (q/k/v, gate/up; see fused_linear).
+    fuse_sibling_projections(module, kinds=(RowLinear,))
     if not packing_available():
         return rows
     targets = [

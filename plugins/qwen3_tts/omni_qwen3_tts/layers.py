@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_core.engine.fused_linear import project
+
 from .config import TransformerConfig
 
 
@@ -141,6 +143,9 @@ class KVStore(Protocol):
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))``: the Qwen3 MLP."""
 
+    #: read one input: one product once fused (``omni_core.engine.fused_linear``)
+    sibling_projections = (("gate_proj", "up_proj"),)
+
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
@@ -148,11 +153,14 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = project(x, self.gate_proj, self.up_proj)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Attention(nn.Module):
     """Grouped-query attention with optional per-head q/k RMS norm and rotary positions."""
+
+    sibling_projections = (("q_proj", "k_proj", "v_proj"),)
 
     def __init__(
         self,
@@ -186,9 +194,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``x`` ``[B, T, hidden]``; ``mask`` boolean ``[B, 1, T, S]`` (True = attend)."""
         batch, steps, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(batch, steps, self.heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(batch, steps, self.kv_heads, self.head_dim))
-        v = self.v_proj(x).view(batch, steps, self.kv_heads, self.head_dim)
+        q, k, v = project(x, self.q_proj, self.k_proj, self.v_proj)
+        q = self.q_norm(q.view(batch, steps, self.heads, self.head_dim))
+        k = self.k_norm(k.view(batch, steps, self.kv_heads, self.head_dim))
+        v = v.view(batch, steps, self.kv_heads, self.head_dim)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if store is not None:

@@ -186,3 +186,28 @@ def test_bfloat16_load(checkpoint_factory):
     assert model.dtype == torch.bfloat16
     codes = model.generate(_prompt(model), 4)
     assert codes.shape[1] == 16
+
+
+def test_bf16_projections_fused_by_packing_generate_what_separate_ones_do(
+    checkpoint_factory, monkeypatch
+):
+    """q/k/v and gate/up become one product each (talker and code predictor): same codes."""
+    from omni_core.engine import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "ROW_MIN_ELEMENTS", 0)  # the tiny layers get routed too
+    root = checkpoint_factory("custom_voice")
+    fused = Qwen3TTSModel.from_pretrained(root, dtype="bfloat16")
+    separate = Qwen3TTSModel.from_pretrained(root, dtype="bfloat16")
+    cpu_linear.pack_linear_weights(fused.network)
+    monkeypatch.setattr(cpu_linear, "fuse_sibling_projections", lambda module, kinds: 0)
+    cpu_linear.pack_linear_weights(separate.network)
+    talker = fused.config.talker
+    layers = talker.transformer.num_hidden_layers + talker.code_predictor.num_hidden_layers
+    groups = sum("_omni_fusion" in m.__dict__ for m in fused.network.modules())
+    assert groups == 2 * layers  # attention's q/k/v and the MLP's gate/up, in every layer
+    assert not any("_omni_fusion" in m.__dict__ for m in separate.network.modules())
+    for seed in (None, 3):  # greedy, then sampled with the same seed
+        temperature = 0.0 if seed is None else 0.9
+        want = separate.generate(_prompt(separate), 6, temperature=temperature, seed=seed)
+        got = fused.generate(_prompt(fused), 6, temperature=temperature, seed=seed)
+        assert torch.equal(got, want)
