@@ -97,6 +97,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -739,7 +740,11 @@ def reference(
         },
     )
     if done.returncode != 0:
-        raise RuntimeError(f"the reference runner failed:\n{done.stderr[-6000:]}")
+        # A runner killed by the kernel prints nothing of its own: say how it ended.
+        how = f"exit status {done.returncode}"
+        if done.returncode == -signal.SIGKILL:
+            how = "killed (SIGKILL: most likely out of memory; free some or use --quick)"
+        raise RuntimeError(f"the reference runner failed ({how}):\n{done.stderr[-6000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -6,10 +6,11 @@ hands it for one :class:`StaticDecoder` per decoder it runs (a talker and its
 code predictor; a backbone; a thinker), and from then on calls each in its
 decode step. A :class:`StaticDecoder` takes the step's new rows, their rotary
 positions, their cache positions and their slots, pads the batch up to its
-bucket (:mod:`.buckets`), runs the compiled or captured step
-(:mod:`.static_kv` gives the static-shape cache; :mod:`.cuda_graphs` the
+bucket (:mod:`.buckets`), runs the compiled or captured step over the
+shortest slot span that holds its rows (:func:`attention_spans`;
+:mod:`.static_kv` gives the static-shape cache; :mod:`.cuda_graphs` the
 capture) and returns the real rows; for a batch above the largest bucket it
-returns None and the model runs its eager step. All buckets are compiled at
+returns None and the model runs its eager step. All buckets and spans are compiled at
 start-up (:meth:`StaticContext.warm_up`), before the process says ready.
 
 The sampling around the step stays eager: it is per-request Python (seeded
@@ -37,6 +38,31 @@ log = logging.getLogger(__name__)
 RECOMPILE_LIMIT = 256
 
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], Any]
+
+#: The shortest slot span a static step attends over, and how many spans at most.
+SMALLEST_SPAN = 128
+MOST_SPANS = 4
+
+
+def attention_spans(capacity: int, graphs: bool) -> tuple[int, ...]:
+    """The slot lengths a decoder's static steps read, shortest first; each is a shape.
+
+    Why: a static step reads every row's slot up to a fixed length, and at
+    the slot's whole capacity that read outweighs the weights. A Qwen3-TTS
+    0.6B talker step keeps 115 KB of keys and values per position, so with
+    ``bench_qwen3_tts.py``'s 512 positions per slot it copied and read 176 MB
+    per row for rows about 100 positions long, against 880 MB of bf16 weights
+    for the whole batch. A step therefore reads the shortest span that holds
+    its longest row: the capacity, halved up to ``MOST_SPANS - 1`` times but
+    not below ``SMALLEST_SPAN``. Each span is compiled once per bucket.
+
+    CUDA graphs keep the capacity alone: each span would be another captured
+    graph per bucket, and choosing one reads the positions on the host.
+    """
+    spans = [capacity]
+    while not graphs and len(spans) < MOST_SPANS and spans[-1] // 2 >= SMALLEST_SPAN:
+        spans.append(spans[-1] // 2)
+    return tuple(reversed(spans))
 
 
 def _pad(tensor: torch.Tensor, rows: int, dim: int, fill: float | int) -> torch.Tensor:
@@ -104,6 +130,7 @@ class StaticDecoder:
         self._step: Callable[..., Any] = self._eager_step
         if plan.compile:
             self._step = torch.compile(self._eager_step, dynamic=False)
+        self.spans = attention_spans(k_cache.shape[3], self.use_graphs)
         self._graphs: dict[tuple[int, int], CapturedStep] = {}
         self.calls = 0  # steps run statically (tests and figures)
 
@@ -124,10 +151,23 @@ class StaticDecoder:
         )
 
     def _eager_step(
-        self, x: torch.Tensor, positions: torch.Tensor, cache_pos: torch.Tensor, slots: torch.Tensor
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache_pos: torch.Tensor,
+        slots: torch.Tensor,
+        span: int | None = None,
     ) -> Any:
-        store = StaticSlotStore(self.k_cache, self.v_cache, slots, cache_pos)
-        return self.forward(x, positions, static_mask(cache_pos, self.k_cache.shape[3]), store)
+        span = self.spans[-1] if span is None else span
+        store = StaticSlotStore(self.k_cache, self.v_cache, slots, cache_pos, span)
+        return self.forward(x, positions, static_mask(cache_pos, span), store)
+
+    def span_for(self, cache_pos: torch.Tensor) -> int:
+        """The shortest of :attr:`spans` that holds every row's new positions."""
+        if len(self.spans) == 1:
+            return self.spans[0]
+        longest = int(cache_pos.max()) + 1  # on the CPU: no device to wait for
+        return next((s for s in self.spans if s >= longest), self.spans[-1])
 
     def __call__(
         self, x: torch.Tensor, positions: torch.Tensor, cache_pos: torch.Tensor, slots: torch.Tensor
@@ -140,7 +180,7 @@ class StaticDecoder:
         inputs = self._padded(bucket, x, positions, cache_pos, slots)
         graph = self._graphs.get((bucket, steps))
         self.calls += 1
-        out = graph(*inputs) if graph is not None else self._step(*inputs)
+        out = graph(*inputs) if graph is not None else self._step(*inputs, self.span_for(cache_pos))
         return _rows(out, batch)
 
     def _padded(
@@ -169,7 +209,7 @@ class StaticDecoder:
         return x, positions, where, slots
 
     def warm_up(self) -> None:
-        """Compile (and capture) every bucket and step length, largest bucket first."""
+        """Compile (and capture) every bucket, step length and span, largest bucket first."""
         if not self.enabled:
             return
         pool = graph_pool() if self.use_graphs else None
@@ -181,7 +221,8 @@ class StaticDecoder:
             for steps in self.steps:
                 example = self.example(bucket, steps)
                 if not self.use_graphs:
-                    self._step(*example)
+                    for span in self.spans:
+                        self._step(*example, span)
                     continue
                 try:
                     self._graphs[(bucket, steps)] = CapturedStep(self._step, example, pool=pool)

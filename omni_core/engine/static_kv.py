@@ -4,8 +4,9 @@ The eager step reads each batch's slots only up to the longest sequence, so
 its shapes change every step; a compiled (or CUDA-graph) step must see the
 same shapes every time. This store writes the new keys and values at each
 row's own cache position (one ``index_put_``, no Python loop) and returns the
-rows' slots at their full capacity; :func:`static_mask` hides every key past
-the row's position. Masked keys add exactly zero to the softmax, so the
+rows' slots up to a fixed span (their capacity, or a shorter span that holds
+every row: ``compiled.attention_spans``); :func:`static_mask` hides every key
+past the row's position. Masked keys add exactly zero to the softmax, so the
 result equals the eager step's within float rounding.
 
 The cache tensors are arguments, not attributes read at trace time, so one
@@ -22,7 +23,9 @@ class StaticSlotStore:
     """``update(layer, k, v)`` over ``k_cache``/``v_cache`` ``[layers, slots, heads, L, dim]``.
 
     ``slots`` ``[B]``: each row's slot; ``positions`` ``[B, T]``: the cache
-    position of each new key (T new keys per row, usually one).
+    position of each new key (T new keys per row, usually one). ``span``:
+    how much of each slot attention reads (the first ``span`` positions;
+    default all ``L``), which must hold every row's positions.
     """
 
     def __init__(
@@ -31,8 +34,10 @@ class StaticSlotStore:
         v_cache: torch.Tensor,
         slots: torch.Tensor,
         positions: torch.Tensor,
+        span: int | None = None,
     ):
         self.k, self.v = k_cache, v_cache
+        self.span = k_cache.shape[3] if span is None else span
         self.rows = slots[:, None].expand_as(positions)
         self.positions = positions
         heads = torch.arange(k_cache.shape[2], device=k_cache.device)
@@ -44,12 +49,13 @@ class StaticSlotStore:
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store ``k``/``v`` ``[B, heads, T, dim]``; return their slots ``[B, heads, L, dim]``."""
+        """Store ``k``/``v`` ``[B, heads, T, dim]``; return the slots ``[B, heads, span, dim]``."""
         where = (torch.full_like(self._where[0], layer), *self._where)
         self.k.index_put_(where, k.transpose(1, 2))
         self.v.index_put_(where, v.transpose(1, 2))
-        slots = self.rows[:, 0]
-        return self.k[layer].index_select(0, slots), self.v[layer].index_select(0, slots)
+        slots, span = self.rows[:, 0], self.span
+        keys = self.k[layer, :, :, :span].index_select(0, slots)
+        return keys, self.v[layer, :, :, :span].index_select(0, slots)
 
 
 def static_mask(positions: torch.Tensor, capacity: int) -> torch.Tensor:

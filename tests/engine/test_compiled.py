@@ -138,6 +138,39 @@ def test_padded_static_steps_equal_eager_and_spare_the_other_slots():
     assert torch.all(cache.k[:, bystander] == 7.0)
 
 
+def test_attention_spans_halve_the_capacity_down_to_the_smallest():
+    from omni_core.engine.compiled import attention_spans
+
+    assert attention_spans(512, graphs=False) == (128, 256, 512)
+    assert attention_spans(4096, graphs=False) == (512, 1024, 2048, 4096)  # four at most
+    assert attention_spans(200, graphs=False) == (200,)  # 100 would be below 128
+    assert attention_spans(512, graphs=True) == (512,)  # one captured graph per bucket
+
+
+def test_static_steps_read_the_shortest_span_that_holds_their_rows(monkeypatch):
+    """Rows growing past each span move to the next; the tokens stay eager's."""
+    from omni_core.engine import compiled
+
+    monkeypatch.setattr(compiled, "SMALLEST_SPAN", 8)
+    model = TinyDecoder(vocab_size=64, dim=32, num_heads=2, num_layers=2, seed=7)
+    eager = _drive(model, SlotKVCache(model.cache_layout(), 2, 32), PROMPTS[:2], 20)
+    cache = _manual(model, (1, 2), 2)
+    static = model.static
+    assert static.spans == (8, 16, 32)
+    spans: list[int] = []
+    step = static._step
+
+    def recording(*inputs: Any) -> Any:
+        spans.append(inputs[-1])
+        return step(*inputs)
+
+    static._step = recording
+    assert _drive(model, cache, PROMPTS[:2], 20) == eager  # prompts of 3 and 5, 20 new tokens
+    assert static.calls == 20
+    # the longer row's new token sits at positions 5..24: spans 8 (3 steps), 16, then 32
+    assert spans == [8] * 3 + [16] * 8 + [32] * 9
+
+
 def test_a_batch_above_the_largest_bucket_runs_eagerly():
     model = TinyDecoder(num_layers=1, seed=4)
     eager = _drive(model, SlotKVCache(model.cache_layout(), 4, 32), PROMPTS, 5)
