@@ -10,8 +10,9 @@ bucket (:mod:`.buckets`), runs the compiled or captured step over the
 shortest slot span that holds its rows (:func:`attention_spans`;
 :mod:`.static_kv` gives the static-shape cache; :mod:`.cuda_graphs` the
 capture) and returns the real rows; for a batch above the largest bucket it
-returns None and the model runs its eager step. All buckets and spans are compiled at
-start-up (:meth:`StaticContext.warm_up`), before the process says ready.
+returns None and the model runs its eager step. All buckets and spans are
+compiled at start-up (:meth:`StaticContext.warm_up`), before the process
+says ready.
 
 The sampling around the step stays eager: it is per-request Python (seeded
 generators, repetition penalties) and reads little memory.

@@ -82,8 +82,8 @@ def fuse_projections(
     A group qualifies when every member is of one such class, over the same
     input size, dtype and device, all with a bias or all without, each
     weight its own storage (so none is fused already) and none mapped from
-    shared memory. One group is copied at
-    a time, so fusing needs one group's worth of extra memory.
+    shared memory. One group is copied at a time, so fusing needs one
+    group's worth of extra memory.
     """
     fused = 0
     for group in groups:
