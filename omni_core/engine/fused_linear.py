@@ -27,6 +27,7 @@ per process would undo the sharing.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -112,7 +113,25 @@ def fuse_projections(
             tuple(layer.weight.data_ptr() for layer in layers),
         )
         fused += 1
+    if fused:
+        _return_freed_heap()
     return fused
+
+
+def _return_freed_heap() -> None:
+    """Hand the pages of the weights fusing replaced back to the OS (glibc; else nothing).
+
+    Why: glibc keeps freed blocks under its mmap threshold (weights of a few
+    MB are) in its heap, and each fused copy was allocated while its
+    originals still lived, so the freed originals stayed resident: a
+    Qwen3-TTS 0.6B bf16 model measured 2.65 GB before packing and 3.09 GB
+    after. ``malloc_trim`` returns them (2.50 GB after).
+    """
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc: its allocator is its own business
+        return
+    trim(0)
 
 
 def fuse_sibling_projections(module: nn.Module, kinds: tuple[type[nn.Linear], ...]) -> int:

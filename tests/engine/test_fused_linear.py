@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import os
 from typing import Any
 
 import pytest
@@ -78,6 +80,23 @@ def test_fusing_twice_fuses_nothing_new():
     assert fuse_sibling_projections(block, ROUTED) == 2
     assert fuse_sibling_projections(block, ROUTED) == 0
     assert pack_linear_weights(block) == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads Linux's RSS")
+def test_fusing_leaves_no_second_copy_resident():
+    """The originals are freed and their pages returned: RSS does not grow by the fused bytes."""
+
+    def resident() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    blocks = [_routed(seed=i) for i in range(24)]  # 24 x 2.5 MB of weights
+    fused_bytes = sum(p.numel() * 2 for b in blocks for p in b.parameters())
+    gc.collect()
+    before = resident()
+    assert sum(fuse_sibling_projections(b, ROUTED) for b in blocks) == 48
+    gc.collect()
+    assert resident() - before < 0.1 * fused_bytes
 
 
 def test_pack_linear_weights_fuses_the_groups_a_module_names():
