@@ -92,17 +92,25 @@ class ComputeThread:
 
     def _loop(self) -> None:
         while True:
-            future, fn, args, wanted = self._jobs.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            if wanted:
-                _set_torch_threads(wanted)
-            try:
-                result = fn(*args)
-            except BaseException as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+            self._run(self._jobs.get())
+
+    @staticmethod
+    def _run(job: tuple[Future, Callable[..., Any], tuple[Any, ...], int | None]) -> None:
+        # A function of its own, so that the job's function, arguments and result
+        # die when it returns: held in the loop's locals, the last job's model and
+        # tensors stayed alive while the thread waited (a benchmark's freed model,
+        # 10.5 GB of it, and the reference it then runs was killed for memory).
+        future, fn, args, wanted = job
+        if not future.set_running_or_notify_cancel():
+            return
+        if wanted:
+            _set_torch_threads(wanted)
+        try:
+            result = fn(*args)
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
 
 
 _current: ComputeThread | None = None

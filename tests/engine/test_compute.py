@@ -158,3 +158,21 @@ def test_call_on_compute_thread_runs_there_and_inline_from_there():
         return call_on_compute_thread(threading.current_thread)
 
     assert compute_thread().submit(nested).result(timeout=10) is worker
+
+
+def test_a_finished_job_leaves_nothing_alive_on_the_compute_thread():
+    """The thread waits for its next job holding none of the last one's arguments or result."""
+    import gc
+    import weakref
+
+    class Model:  # stands for a model or a tensor a job was given and returned
+        pass
+
+    given, returned = Model(), Model()
+    refs = [weakref.ref(given), weakref.ref(returned)]
+    pair = compute_thread().submit(lambda a, b: (a, b), given, returned).result()
+    assert pair == (given, returned)
+    del pair
+    del given, returned
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
