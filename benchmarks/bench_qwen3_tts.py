@@ -339,16 +339,19 @@ async def ours(
     left_context: int | None,
     pack_weights: bool,
     compile_steps: bool = False,
+    prepack: bool = False,
 ) -> list[Level]:
     """Our stages at each concurrency of ``levels`` after a warm-up, on the model's device.
 
     ``compile_steps``: ``engine.enable_torch_compile`` (every bucket up to the
-    largest level compiled before the clock starts; the time is printed).
+    largest level compiled before the clock starts; the time is printed);
+    ``prepack``: ``engine.cpu_weight_prepack`` too.
     """
     settings = EngineSettings(
         max_running_requests=max(levels),
         max_total_tokens=max(levels) * 512,
         enable_torch_compile=compile_steps,
+        cpu_weight_prepack=prepack,
     )
     on_cpu = next(model.network.parameters()).device.type == "cpu"
     if pack_weights and on_cpu:  # what the tts_engine stage does on the CPU (factory.pack_weights)
@@ -592,6 +595,12 @@ def main() -> None:
         action="store_true",
         help="ours with engine.enable_torch_compile (compiled decode steps; compile time printed)",
     )
+    parser.add_argument(
+        "--cpu-weight-prepack",
+        action="store_true",
+        help="with --compile: engine.cpu_weight_prepack (weights of decoders that fit the "
+        "last-level cache packed for inductor's GEMM template)",
+    )
     parser.add_argument("--size", choices=SIZES, default="0.6B", help="the release size to build")
     parser.add_argument("--device", default="cpu", help="where ours runs (cpu, cuda, cuda:1...)")
     parser.add_argument("--dtype", default="float32", help="our weights' dtype (float32, bfloat16)")
@@ -620,6 +629,8 @@ def main() -> None:
         help="the tiny preset, 4 frames, concurrency 1 and 2, no reference: checks the script runs",
     )
     args = parser.parse_args()
+    if args.cpu_weight_prepack and not args.compile:
+        parser.error("--cpu-weight-prepack packs weights into compiled steps: add --compile")
     if args.smoke:
         args.size, args.frames, args.levels, args.no_reference = "tiny", 4, "1,2", True
         args.reference_requests = 1
@@ -670,6 +681,7 @@ def main() -> None:
             args.left_context,
             not args.no_pack_weights,
             args.compile,
+            args.cpu_weight_prepack,
         )
         plain = args.dtype == "float32" and args.quantization == "none"
         report(levels_run, baseline, args.frames, TARGETS["float32" if plain else "reduced"])

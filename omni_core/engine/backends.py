@@ -141,23 +141,28 @@ def validate_engine_settings(stage_name: str, engine: Mapping[str, Any]) -> Engi
     try:
         settings = backend.settings_model().model_validate(data)
     except ValidationError as exc:
-        from ..schema.validation import plain_bound
-
         errors = exc.errors()
-        reasons = "; ".join(
-            f"engine.{'.'.join(str(p) for p in err['loc'])}: {plain_bound(err) or err['msg']}"
-            for err in errors
-        )
+        reasons = "; ".join(_reason(err) for err in errors)
         keys = tuple(dict.fromkeys(str(err["loc"][0]) for err in errors if err["loc"]))
         fix = ", ".join(f"--{stage_name}.engine.{key}" for key in keys)
-        raise EngineSettingsError(
-            f"stage {stage_name!r}: {reasons}",
-            keys=keys,
-            hint=f"set {fix} to a value in range, or leave it unset for the default"
-            if keys
-            else None,
-        ) from None
+        if keys:
+            hint = f"set {fix} to a value in range, or leave it unset for the default"
+        else:  # a rule across keys: the message says the fix; locate the keys it names
+            keys = tuple(key for key in data if any(key in _reason(err) for err in errors))
+            hint = None
+        message = f"stage {stage_name!r}: {reasons}"
+        raise EngineSettingsError(message, keys=keys, hint=hint) from None
     return cast(EngineSettings, settings)  # a later backend may subclass EngineSettings
+
+
+def _reason(error: Any) -> str:
+    """One pydantic error as ``engine.KEY: why`` (a rule across keys: its message alone)."""
+    from ..schema.validation import plain_bound
+
+    if not error["loc"]:
+        return "engine: " + str(error["msg"]).removeprefix("Value error, ")
+    where = ".".join(str(part) for part in error["loc"])
+    return f"engine.{where}: {plain_bound(error) or error['msg']}"
 
 
 def _sglang_version() -> str:

@@ -44,13 +44,16 @@ class StaticPlan:
     bucket captured as a CUDA graph (CUDA devices only); no ``buckets``: the
     eager step. Buckets with neither runs the static-shape step uncompiled
     (what tests and benchmarks compare against). ``reason`` says why the plan
-    is what it is, for the start-up log.
+    is what it is, for the start-up log. ``prepack``: compiled CPU steps may
+    pack their weights for inductor's GEMM template (:mod:`.prepack` decides
+    per decoder).
     """
 
     compile: bool
     cuda_graphs: bool
     buckets: tuple[int, ...]
     reason: str
+    prepack: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -82,10 +85,14 @@ def static_plan(settings: EngineSettings, device_type: str) -> StaticPlan:
         )
         return StaticPlan(False, False, (), f"eager decode ({why})")
     buckets = batch_buckets(max_bs)
+    prepack = compile_ and device_type == "cpu" and settings.cpu_weight_prepack
+    if prepack:
+        parts.append("weights prepacked where they fit the CPU's last-level cache")
     return StaticPlan(
         compile_,
         graphs,
         buckets,
         f"{' + '.join(parts)} for batch sizes {', '.join(map(str, buckets))} "
         f"(engine.cuda_graph_max_bs {max_bs}; larger batches run eagerly)",
+        prepack,
     )

@@ -129,11 +129,35 @@ class StaticDecoder:
         # captured: its eager step (which reads only the filled part of each slot) is better.
         self.enabled = not (plan.cuda_graphs and not self.use_graphs and not plan.compile)
         self._step: Callable[..., Any] = self._eager_step
-        if plan.compile:
-            self._step = torch.compile(self._eager_step, dynamic=False)
         self.spans = attention_spans(k_cache.shape[3], self.use_graphs)
+        self.prepacked = False
+        if plan.compile:
+            self._step = self._compiled_step(plan)
         self._graphs: dict[tuple[int, int], CapturedStep] = {}
         self.calls = 0  # steps run statically (tests and figures)
+        self.warm = False  # every bucket compiled: from now on a recompile runs eagerly
+
+    def _compiled_step(self, plan: StaticPlan) -> Callable[..., Any]:
+        """The step through inductor; prepacked (:mod:`.prepack`) where asked and it pays."""
+        if plan.prepack and not self.use_graphs:
+            from . import prepack
+
+            why = prepack.refusal(self.forward, self.dtype, self.device)
+            if why is None:
+                module = prepack.step_module(self.forward)
+                assert module is not None  # refusal() checked it
+                prepack.route_to_template(module)
+                self.prepacked = True
+                graphs = len(self.buckets) * len(self.steps) * len(self.spans)
+                size = prepack.weight_bytes(module)
+                self.note = (
+                    f"{self.name}: weights ({size / 1e6:.0f} MB) packed for inductor's CPU "
+                    f"GEMM template into each of its {graphs} compiled graphs "
+                    f"(up to {graphs * size / 1e9:.2f} GB)"
+                )
+                return prepack.compile_prepacked(self._eager_step)
+            self.note = f"{self.name}: weights not prepacked ({why})"
+        return torch.compile(self._eager_step, dynamic=False)
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -181,8 +205,16 @@ class StaticDecoder:
         inputs = self._padded(bucket, x, positions, cache_pos, slots)
         graph = self._graphs.get((bucket, steps))
         self.calls += 1
-        out = graph(*inputs) if graph is not None else self._step(*inputs, self.span_for(cache_pos))
-        return _rows(out, batch)
+        if graph is not None:
+            return _rows(graph(*inputs), batch)
+        span = self.span_for(cache_pos)
+        if not self.warm:
+            return _rows(self._step(*inputs, span), batch)
+        # Every shape was compiled at start-up: a guard that still fails (an input
+        # nobody foresaw) runs this step eagerly rather than stall every running
+        # request for a compile (seconds; a prepacked one also adds a weight copy).
+        with torch.compiler.set_stance("eager_on_recompile"):
+            return _rows(self._step(*inputs, span), batch)
 
     def _padded(
         self,
@@ -193,11 +225,14 @@ class StaticDecoder:
         slots: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         row_dim = 1 if positions.dim() == 3 else 0
+        # Contiguous, as the warm-up's examples: a compiled graph guards on strides,
+        # and a caller's expanded view (stride 0) of a full bucket would otherwise
+        # miss every graph and compile a new one in the middle of serving.
         return (
-            _pad(x, bucket, 0, 0),
-            _pad(positions, bucket, row_dim, 0),
-            _pad(cache_pos, bucket, 0, 0),
-            _pad(slots, bucket, 0, self.pad_slot),
+            _pad(x, bucket, 0, 0).contiguous(),
+            _pad(positions, bucket, row_dim, 0).contiguous(),
+            _pad(cache_pos, bucket, 0, 0).contiguous(),
+            _pad(slots, bucket, 0, self.pad_slot).contiguous(),
         )
 
     def example(self, bucket: int, steps: int) -> tuple[torch.Tensor, ...]:
@@ -224,6 +259,7 @@ class StaticDecoder:
                 if not self.use_graphs:
                     for span in self.spans:
                         self._step(*example, span)
+                    self.warm = self.plan.compile
                     continue
                 try:
                     self._graphs[(bucket, steps)] = CapturedStep(self._step, example, pool=pool)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import OmniError, RequestError
 
@@ -58,6 +58,22 @@ class EngineSettings(BaseModel):
     disable_cuda_graph: bool = Field(
         default=False, description="on CUDA, do not capture the decode buckets as CUDA graphs"
     )
+    cpu_weight_prepack: bool = Field(
+        default=False,
+        description="on the CPU, compile the steps of decoders whose bf16 weights fit the "
+        "last-level cache with their weights packed for inductor's AMX GEMM template "
+        "(faster products; one packed copy of those weights per compiled graph); needs "
+        "enable_torch_compile",
+    )
+
+    @model_validator(mode="after")
+    def _prepack_needs_compile(self) -> EngineSettings:
+        if self.cpu_weight_prepack and not self.enable_torch_compile:
+            raise ValueError(
+                "cpu_weight_prepack packs weights into compiled steps: set "
+                "enable_torch_compile = true too, or drop cpu_weight_prepack"
+            )
+        return self
 
 
 @dataclass

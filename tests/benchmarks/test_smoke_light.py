@@ -92,3 +92,10 @@ def test_int8_without_bf16_is_a_usage_error(run_smoke) -> None:
     done = run_smoke("bench_moss_tts.py", "--quantization", "int8")
     assert done.returncode == 2, done.stderr
     assert "--quantization int8" in done.stderr and 'factory.dtype = "bfloat16"' in done.stderr
+
+
+def test_prepacking_without_compiling_is_a_usage_error(run_smoke) -> None:
+    """``--cpu-weight-prepack`` packs weights into compiled steps: alone it exits 2, saying so."""
+    ran = run_smoke("bench_qwen3_tts.py", "--cpu-weight-prepack")
+    assert ran.returncode == 2, ran.stderr
+    assert "--cpu-weight-prepack packs weights into compiled steps: add --compile" in ran.stderr

@@ -328,3 +328,29 @@ def test_warm_up_runs_on_the_compute_thread_with_raised_recompile_limits():
     limits: list[int] = []
     compute_thread().submit(lambda: limits.append(torch._dynamo.config.recompile_limit)).result()
     assert limits == [RECOMPILE_LIMIT]
+
+
+def test_a_warm_step_never_recompiles_while_serving():
+    """An expanded (stride-0) input fills a bucket like a contiguous one; an unforeseen
+    shape after warm-up runs eagerly instead of compiling in the middle of serving."""
+    from torch._dynamo.utils import counters
+
+    model = TinyDecoder(num_layers=1, seed=4)
+    cache = SlotKVCache(model.cache_layout(), 2, 16, spare=True)
+    context = StaticContext(StaticPlan(True, False, (2,), "test"), cache)
+    decoder = context.decoder("toy", model.stack, hidden=model.dim, dtype=torch.float32)
+    context.warm_up()
+    assert decoder.warm
+    graphs = counters["stats"]["unique_graphs"]
+    x = torch.randn(2, 1, model.dim)
+    where = torch.zeros(1, 1, dtype=torch.long).expand(2, 1)  # stride 0, as a caller's view
+    # the graphs guard on strides: a full bucket passes its inputs on made contiguous
+    assert all(t.is_contiguous() for t in decoder._padded(2, x, where, where, torch.arange(2)))
+    with torch.inference_mode():
+        out = decoder(x, where, where, torch.arange(2))
+        eager = decoder._eager_step(x, where.contiguous(), where.contiguous(), torch.arange(2))
+        torch.testing.assert_close(out, eager)
+        decoder.k_cache = decoder.k_cache.clone()  # a tensor no graph was compiled for
+        decoder.v_cache = decoder.v_cache.clone()
+        torch.testing.assert_close(decoder(x, where, where, torch.arange(2)), eager)
+    assert counters["stats"]["unique_graphs"] == graphs  # no compile after warm-up
