@@ -259,7 +259,6 @@ class StaticDecoder:
                 if not self.use_graphs:
                     for span in self.spans:
                         self._step(*example, span)
-                    self.warm = self.plan.compile
                     continue
                 try:
                     self._graphs[(bucket, steps)] = CapturedStep(self._step, example, pool=pool)
@@ -274,6 +273,7 @@ class StaticDecoder:
                     )
                     log.warning("engine: %s", self.note)
                     return
+        self.warm = self.plan.compile and not self.use_graphs
 
 
 def dense_linears(model: Any) -> int:
