@@ -79,7 +79,9 @@ def amx_available() -> bool:
 
 
 def step_module(forward: Callable[..., Any]) -> nn.Module | None:
-    """The module whose method is the step (``model.step``), or None for a plain function."""
+    """The module that is the step, or whose method it is (``model.step``); None for a function."""
+    if isinstance(forward, nn.Module):
+        return forward
     owner = getattr(forward, "__self__", None)
     return owner if isinstance(owner, nn.Module) else None
 
@@ -102,7 +104,7 @@ def refusal(forward: Callable[..., Any], dtype: torch.dtype, device: torch.devic
         return "this CPU has no AMX tiles"
     module = step_module(forward)
     if module is None:
-        return "its step is not a module's method, so its weights are unknown"
+        return "its step is neither a module nor a module's method, so its weights are unknown"
     cache = last_level_cache_bytes()
     if cache is None:
         return "the system does not say how large the CPU's last-level cache is"

@@ -72,9 +72,10 @@ def test_only_bf16_cpu_steps_that_fit_the_cache_are_prepacked(monkeypatch):
     monkeypatch.setattr(prepack, "amx_available", lambda: True)
     monkeypatch.setattr(prepack, "last_level_cache_bytes", lambda: 1 << 30)
     assert prepack.refusal(model.stack, bf16, cpu) is None
+    assert prepack.refusal(model, bf16, cpu) is None  # a module as the step (a talker's model)
     assert "not bfloat16" in prepack.refusal(model.stack, torch.float32, cpu)
     assert "not the CPU" in prepack.refusal(model.stack, bf16, torch.device("meta"))
-    assert "not a module's method" in prepack.refusal(lambda *a: a, bf16, cpu)
+    assert "neither a module nor a module's method" in prepack.refusal(lambda *a: a, bf16, cpu)
     size = prepack.weight_bytes(model)
     monkeypatch.setattr(prepack, "last_level_cache_bytes", lambda: size - 1)
     assert "do not fit the last-level cache" in prepack.refusal(model.stack, bf16, cpu)
