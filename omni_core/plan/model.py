@@ -360,6 +360,8 @@ class DeploymentPlan:
     estimates: dict[str, MemoryEstimate] = field(default_factory=dict)
     # stage -> engine.precision.Precision: the weights' dtype (and quantization), and why
     precisions: dict[str, Any] = field(default_factory=dict)
+    # torch engine stage -> how it decodes (eager, compiled, CUDA graphs, prepacked), in words
+    decodes: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     edges: list[EdgePlan] = field(default_factory=list)
     nodes: NodesPlan | None = None
@@ -396,6 +398,7 @@ class DeploymentPlan:
             "nodes": self.nodes.to_dict() if self.nodes else None,
             "estimates": {k: self.estimates[k].to_dict() for k in sorted(self.estimates)},
             "precisions": {k: self.precisions[k].to_dict() for k in sorted(self.precisions)},
+            "decodes": {k: self.decodes[k] for k in sorted(self.decodes)},
             "notes": list(self.notes),
             "admission_limit": self.admission_limit,
         }

@@ -28,6 +28,7 @@ from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
 from .admission import admission_limit
 from .checks import check_assignments, check_engine_settings, check_gpus, check_processes
+from .decode import plan_decodes
 from .endpoints import plan_endpoints
 from .estimates import collect_estimates
 from .expand import expand
@@ -131,6 +132,7 @@ def _plan(
     edges = plan_edges(config, processes, stages)
     stage_of = {i.name: i.stage for i in request.instances}
     precisions = plan_precisions(config, assignments, stage_of, inventory, problems)
+    decodes = plan_decodes(config, assignments, stage_of, precisions)
     problems += check_cross_node(config, edges, plugins)
     engines = {name for name, group in expansion.members.items() if any(s.is_engine for s in group)}
     plan_cpu_threads(processes, engines, config.runtime.cpu_threads)
@@ -167,6 +169,7 @@ def _plan(
         start_waves=start_waves(processes),
         estimates=dict(estimates),
         precisions=precisions,
+        decodes=decodes,
         notes=notes,
         edges=edges,
         nodes=nodes,
