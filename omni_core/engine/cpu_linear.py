@@ -172,13 +172,14 @@ def packing_available() -> bool:
 
 def pack_linear_weights(
     module: nn.Module,
-    min_elements: int = DEFAULT_MIN_ELEMENTS,
+    min_elements: int | None = None,
     skip: Callable[[str], bool] | None = None,
 ) -> int:
     """Replace every eligible ``nn.Linear`` under ``module`` in place; return how many.
 
     Eligible: float32, on the CPU, at least ``min_elements`` weight
-    elements, and not named (``layers.0.mlp.experts.3.up_proj``) by ``skip``.
+    elements (default :data:`DEFAULT_MIN_ELEMENTS`, read at call time), and
+    not named (``layers.0.mlp.experts.3.up_proj``) by ``skip``.
     bfloat16 layers on the CPU become :class:`RowLinear` instead (counted too),
     and those that a module names in ``sibling_projections`` are fused into one
     product per group (:mod:`.fused_linear`; not counted again).
@@ -187,6 +188,8 @@ def pack_linear_weights(
     ``nn.Linear`` (a mixture's experts, which see a row or two per call,
     gain nothing from routing).
     """
+    if min_elements is None:
+        min_elements = DEFAULT_MIN_ELEMENTS
     rows = _route_single_rows(module)
     # Routed bf16 projections that read one input become one product each
     # (q/k/v, gate/up; see fused_linear).
