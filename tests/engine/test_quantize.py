@@ -36,6 +36,27 @@ def test_an_int8_layer_matches_its_bf16_layer_within_quantization_error():
     assert (dequant - dense.weight.float()).abs().max() <= dense.weight.float().abs().max() / 100
 
 
+def test_many_rows_take_the_dequantized_route_with_the_kernels_result():
+    """A prefill-sized call (>= DEQUANTIZE_MIN_ROWS rows) equals the int8 kernel's result."""
+    from omni_core.engine import quantize
+
+    layer = Int8Linear(_linear(256, 96, bias=True))
+    rows = quantize.DEQUANTIZE_MIN_ROWS
+    x = torch.randn(rows + 5, 256, dtype=torch.bfloat16)
+    with torch.no_grad():
+        kernel = torch.ops.aten._weight_int8pack_mm(x, layer.qweight, layer.scales) + layer.bias
+        routed = layer(x)
+        small = layer(x[: rows - 1])  # below the threshold: the int8 kernel itself
+    torch.testing.assert_close(routed, kernel, rtol=1e-2, atol=1e-2)  # bf16 rounding apart
+    assert torch.equal(small, kernel[: rows - 1])
+    # the scratch is the thread's own and reused, as large as the largest layer seen
+    scratch = quantize._scratch.buffers[torch.bfloat16]
+    with torch.no_grad():
+        Int8Linear(_linear(64, 32))(torch.randn(rows, 64, dtype=torch.bfloat16))
+    assert quantize._scratch.buffers[torch.bfloat16] is scratch
+    assert scratch.numel() >= 96 * 256
+
+
 def test_only_large_non_head_bf16_layers_are_converted_once():
     model = nn.Module()
     model.body = nn.Sequential(_linear(64, 256), _linear(256, 64))
