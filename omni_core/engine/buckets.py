@@ -87,7 +87,7 @@ def static_plan(settings: EngineSettings, device_type: str) -> StaticPlan:
     buckets = batch_buckets(max_bs)
     prepack = compile_ and device_type == "cpu" and settings.cpu_weight_prepack
     if prepack:
-        parts.append("weights prepacked where they fit the CPU's last-level cache")
+        parts.append("weights prepacked where they fit the CPU's last-level cache or are int8")
     return StaticPlan(
         compile_,
         graphs,

@@ -85,6 +85,20 @@ def test_only_bf16_cpu_steps_that_fit_the_cache_are_prepacked(monkeypatch):
     assert "no AMX" in prepack.refusal(model.stack, bf16, cpu)
 
 
+def test_an_int8_step_is_prepacked_whatever_its_size(monkeypatch):
+    """torch's int8 kernel is bound by arithmetic: the template gains from memory too."""
+    from omni_core.engine.quantize import quantize_linear_weights
+
+    model = TinyDecoder(num_layers=1, dim=64, dtype=torch.bfloat16)
+    assert quantize_linear_weights(model) > 0
+    assert prepack.has_int8_layers(model)
+    monkeypatch.setattr(prepack, "amx_available", lambda: True)
+    monkeypatch.setattr(prepack, "last_level_cache_bytes", lambda: 1)
+    assert prepack.refusal(model.stack, torch.bfloat16, torch.device("cpu")) is None
+    assert "not bfloat16" in prepack.refusal(model.stack, torch.float32, torch.device("cpu"))
+    assert not prepack.has_int8_layers(TinyDecoder(num_layers=1, dim=64))
+
+
 def test_weights_are_counted_once_when_tied():
     layer = nn.Linear(8, 4, bias=False)
     tied = nn.ModuleDict({"a": layer, "b": layer})
@@ -124,12 +138,20 @@ def test_a_step_that_does_not_qualify_compiles_as_usual_and_says_why():
 
 
 @needs_amx
-def test_a_prepacked_step_runs_the_gemm_template_and_equals_eager(capsys):
-    """Two buckets of a bf16 toy decoder compiled prepacked: eager's hidden states, in tolerance."""
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_a_prepacked_step_runs_the_gemm_template_and_equals_eager(capsys, int8):
+    """Two buckets of a bf16 toy decoder compiled prepacked: eager's hidden states, in tolerance.
+
+    int8: its layers int8 weight-only first, whose products the template takes too.
+    """
     from torch._dynamo.utils import counters
     from torch._inductor import config as inductor_config
 
+    from omni_core.engine.quantize import quantize_linear_weights
+
     model = TinyDecoder(num_layers=2, dim=128, num_heads=4, dtype=torch.bfloat16, seed=3)
+    converted = quantize_linear_weights(model) if int8 else 0
+    assert converted == (8 if int8 else 0)  # every block projection, never the head
     cache = SlotKVCache(model.cache_layout(), 2, 16, spare=True)
     context = StaticContext(StaticPlan(True, False, (1, 2), "test", prepack=True), cache)
     model.prepare_static(context)
@@ -139,7 +161,8 @@ def test_a_prepacked_step_runs_the_gemm_template_and_equals_eager(capsys):
     counters["inductor"].clear()
     with inductor_config.patch(fx_graph_cache=False):  # generate the kernels, not a cache hit
         context.warm_up()
-    assert counters["inductor"]["cpp_templated_kernel_counter"] > 0
+    # a templated kernel per product, the int8 ones included (at least one per int8 layer)
+    assert counters["inductor"]["cpp_templated_kernel_counter"] >= max(converted, 1)
 
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
