@@ -149,7 +149,7 @@ class StaticDecoder:
                 prepack.route_to_template(module)
                 self.prepacked = True
                 graphs = len(self.buckets) * len(self.steps) * len(self.spans)
-                size = prepack.weight_bytes(module)
+                size = prepack.product_bytes(module)
                 self.note = (
                     f"{self.name}: weights ({size / 1e6:.0f} MB) packed for inductor's CPU "
                     f"GEMM template into each of its {graphs} compiled graphs "

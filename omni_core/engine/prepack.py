@@ -94,11 +94,25 @@ def step_module(forward: Callable[..., Any]) -> nn.Module | None:
     return owner if isinstance(owner, nn.Module) else None
 
 
-def weight_bytes(module: nn.Module) -> int:
-    """Bytes of ``module``'s parameters and buffers, each tensor counted once."""
+def product_bytes(module: nn.Module) -> int:
+    """Bytes of the weights ``module``'s products read: what is packed, and what must fit.
+
+    Linear layers' weights (int8 ones with their scales), each tensor counted
+    once; embeddings and norms are neither packed nor streamed whole by a
+    step (a step reads an embedding's few rows), so they count for nothing.
+    """
+    from .quantize import Int8Linear
+
     seen: dict[int, int] = {}
-    for tensor in [*module.parameters(), *module.buffers()]:
-        seen[id(tensor)] = tensor.numel() * tensor.element_size()
+    for layer in module.modules():
+        if isinstance(layer, Int8Linear):
+            tensors = [layer.qweight, layer.scales]
+        elif isinstance(layer, nn.Linear):
+            tensors = [layer.weight]
+        else:
+            continue
+        for tensor in tensors:
+            seen[id(tensor)] = tensor.numel() * tensor.element_size()
     return sum(seen.values())
 
 
@@ -125,7 +139,7 @@ def refusal(forward: Callable[..., Any], dtype: torch.dtype, device: torch.devic
     cache = last_level_cache_bytes()
     if cache is None:
         return "the system does not say how large the CPU's last-level cache is"
-    size = weight_bytes(module)
+    size = product_bytes(module)
     if size > cache:
         return (
             f"its weights ({size / 1e6:.0f} MB) do not fit the last-level cache "

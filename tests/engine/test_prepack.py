@@ -76,7 +76,7 @@ def test_only_bf16_cpu_steps_that_fit_the_cache_are_prepacked(monkeypatch):
     assert "not bfloat16" in prepack.refusal(model.stack, torch.float32, cpu)
     assert "not the CPU" in prepack.refusal(model.stack, bf16, torch.device("meta"))
     assert "neither a module nor a module's method" in prepack.refusal(lambda *a: a, bf16, cpu)
-    size = prepack.weight_bytes(model)
+    size = prepack.product_bytes(model)
     monkeypatch.setattr(prepack, "last_level_cache_bytes", lambda: size - 1)
     assert "do not fit the last-level cache" in prepack.refusal(model.stack, bf16, cpu)
     monkeypatch.setattr(prepack, "last_level_cache_bytes", lambda: None)
@@ -99,10 +99,14 @@ def test_an_int8_step_is_prepacked_whatever_its_size(monkeypatch):
     assert not prepack.has_int8_layers(TinyDecoder(num_layers=1, dim=64))
 
 
-def test_weights_are_counted_once_when_tied():
+def test_product_weights_are_counted_once_when_tied_and_embeddings_not_at_all():
+    from omni_core.engine.quantize import Int8Linear
+
     layer = nn.Linear(8, 4, bias=False)
-    tied = nn.ModuleDict({"a": layer, "b": layer})
-    assert prepack.weight_bytes(tied) == 8 * 4 * 4
+    tied = nn.ModuleDict({"a": layer, "b": layer, "table": nn.Embedding(1000, 8)})
+    assert prepack.product_bytes(tied) == 8 * 4 * 4
+    int8 = Int8Linear(nn.Linear(8, 4, bias=False).to(torch.bfloat16))
+    assert prepack.product_bytes(int8) == 8 * 4 * 1 + 4 * 2  # int8 weights + bf16 scales
 
 
 def test_routed_layers_and_fused_products_become_template_layers_with_the_same_outputs():
