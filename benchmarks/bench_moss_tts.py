@@ -13,8 +13,10 @@ ours alone, in seconds: it checks that the script still runs (``make test``).
 adds int8 weight-only backbone layers (the tts_engine stage's
 ``factory.dtype`` and ``factory.quantization``; the checkpoint stays float32);
 ``--reference-dtype bfloat16`` casts the reference's model after its strict
-load (its codec stays float32). ``benchmarks/gpu_check.py`` runs ``ours`` on
-a GPU in bf16.
+load (its codec stays float32). ``--compile`` compiles our backbone's decode
+step (``engine.enable_torch_compile``), ``--cpu-weight-prepack`` with it
+packs its weights for inductor's GEMM template (``engine.cpu_weight_prepack``).
+``benchmarks/gpu_check.py`` runs ``ours`` on a GPU in bf16.
 
 Our decode step at concurrency 1 is also set against the memory-bandwidth
 limit (``roofline.py``): the weights one step in the middle of a request
@@ -559,6 +561,8 @@ async def ours(
     dtype: str | None = None,
     quantization: str = "none",
     threads: int | None = None,
+    compile_steps: bool = False,
+    prepack: bool = False,
 ) -> tuple[list[Level], dict[str, Any], dict[str, Any]]:
     """Our three stages at each concurrency of ``levels``, built by the stages' factories.
 
@@ -566,7 +570,10 @@ async def ours(
     = "dummy"``; ``gpu_id``: the GPU the engine and vocoder go to (None: the CPU);
     ``dtype`` and ``quantization``: the tts_engine stage's ``factory.dtype`` and
     ``factory.quantization``; ``threads``: torch threads for loading and for the
-    compute thread, dedicated once loaded as a stage process does. At
+    compute thread, dedicated once loaded as a stage process does;
+    ``compile_steps`` / ``prepack``: ``engine.enable_torch_compile`` /
+    ``engine.cpu_weight_prepack`` (every bucket compiled while the engine is
+    built, before the clock starts). At
     concurrency 1, the decode step in the middle of the request (the most
     codebooks due) counts the bytes of weights it reads (:class:`roofline.StepReads`;
     that step's timings are left out of the breakdown).
@@ -583,7 +590,10 @@ async def ours(
     # byte-level tokenizer), the frames, the drain and the stage's text allowance.
     per_request = 1024 + frames
     settings = EngineSettings(
-        max_running_requests=max(levels), max_total_tokens=max(levels) * per_request
+        max_running_requests=max(levels),
+        max_total_tokens=max(levels) * per_request,
+        enable_torch_compile=compile_steps,
+        cpu_weight_prepack=prepack,
     )
     engine = stages.create_tts_engine(
         path,
@@ -683,9 +693,15 @@ def _codec_frames(codes: torch.Tensor, state: Any) -> int:
 
 
 def release_memory() -> None:
-    """Drop the stages' memoised model and codec and hand freed heap back to the system."""
+    """Drop the stages' memoised model and codec and hand freed heap back to the system.
+
+    Compiled steps too (``--compile``): dynamo's caches keep every compiled
+    graph, and a prepacked graph holds its own copy of the weights (measured:
+    9.6 GB left behind, which starved the reference's process that follows).
+    """
     stages.load_model.cache_clear()
     stages.shared_codec.cache_clear()
+    torch._dynamo.reset()
     gc.collect()
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -967,6 +983,8 @@ def smoke(args: argparse.Namespace) -> None:
             dtype=args.dtype,
             quantization=args.quantization,
             threads=args.threads,
+            compile_steps=args.compile,
+            prepack=args.cpu_weight_prepack,
         )
     )
     print(
@@ -1040,6 +1058,18 @@ def main() -> None:
         help="the dtype the reference's model runs in (cast after its strict load; its codec "
         "stays float32)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="ours with engine.enable_torch_compile (the backbone's decode step compiled per "
+        "batch-size bucket while the engine is built; each round builds it again)",
+    )
+    parser.add_argument(
+        "--cpu-weight-prepack",
+        action="store_true",
+        help="with --compile: engine.cpu_weight_prepack (bf16 weights that fit the CPU's "
+        "last-level cache, and int8 ones, packed for inductor's GEMM template)",
+    )
     parser.add_argument("--write-checkpoint", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--smoke",
@@ -1048,6 +1078,8 @@ def main() -> None:
         "checks the script runs (make test)",
     )
     args = parser.parse_args()
+    if args.cpu_weight_prepack and not args.compile:
+        parser.error("--cpu-weight-prepack packs weights into compiled steps: add --compile")
     problem = quantization_problem(
         args.quantization, getattr(torch, args.dtype), torch.device("cpu")
     )
@@ -1089,63 +1121,79 @@ def main() -> None:
             f"MOSS-TTS at 8B width (hidden 4096, 32/8 heads of 128, intermediate 12288, "
             f"vocab 151936, 32 codebooks), {args.layers} of 36 layers, real codec; dummy "
             f"weights (float32 checkpoint), ours {args.dtype} (quantization "
-            f"{args.quantization}), reference {args.reference_dtype}, cpu, {args.threads} torch "
-            f"threads: "
+            f"{args.quantization}{', compiled' if args.compile else ''}"
+            f"{', prepacked' if args.cpu_weight_prepack else ''}), reference "
+            f"{args.reference_dtype}, cpu, {args.threads} torch threads: "
             f"{info['backbone_params'] / 1e6:.0f} M backbone + {info['codec_params'] / 1e6:.0f} M "
             f"codec parameters ({'reused ' + str(root) if info['reused'] else 'written'})"
         )
         rounds: list[tuple[list[Level], dict[str, Any]]] = []
         refs: list[dict[str, Any]] = []
+        loads: list[dict[str, Any]] = []
         failed = False
         for attempt in range(args.repeats):
             # Rounds alternate the sides, so that a slow spell of the shared machine
             # does not fall on one side only; each level keeps its fastest run.
             tag = f"round {attempt + 1}/{args.repeats}"
-            levels_run, parts, load = anyio.run(
-                functools.partial(
-                    ours,
-                    root / "model",
-                    args.frames,
-                    levels,
-                    args.seed,
-                    args.vocoder_max_batch,
-                    dtype=args.dtype,
-                    quantization=args.quantization,
-                    threads=args.threads,
+
+            def run_ours(tag: str = tag) -> None:
+                levels_run, parts, load = anyio.run(
+                    functools.partial(
+                        ours,
+                        root / "model",
+                        args.frames,
+                        levels,
+                        args.seed,
+                        args.vocoder_max_batch,
+                        dtype=args.dtype,
+                        quantization=args.quantization,
+                        threads=args.threads,
+                        compile_steps=args.compile,
+                        prepack=args.cpu_weight_prepack,
+                    )
                 )
-            )
-            rounds.append((levels_run, parts))
-            print(
-                f"{tag}, ours: loaded {load['tensors']} tensors strictly (load_format auto) in "
-                f"{load['load_s']:.1f} s; vocoder max batch {load['vocoder_max_batch']}; "
-                + ", ".join(f"c{r.concurrency} {r.wall_s:.1f} s" for r in levels_run)
-            )
-            release_memory()
-            if not use_reference or failed:
-                continue
-            try:
-                one = reference(
-                    args.reference_python,
-                    root,
-                    args.frames,
-                    levels,
-                    args.threads,
-                    args.seed,
-                    args.reference_attn,
-                    args.reference_dtype,
+                rounds.append((levels_run, parts))
+                loads.append(load)
+                print(
+                    f"{tag}, ours: loaded {load['tensors']} tensors strictly (load_format auto) "
+                    f"in {load['load_s']:.1f} s; vocoder max batch {load['vocoder_max_batch']}; "
+                    + ", ".join(f"c{r.concurrency} {r.wall_s:.1f} s" for r in levels_run)
                 )
-            except RuntimeError as exc:  # still print ours
-                print(exc, file=sys.stderr)
-                failed = True
-                continue
-            refs.append(one)
-            print(
-                f"{tag}, reference: transformers {one['transformers']}, attn_implementation "
-                f"{one['attn_implementation']}, {one.get('dtype', 'float32')}; loaded "
-                f"{one['tensors']} tensors of our checkpoint "
-                f"strictly (equal to the files) in {one['load_s']:.1f} s; "
-                + ", ".join(f"c{r['concurrency']} {r['wall_s']:.1f} s" for r in one["levels"])
-            )
+                release_memory()
+
+            # Compiled steps keep memory this process does not get back (prepacked graphs:
+            # 9.6 GB after a --compile round at the default size, which left the reference
+            # too little), so with --compile the reference's process runs first.
+            if not args.compile:
+                run_ours()
+            if use_reference and not failed:
+                try:
+                    one = reference(
+                        args.reference_python,
+                        root,
+                        args.frames,
+                        levels,
+                        args.threads,
+                        args.seed,
+                        args.reference_attn,
+                        args.reference_dtype,
+                    )
+                except RuntimeError as exc:  # still print ours
+                    print(exc, file=sys.stderr)
+                    failed = True
+                else:
+                    refs.append(one)
+                    print(
+                        f"{tag}, reference: transformers {one['transformers']}, "
+                        f"attn_implementation {one['attn_implementation']}, "
+                        f"{one.get('dtype', 'float32')}; loaded {one['tensors']} tensors of our "
+                        f"checkpoint strictly (equal to the files) in {one['load_s']:.1f} s; "
+                        + ", ".join(
+                            f"c{r['concurrency']} {r['wall_s']:.1f} s" for r in one["levels"]
+                        )
+                    )
+            if args.compile:
+                run_ours()
         print(f"after freeing ours, this process holds {rss_gb():.1f} GB")
         levels_run = [
             min((r[0][i] for r in rounds), key=lambda level: level.wall_s)
@@ -1180,7 +1228,7 @@ def main() -> None:
             "reference_dtype": args.reference_dtype,
             "reference_attn": ref["attn_implementation"] if ref else None,
             "repeats": args.repeats,
-            "vocoder_max_batch": load["vocoder_max_batch"],
+            "vocoder_max_batch": loads[-1]["vocoder_max_batch"],
             "rounds": {
                 "ours_wall_s": [[r.wall_s for r in run] for run, _ in rounds],
                 "reference_wall_s": [[r["wall_s"] for r in one["levels"]] for one in refs],

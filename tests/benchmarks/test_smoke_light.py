@@ -94,8 +94,9 @@ def test_int8_without_bf16_is_a_usage_error(run_smoke) -> None:
     assert "--quantization int8" in done.stderr and 'factory.dtype = "bfloat16"' in done.stderr
 
 
-def test_prepacking_without_compiling_is_a_usage_error(run_smoke) -> None:
+@pytest.mark.parametrize("script", ["bench_qwen3_tts.py", "bench_moss_tts.py"])
+def test_prepacking_without_compiling_is_a_usage_error(run_smoke, script) -> None:
     """``--cpu-weight-prepack`` packs weights into compiled steps: alone it exits 2, saying so."""
-    ran = run_smoke("bench_qwen3_tts.py", "--cpu-weight-prepack")
+    ran = run_smoke(script, "--cpu-weight-prepack")
     assert ran.returncode == 2, ran.stderr
     assert "--cpu-weight-prepack packs weights into compiled steps: add --compile" in ran.stderr
