@@ -482,8 +482,13 @@ class Runtime:
     def health(self) -> dict[str, Any]:
         groups = {}
         for child in self.children.values():
+            state = child.state
+            if (child.plan.logical, child.plan.replica) in self.coordinator.unavailable:
+                # Ready again but its restart not finished: admission still refuses it, so
+                # /health must not say healthy yet (a client would be refused after it).
+                state = "restarting" if state == "healthy" else state
             groups[child.name] = {
-                "state": child.state,
+                "state": state,
                 "stages": list(child.plan.stages),
                 "node": child.plan.node,
                 **(child.proc.where() if child.proc is not None else {}),
@@ -491,14 +496,14 @@ class Runtime:
                 "weight_share": child.plan.weight_share,  # leader, follower or none
                 "last_exit": child.last_exit or None,
                 "heartbeat_age_seconds": round(time.monotonic() - self.last_heartbeat(child), 3)
-                if child.state == "healthy"
+                if state == "healthy"
                 else None,
                 "cold_start_seconds": child.timings,
                 "queue": self.coordinator.stage_stats.get(child.name, {})
-                if child.state == "healthy"
+                if state == "healthy"
                 else {},
                 "runs": self.coordinator.stage_runs.get(child.name, {})
-                if child.state == "healthy"
+                if state == "healthy"
                 else {},
                 "received": self.coordinator.received.get(child.name, {}),
             }

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 from omni_core.runtime import RequestFailed
+from omni_core.runtime.coordinator import Unavailable
 from omni_core.runtime.transports._auth import MAGIC, sender_hello
 from omni_core.runtime.transports._wire import HEADER
 from omni_core.runtime.transports._wire import MAGIC as FRAME_MAGIC
@@ -138,6 +139,22 @@ async def test_a_hung_process_is_declared_unresponsive_failed_and_restarted(depl
         assert victim.proc.pid != old_pid and not _running(old_pid)
         outputs = await runtime.run({}, timeout=10)
     assert "b" in outputs
+
+
+async def test_health_says_restarting_until_admission_takes_the_process_again(deployment):
+    """A restarted process is ready a moment before its restart finishes: /health must not
+    say healthy while requests would still be refused (the hang test above raced on it)."""
+    async with deployment("t-two-process") as runtime:
+        plan = runtime.children["second"].plan
+        runtime.coordinator.unavailable[(plan.logical, plan.replica)] = "restarting (test)"
+        health = runtime.health()
+        assert health["processes"]["second"]["state"] == "restarting"
+        assert health["status"] == "degraded"
+        with pytest.raises(Unavailable):
+            await runtime.run({}, timeout=10)
+        runtime.coordinator.unavailable.clear()
+        assert runtime.health()["status"] == "healthy"
+        assert "b" in await runtime.run({}, timeout=10)
 
 
 async def test_long_work_off_the_event_loop_is_not_mistaken_for_a_hang(deployment):
