@@ -696,12 +696,16 @@ def release_memory() -> None:
     """Drop the stages' memoised model and codec and hand freed heap back to the system.
 
     Compiled steps too (``--compile``): dynamo's caches keep every compiled
-    graph, and a prepacked graph holds its own copy of the weights (measured:
-    9.6 GB left behind, which starved the reference's process that follows).
+    graph, and inductor's loaded-module cache keeps each prepacked graph's
+    frozen copy of the weights as module attributes, which ``reset()`` leaves
+    (measured: 9.6 GB left behind, which starved the reference's process).
     """
+    from torch._inductor.codecache import PyCodeCache
+
     stages.load_model.cache_clear()
     stages.shared_codec.cache_clear()
     torch._dynamo.reset()
+    PyCodeCache.cache_clear()
     gc.collect()
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -1161,9 +1165,9 @@ def main() -> None:
                 )
                 release_memory()
 
-            # Compiled steps keep memory this process does not get back (prepacked graphs:
-            # 9.6 GB after a --compile round at the default size, which left the reference
-            # too little), so with --compile the reference's process runs first.
+            # With --compile the reference's process runs first: whatever compiled graphs
+            # keep that release_memory() does not find would be taken from it (a round
+            # once left 9.6 GB behind and the reference was killed for memory).
             if not args.compile:
                 run_ours()
             if use_reference and not failed:
