@@ -17,7 +17,13 @@ KV heads of 128, 128 experts top-6 of width 384 plus a gated shared expert of
 predictor whole (5 layers, width 1024, 16 code groups of 2048); code2wav at
 its release width (transformer 1024 wide with ``--code2wav-layers`` of 8
 layers, the whole upsampler and SnakeBeta decoder of width 1536: 1920 samples
-per frame at 24 kHz). Float32, the same ``--threads`` torch threads per
+per frame at 24 kHz). Float32 unless ``--dtype`` / ``--reference-dtype``
+say bfloat16 (the checkpoint is written in float32 either way and each side
+casts it as it loads, as ``from_pretrained(dtype=...)`` does; code2wav
+follows ``--dtype`` unless ``--code2wav-dtype`` says otherwise, since the
+release casts it with the rest); ``--quantization int8`` makes the thinker's
+and the talker's linear layers int8 weight-only (their stages'
+``factory.quantization``, bf16 only). The same ``--threads`` torch threads per
 process on both sides.
 
 Same weights: the reference runner (``qwen3_omni_speech_reference_runner.py``,
@@ -363,13 +369,37 @@ def process_status(pid: int) -> dict[str, float]:
     return status
 
 
-def checkpoint_flags(ckpt: Path, frames: int) -> list[str]:
-    """Every model stage loads its part of ``ckpt`` strictly, in float32."""
-    flags = ["--model-path", str(ckpt), "--talker_ar.factory.max_frames", str(frames)]
+#: The stages whose linear layers ``--quantization`` makes int8 (their factory.quantization).
+QUANTIZED = ("thinker", "talker_ar")
+
+
+def precision_flags(args: argparse.Namespace) -> list[str]:
+    """Each model stage's ``factory.dtype`` (code2wav's its own) and the decoders' quantization."""
+    flags = []
+    for stage in LOADED:
+        dtype = args.code2wav_dtype if stage == "code2wav" else args.dtype
+        flags += [f"--{stage}.factory.dtype", dtype]
+    for stage in QUANTIZED:
+        flags += [f"--{stage}.factory.quantization", args.quantization]
+    return flags
+
+
+def checkpoint_flags(ckpt: Path, args: argparse.Namespace) -> list[str]:
+    """Every model stage loads its part of ``ckpt`` strictly, in the dtypes ``args`` name."""
+    flags = ["--model-path", str(ckpt), "--talker_ar.factory.max_frames", str(args.frames)]
     for stage in LOADED:
         flags += [f"--{stage}.factory.load_format", "safetensors"]
-        flags += [f"--{stage}.factory.dtype", "float32"]
-    return flags
+    return flags + precision_flags(args)
+
+
+def precision(args: argparse.Namespace) -> str:
+    """Our side's precision in words, for the headers."""
+    said = args.dtype
+    if args.code2wav_dtype != args.dtype:
+        said += f" (code2wav {args.code2wav_dtype})"
+    if args.quantization != "none":
+        said += f", thinker and talker {args.quantization} weight-only"
+    return said
 
 
 async def measure_ours(
@@ -389,6 +419,12 @@ async def measure_ours(
     planned = plan_on_cpu(
         OmniPlugins(env={}), base, pipeline="qwen3-omni", deploy=deploy, flags=flags, policy=policy
     )
+    # What the plan resolved, not what was asked: printed, so a flag that did not
+    # reach a stage shows.
+    resolved = {}
+    for name in LOADED:
+        factory = planned.config.stage(name).factory
+        resolved[name] = (getattr(factory, "dtype", None), getattr(factory, "quantization", None))
     started = time.perf_counter()
     levels, cpu = [], {}
     async with planned.runtime() as runtime:
@@ -425,6 +461,7 @@ async def measure_ours(
         "cpu": cpu,
         "first": first,
         "memory": memory,
+        "resolved": resolved,
     }
 
 
@@ -442,9 +479,19 @@ def rel_l2(ours: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(ours - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
+def resolved_line(ours: dict[str, Any]) -> str:
+    """Each model stage's resolved ``factory.dtype`` and ``factory.quantization``."""
+    said = []
+    for name, (dtype, quantization) in ours["resolved"].items():
+        quantized = f" {quantization}" if quantization not in (None, "none") else ""
+        said.append(f"{name} {dtype}{quantized}")
+    return "our stages as planned: " + ", ".join(said)
+
+
 def report_ours(args: argparse.Namespace, ours: dict[str, Any]) -> None:
     """Our figures alone (``--smoke``: no reference to compare with)."""
     print(f"ours alone: {len(ours['memory'])} processes up in {ours['up_s']:.1f} s")
+    print(resolved_line(ours))
     print(f"{'c':>3} {'first audio s':>13} {'RTF':>6} {'audio s/s':>9} {'frames':>7}")
     for level in ours["levels"]:
         ttfa = statistics.mean(a.ttfa_s for a in level.answers)
@@ -475,6 +522,7 @@ def report(args: argparse.Namespace, reference: dict[str, Any], ours: dict[str, 
         f"{ours['warmup_s']:.2f} s; memory held at the end {gib(held)} in all (sum of peaks, "
         f"counting the checkpoint pages each mapped while loading: {gib(peaks)})"
     )
+    print(resolved_line(ours))
     print(
         "\ntime to first audio (s, mean / max over the level's requests), real-time factor "
         "(wall / audio s, mean), throughput (audio s per wall s):"
@@ -556,12 +604,12 @@ def smoke(args: argparse.Namespace) -> int:
     demo = HERE.parent / "examples" / "qwen3_omni_demo.toml"
     requests = make_requests(max(args.levels), args.seed)
     # One process for every stage: the same stages' code, started once instead of seven times.
-    flags = ["--talker_ar.factory.max_frames", str(args.frames)]
+    flags = ["--talker_ar.factory.max_frames", str(args.frames), *precision_flags(args)]
     for stage in ("preprocessing", "decode", *LOADED):
         flags += [f"--{stage}.process", "smoke"]
     print(
         f"Qwen3-Omni speaking, {demo.name} (tiny preset, dummy weights, every stage in one "
-        "process), --smoke: ours alone"
+        f"process), {precision(args)}, --smoke: ours alone"
     )
     with tempfile.TemporaryDirectory(prefix="osb-", dir="/tmp") as base:
         ours = anyio.run(measure_ours, Path(base), args, requests, flags, demo)
@@ -584,6 +632,31 @@ def main() -> int:
         "--reference-requests", type=int, default=2, help="timed reference requests"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="our model stages' factory.dtype",
+    )
+    parser.add_argument(
+        "--code2wav-dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="the code2wav stage's factory.dtype (default: --dtype, as the release casts "
+        "code2wav with the rest)",
+    )
+    parser.add_argument(
+        "--quantization",
+        choices=("none", "int8"),
+        default="none",
+        help="the thinker's and talker's factory.quantization (int8 needs --dtype bfloat16)",
+    )
+    parser.add_argument(
+        "--reference-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the dtype the reference computes in (the whole model cast after loading)",
+    )
     parser.add_argument("--greedy", action="store_true", help="greedy, and compare waveforms")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -601,6 +674,9 @@ def main() -> int:
         "concurrency 1 and 2: checks the script runs (make test)",
     )
     args = parser.parse_args()
+    if args.quantization != "none" and args.dtype != "bfloat16":
+        parser.error("--quantization int8 computes in bf16: add --dtype bfloat16")
+    args.code2wav_dtype = args.code2wav_dtype or args.dtype
     if args.smoke:
         args.levels, args.tokens, args.frames = "1,2", 4, 4
     args.levels = [int(c) for c in args.levels.split(",")]
@@ -620,7 +696,8 @@ def main() -> int:
         f"Qwen3-Omni speaking at the release's widths: thinker {args.layers} of 48 layers "
         f"(vision {args.vision_depth} of 27 blocks, audio 2 of 32), talker {args.talker_layers} "
         f"of 20 (code predictor 5 of 5), code2wav transformer {args.code2wav_layers} of 8 "
-        f"(decoder whole); float32 on cpu, {args.threads} torch thread(s) per process; "
+        f"(decoder whole); ours {precision(args)}, the reference {args.reference_dtype}, "
+        f"on cpu, {args.threads} torch thread(s) per process; "
         f"{args.tokens} answer tokens and {args.frames} frames "
         f"({(args.frames * SAMPLES_PER_FRAME - LOOKAHEAD) / SAMPLE_RATE:.2f} s) per request; "
         f"sampling: {'greedy' if args.greedy else 'the release defaults'}"
@@ -636,6 +713,7 @@ def main() -> int:
             "config": root_config(args),
             "seed": args.seed,
             "threads": args.threads,
+            "dtype": args.reference_dtype,
             "checkpoint": str(ckpt),
             "sampling": "greedy" if args.greedy else "release",
             "requests": requests,
@@ -649,11 +727,12 @@ def main() -> int:
         print(
             f"reference: {reference['parameters'] / 1e9:.2f} B parameters ({parts}) built in "
             f"{reference['build_s']:.0f} s, checkpoint written in {reference['write_s']:.0f} s "
-            f"({size / 1e9:.1f} GB); ran in {reference['wall_s']:.0f} s in all, "
+            f"({size / 1e9:.1f} GB); ran in {reference['dtype']}, {reference['wall_s']:.0f} s in "
+            "all, "
             f"{reference['threads']} thread(s), peak memory {gib(reference['peak_rss_bytes'])}"
         )
         with tempfile.TemporaryDirectory(prefix="osb-", dir="/tmp") as base:
-            flags = checkpoint_flags(ckpt, args.frames)
+            flags = checkpoint_flags(ckpt, args)
             ours = anyio.run(measure_ours, Path(base), args, requests, flags)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -150,6 +150,9 @@ def main() -> None:
     model, build_s = build(job)
     ckpt = Path(job["checkpoint"])
     write_s = write_checkpoint(model, ckpt)
+    # Written in float32 whatever the dtype, as the other side reads it; then the
+    # whole model cast, as from_pretrained(dtype=...) loads the release.
+    model = model.to(getattr(torch, job.get("dtype", "float32")))
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     greedy = job["sampling"] == "greedy"
     phases = Phases(model, greedy)
@@ -204,6 +207,7 @@ def main() -> None:
         wavs[f"request_{i}"] = wav
     result = {
         "threads": torch.get_num_threads(),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "build_s": build_s,
         "write_s": write_s,
         "parameters": sum(p.numel() for p in model.parameters()),

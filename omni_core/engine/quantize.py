@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cpu_linear import RowLinear
+from .heap import return_freed_memory
 
 DEFAULT_MIN_ELEMENTS = 1 << 20  # 2 MiB of bf16: beyond the per-core caches
 QUANTIZATIONS = ("none", "int8")
@@ -147,8 +148,10 @@ def quantize_linear_weights(
     no longer an ``nn.Linear``); a layer shared by several parents is
     converted once and stays shared.
     """
+    # Sizes, not the layers: a list holding every layer would keep each one's
+    # weight alive until the last is converted, the whole model twice over.
     candidates = [
-        (parent, name, child)
+        (parent, name, child.weight.numel())
         for prefix, parent in module.named_modules()
         for name, child in parent.named_children()
         if type(child) in (nn.Linear, RowLinear)
@@ -158,15 +161,18 @@ def quantize_linear_weights(
         and not (skip and skip(f"{prefix}.{name}" if prefix else name))
     ]
     done_sizes = [m.qweight.numel() for m in module.modules() if isinstance(m, Int8Linear)]
-    largest = max([c.weight.numel() for _, _, c in candidates] + done_sizes, default=0)
+    largest = max([size for _, _, size in candidates] + done_sizes, default=0)
     floor = min(min_elements, largest // 4)
-    targets = [(p, n) for p, n, c in candidates if c.weight.numel() >= max(floor, 1)]
+    targets = [(p, n) for p, n, size in candidates if size >= max(floor, 1)]
     done: dict[int, Int8Linear] = {}
     for parent, name in targets:
         child = getattr(parent, name)
         if id(child) not in done:
             done[id(child)] = Int8Linear(child)
         setattr(parent, name, done[id(child)])
+        del child  # the last reference to a layer converted: its weight goes now
+    if done:
+        return_freed_memory()
     return len(done)
 
 

@@ -28,6 +28,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ..engine.compute import dedicate
+from ..engine.heap import return_freed_memory
 from ..errors import OmniError, RequestError
 from ..factory import StageContext, import_object
 from ..plan.model import DeploymentPlan
@@ -209,6 +210,9 @@ class Worker:
             self.stages[stage.name] = obj
         self._check_shared()
         self.weight_server = serve(self.share)
+        # What loading and converting weights freed goes back to the system before
+        # the process says ready (engine/heap.py).
+        return_freed_memory()
         return timings
 
     def _check_shared(self) -> None:

@@ -7,3 +7,29 @@ GROUP = "served"
 
 def test_benchmark_smoke(run_smoke, benchmark: str) -> None:
     run_smoke(benchmark).check()
+
+
+def test_the_speech_benchmark_plans_the_precision_it_was_given(run_smoke) -> None:
+    """``--dtype`` / ``--quantization`` reach the stages (the line reads the resolved plan)."""
+    default = run_smoke("bench_qwen3_omni_speech.py")
+    default.check()
+    assert "thinker float32, talker_ar float32, code2wav float32" in default.stdout, default.stdout
+    ran = run_smoke(
+        "bench_qwen3_omni_speech.py",
+        "--dtype",
+        "bfloat16",
+        "--quantization",
+        "int8",
+        "--code2wav-dtype",
+        "float32",
+    )
+    ran.check()
+    planned = "thinker bfloat16 int8, talker_ar bfloat16 int8, code2wav float32"
+    assert planned in ran.stdout, ran.stdout
+    assert "image_encoder bfloat16, audio_encoder bfloat16" in ran.stdout, ran.stdout
+
+
+def test_the_speech_benchmark_refuses_int8_in_float32(run_smoke) -> None:
+    done = run_smoke("bench_qwen3_omni_speech.py", "--quantization", "int8")
+    assert done.returncode == 2, done.stderr
+    assert "--quantization int8 computes in bf16: add --dtype bfloat16" in done.stderr
