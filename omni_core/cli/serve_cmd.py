@@ -88,6 +88,8 @@ async def _serve(resolution: Any, sock: Any, key: str | None, signals: Any) -> N
         model = (config.server.served_model_names or [public_model_name(config.model_path)])[0]
         say(f"model {config.model_path} (clients see {model!r})")
     say(f"runtime directory {runtime.plan.endpoints.runtime_dir}")
+    for note in runtime.plan.notes:  # what `omni plan` notes, said before anything starts
+        say(f"note: {note}")
     say(f"process logs in {runtime.log_dir}: {_log_names(runtime)}")
     # HTTP listens from the first moment: while the processes load, /health answers
     # "starting" (503, each process's state) and requests a 503 that says so.

@@ -16,6 +16,13 @@ from ..engine.backends import engine_settings
 from ..engine.buckets import static_plan
 from .model import Assignment
 
+#: Below this ``runtime.startup_timeout`` (seconds), a deployment whose stages compile
+#: their decode steps gets a note to raise it. Every bucket compiles before the process
+#: says ready, and with a cold inductor cache that takes minutes: measured on 2 cores,
+#: Qwen3-TTS 0.6B, batch sizes 1-8, compiled 660 s with a cold cache (53 s warm), prepacked
+#: too 710 s (105 s warm), int8 prepacked 862 s; the default timeout is 120 s.
+COMPILE_STARTUP_SECONDS = 900.0
+
 
 def plan_decodes(
     config: Any,
@@ -45,3 +52,26 @@ def plan_decodes(
             words += "; engine.cpu_weight_prepack packs nothing on a GPU"
         found[stage.name] = words
     return found
+
+
+def compile_startup_note(config: Any, decodes: Mapping[str, str]) -> str | None:
+    """Advice when stages compile at start-up and ``runtime.startup_timeout`` is short."""
+    compiling = sorted(stage for stage, words in decodes.items() if "torch.compile" in words)
+    timeout = config.runtime.startup_timeout
+    if not compiling or timeout >= COMPILE_STARTUP_SECONDS:
+        return None
+    who = (
+        f"{compiling[0]} compiles its decode steps for every batch size before its process "
+        "says ready"
+        if len(compiling) == 1
+        else f"{', '.join(compiling)} compile their decode steps for every batch size before "
+        "their processes say ready"
+    )
+    return (
+        f"{who}, which takes minutes with a cold inductor cache "
+        "(Qwen3-TTS 0.6B, batch sizes 1-8, 2 cores: 660 s, with cpu_weight_prepack 710 s; "
+        "53 and 105 s once inductor's cache, TORCHINDUCTOR_CACHE_DIR, holds them), but "
+        f"runtime.startup_timeout is {timeout:g} s: raise it "
+        f"(--runtime.startup_timeout {COMPILE_STARTUP_SECONDS * 2:g}) or the process is "
+        "stopped while it compiles"
+    )

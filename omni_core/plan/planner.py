@@ -28,7 +28,7 @@ from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
 from .admission import admission_limit
 from .checks import check_assignments, check_engine_settings, check_gpus, check_processes
-from .decode import plan_decodes
+from .decode import compile_startup_note, plan_decodes
 from .endpoints import plan_endpoints
 from .estimates import collect_estimates
 from .expand import expand
@@ -148,6 +148,9 @@ def _plan(
         raise Infeasible(problems)
 
     notes = [*result.notes, *notes, *weight_share.notes, *mps.notes]
+    compiling = compile_startup_note(config, decodes)
+    if compiling is not None:
+        notes.append(compiling)
     if not inventory.count_known and ledger:
         notes.append(
             "the GPU inventory is unknown, so GPU ids were not checked "

@@ -58,3 +58,35 @@ def test_prepacking_without_compiling_exits_2_naming_the_flag(capsys):
     assert code == 2
     assert "cpu_weight_prepack packs weights into compiled steps" in out
     assert "set by --tts_engine.engine.cpu_weight_prepack" in out
+
+
+def test_compiling_with_the_default_startup_timeout_is_told_to_raise_it(capsys):
+    """Every bucket compiles before the process says ready: minutes, against 120 s."""
+    code, out = plan(capsys, TTS, *COMPILE)
+    assert code == 0, out
+    note = next(s for s in out.splitlines() if s.startswith("note: tts_engine compiles its"))
+    assert "runtime.startup_timeout is 120 s: raise it (--runtime.startup_timeout 1800)" in note
+    code, out = plan(capsys, TTS, *COMPILE, "--runtime.startup_timeout", "900")
+    assert code == 0, out
+    assert "startup_timeout" not in out  # long enough: nothing to say
+    code, out = plan(capsys, TTS)  # eager: nothing compiles
+    assert code == 0, out
+    assert "startup_timeout" not in out
+
+
+def test_the_note_names_every_compiling_stage_and_none_that_runs_eagerly():
+    from types import SimpleNamespace
+
+    from omni_core.plan.decode import compile_startup_note
+
+    config = SimpleNamespace(runtime=SimpleNamespace(startup_timeout=300.0))
+    decodes = {
+        "thinker": "torch.compile for batch sizes 1, 2",
+        "talker_ar": "torch.compile + CUDA graphs for batch sizes 1",
+        "asr": "eager decode (engine.enable_torch_compile is off)",
+    }
+    note = compile_startup_note(config, decodes)
+    assert note is not None
+    assert note.startswith("talker_ar, thinker compile their decode steps")
+    assert "their processes say ready" in note and "asr" not in note
+    assert "runtime.startup_timeout is 300 s" in note

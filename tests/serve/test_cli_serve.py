@@ -280,3 +280,39 @@ def test_the_server_listens_at_once_and_says_it_is_starting_until_ready(short_tm
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         log.close()
+
+
+def test_serve_says_the_plans_notes_before_anything_starts(short_tmp):
+    """A deployment that compiles with the default start-up timeout hears it from ``serve``
+    too, not only from ``omni plan``: before the first process loads."""
+    demo = Path(__file__).parents[2] / "examples" / "qwen3_tts_demo.toml"
+    log = short_tmp / "serve.err"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [
+                *LAUNCH,
+                "serve",
+                str(demo),
+                "--port",
+                "0",
+                "--endpoints.base_path",
+                str(short_tmp),
+                "--tts_engine.engine.enable_torch_compile",
+                "true",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while "loading" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    said = log.read_text()
+    note = said.index("omni: note: tts_engine compiles its decode steps")
+    assert "runtime.startup_timeout is 120 s: raise it" in said[note:]
+    assert note < said.index("loading"), said
