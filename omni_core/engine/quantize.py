@@ -170,7 +170,7 @@ def quantize_linear_weights(
         if id(child) not in done:
             done[id(child)] = Int8Linear(child)
         setattr(parent, name, done[id(child)])
-        del child  # the last reference to a layer converted: its weight goes now
+        del child  # so that a converted layer goes as soon as no parent holds it
     if done:
         return_freed_memory()
     return len(done)
