@@ -13,7 +13,9 @@ ours alone, in seconds: it checks that the script still runs (``make test``).
 adds int8 weight-only backbone layers (the tts_engine stage's
 ``factory.dtype`` and ``factory.quantization``; the checkpoint stays float32);
 ``--reference-dtype bfloat16`` casts the reference's model after its strict
-load (its codec stays float32). ``--compile`` compiles our backbone's decode
+load (its codec stays float32). ``--codec-dtype bfloat16`` is our vocoder
+stage's ``factory.dtype = "bfloat16"`` (the codec decoder's transformers in
+bf16; the default float32 is ``auto``, the release's). ``--compile`` compiles our backbone's decode
 step (``engine.enable_torch_compile``), ``--cpu-weight-prepack`` with it
 packs its weights for inductor's GEMM template (``engine.cpu_weight_prepack``).
 ``benchmarks/gpu_check.py`` runs ``ours`` on a GPU in bf16.
@@ -465,12 +467,12 @@ async def warm_up(pre: Any, engine: stages.TTSEngine, vocoder: Any, model: MossT
     send, receive = anyio.create_memory_object_stream[Any](math.inf)
     async with send, receive:
         await engine.run(StageRequest("warm", data=prepared, sink=send))
-    assert model.codec is not None
+    codec = vocoder.decoder
     codes = torch.randint(
         0, 1024, (1, model.config.n_vq, 4), generator=torch.Generator().manual_seed(0)
     )
     with torch.inference_mode():
-        model.codec.stream_rows(codes, model.codec.new_stream())
+        codec.stream_rows(codes, codec.new_stream())
 
 
 def breakdown(timers: Timers, level: Level) -> dict[str, Any]:
@@ -508,20 +510,19 @@ def breakdown(timers: Timers, level: Level) -> dict[str, Any]:
     }
 
 
-def codec_alone(model: MossTTSModel, frames: int, chunks: list[int]) -> dict[str, Any]:
+def codec_alone(codec: Any, books: int, frames: int, chunks: list[int]) -> dict[str, Any]:
     """The vocoder's codec work for one request with nothing else running: ms per frame."""
-    assert model.codec is not None
     generator = torch.Generator().manual_seed(1)
-    codes = torch.randint(0, 1024, (1, model.config.n_vq, frames), generator=generator)
+    codes = torch.randint(0, 1024, (1, books, frames), generator=generator)
 
     def stream() -> None:
-        state, at = model.codec.new_stream(), 0
+        state, at = codec.new_stream(), 0
         for n in chunks:
-            model.codec.stream_rows(codes[..., at : at + n], state)
+            codec.stream_rows(codes[..., at : at + n], state)
             at += n
 
     def one_pass() -> None:
-        model.codec.decode(codes[0].t())
+        codec.decode(codes[0].t())
 
     with torch.inference_mode():
         # Each way once untimed first: the first call at a shape builds oneDNN's
@@ -563,6 +564,7 @@ async def ours(
     threads: int | None = None,
     compile_steps: bool = False,
     prepack: bool = False,
+    codec_dtype: str | None = None,
 ) -> tuple[list[Level], dict[str, Any], dict[str, Any]]:
     """Our three stages at each concurrency of ``levels``, built by the stages' factories.
 
@@ -573,7 +575,10 @@ async def ours(
     compute thread, dedicated once loaded as a stage process does;
     ``compile_steps`` / ``prepack``: ``engine.enable_torch_compile`` /
     ``engine.cpu_weight_prepack`` (every bucket compiled while the engine is
-    built, before the clock starts). At
+    built, before the clock starts); ``codec_dtype``: the vocoder stage's
+    ``factory.dtype`` (None: auto, float32; another dtype gives the vocoder a
+    codec of its own, as in a stage process, and the engine keeps its float32
+    one for encoding). At
     concurrency 1, the decode step in the middle of the request (the most
     codebooks due) counts the bytes of weights it reads (:class:`roofline.StepReads`;
     that step's timings are left out of the breakdown).
@@ -604,17 +609,27 @@ async def ours(
         quantization=quantization,
     )
     vocoder = stages.create_vocoder(
-        path, gpu_id=gpu_id, load_format=load_format, max_batch_size=vocoder_batch
+        path,
+        gpu_id=gpu_id,
+        load_format=load_format,
+        max_batch_size=vocoder_batch,
+        dtype=codec_dtype,
     )
     model = engine.model
-    assert model.codec is not None and vocoder.decoder is model.codec  # one codec per process
+    codec = vocoder.decoder  # the engine's own where the dtypes agree: one codec per process
+    assert model.codec is not None and (codec is model.codec or codec_dtype not in (None, "auto"))
     load = {
         "load_s": time.perf_counter() - started,
         "tensors": len(model.network.state_dict()) + len(model.codec.state_dict()),
         "vocoder_max_batch": vocoder.batcher.max_batch,
+        # what the vocoder's codec computes in, read off its weights (bfloat16: the
+        # decoder's transformers; its quantizer stays float32)
+        "codec_dtype": "bfloat16"
+        if any(p.dtype == torch.bfloat16 for p in codec.decoder.parameters())
+        else "float32",
     }
     dedicate(threads)  # what a stage process does once built (engine/compute.py)
-    watched = ((model, "_forward"), (model, "_emit"), (model.codec, "stream_rows"))
+    watched = ((model, "_forward"), (model, "_emit"), (codec, "stream_rows"))
     try:
         await warm_up(pre, engine, vocoder, model)
         results = []
@@ -623,7 +638,7 @@ async def ours(
             timers = Timers()
             timers.wrap(model, "_forward", "forward", _positions)
             timers.wrap(model, "_emit", "emit", lambda seqs, hidden: len(seqs))
-            timers.wrap(model.codec, "stream_rows", "codec", _codec_frames)
+            timers.wrap(codec, "stream_rows", "codec", _codec_frames)
             if concurrency == 1:
                 count_reads(model, timers, (frames + 32) // 2, counted)
             try:
@@ -638,7 +653,7 @@ async def ours(
         if one is not None:
             chunks = chunk_schedule(frames, vocoder)
             # on the compute thread, with the stage's threads (the loop thread has one)
-            alone = await run_compute(codec_alone, model, frames, chunks)
+            alone = await run_compute(codec_alone, codec, model.config.n_vq, frames, chunks)
             parts = {**one.parts, "codec_alone": alone}
             backbone = model.config.backbone
             positions = parts["prompt_positions"] + parts["engine_steps"] / 2
@@ -989,10 +1004,12 @@ def smoke(args: argparse.Namespace) -> None:
             threads=args.threads,
             compile_steps=args.compile,
             prepack=args.cpu_weight_prepack,
+            codec_dtype=args.codec_dtype,
         )
     )
     print(
-        f"MOSS-TTS tiny preset, dummy weights, {args.dtype} (quantization {args.quantization}), "
+        f"MOSS-TTS tiny preset, dummy weights, {args.dtype} (quantization {args.quantization}, "
+        f"codec {load['codec_dtype']}), "
         f"cpu, {args.threads} torch threads (--smoke: ours alone); loaded {load['tensors']} "
         f"tensors in {load['load_s']:.1f} s"
     )
@@ -1063,6 +1080,14 @@ def main() -> None:
         "stays float32)",
     )
     parser.add_argument(
+        "--codec-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="our vocoder stage's factory.dtype (float32: auto, the release's; bfloat16 runs "
+        "the codec decoder's transformers in bf16, ~0.7%% from float32); the reference's codec "
+        "stays float32",
+    )
+    parser.add_argument(
         "--compile",
         action="store_true",
         help="ours with engine.enable_torch_compile (the backbone's decode step compiled per "
@@ -1126,7 +1151,8 @@ def main() -> None:
             f"vocab 151936, 32 codebooks), {args.layers} of 36 layers, real codec; dummy "
             f"weights (float32 checkpoint), ours {args.dtype} (quantization "
             f"{args.quantization}{', compiled' if args.compile else ''}"
-            f"{', prepacked' if args.cpu_weight_prepack else ''}), reference "
+            f"{', prepacked' if args.cpu_weight_prepack else ''}; codec {args.codec_dtype}), "
+            f"reference "
             f"{args.reference_dtype}, cpu, {args.threads} torch threads: "
             f"{info['backbone_params'] / 1e6:.0f} M backbone + {info['codec_params'] / 1e6:.0f} M "
             f"codec parameters ({'reused ' + str(root) if info['reused'] else 'written'})"
@@ -1154,6 +1180,7 @@ def main() -> None:
                         threads=args.threads,
                         compile_steps=args.compile,
                         prepack=args.cpu_weight_prepack,
+                        codec_dtype=args.codec_dtype,
                     )
                 )
                 rounds.append((levels_run, parts))
@@ -1229,6 +1256,7 @@ def main() -> None:
             "threads": args.threads,
             "dtype": args.dtype,
             "quantization": args.quantization,
+            "codec_dtype": args.codec_dtype,
             "reference_dtype": args.reference_dtype,
             "reference_attn": ref["attn_implementation"] if ref else None,
             "repeats": args.repeats,

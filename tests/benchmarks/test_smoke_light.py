@@ -87,6 +87,16 @@ def test_the_qwen3_tts_codec_dtype_can_differ_from_the_talkers(run_smoke) -> Non
     assert "bfloat16 (codec float32)" in ran.stdout, ran.stdout
 
 
+def test_the_moss_codec_runs_in_bf16_when_asked(run_smoke) -> None:
+    """``--codec-dtype bfloat16``: the vocoder stage's factory.dtype, read back off its weights."""
+    ran = run_smoke("bench_moss_tts.py", "--dtype", "bfloat16", "--codec-dtype", "bfloat16")
+    ran.check()
+    assert "bfloat16 (quantization none, codec bfloat16)" in ran.stdout, ran.stdout
+    plain = run_smoke("bench_moss_tts.py", "--dtype", "bfloat16")
+    plain.check()
+    assert "bfloat16 (quantization none, codec float32)" in plain.stdout, plain.stdout
+
+
 def test_int8_without_bf16_is_a_usage_error(run_smoke) -> None:
     """int8 weight-only layers compute in bf16: float32 with int8 exits 2 and says what to set."""
     done = run_smoke("bench_moss_tts.py", "--quantization", "int8")
