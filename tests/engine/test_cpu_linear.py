@@ -16,6 +16,7 @@ from omni_core.engine.cpu_linear import (  # noqa: E402
     RowLinear,
     pack_linear_weights,
     packing_available,
+    row_linear,
 )
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
@@ -196,3 +197,35 @@ def test_a_compiled_step_calls_the_routed_kernels_as_one_operator():
         torch.testing.assert_close(got, want, atol=0, rtol=0)
         targets = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
         assert targets.count("omni.row_product") == 2, targets
+
+
+def _aten_calls(fn: Any) -> set[str]:
+    """The aten operators ``fn()`` runs."""
+    with torch.profiler.profile() as profile:
+        fn()
+    return {event.key.removeprefix("aten::") for event in profile.key_averages()}
+
+
+def test_row_linear_takes_the_routed_kernels_for_bf16_and_leaves_the_rest_to_f_linear():
+    """A product that is no layer of its own (stacked heads) gets RowLinear's kernels."""
+    torch.manual_seed(0)
+    weight = torch.randn(96, 256).to(torch.bfloat16)
+    bias = torch.randn(96).to(torch.bfloat16)
+    with torch.no_grad():
+        for shape in [(1, 256), (256,), (1, 1, 256), (8, 256), (2, 3, 256)]:
+            x = torch.randn(*shape).to(torch.bfloat16)
+            out = row_linear(x, weight, bias)
+            assert out.shape == (*shape[:-1], 96) and out.is_contiguous()
+            torch.testing.assert_close(
+                out, torch.nn.functional.linear(x, weight, bias), atol=2e-2, rtol=1e-2
+            )
+        one, many = torch.randn(1, 256).to(torch.bfloat16), torch.randn(8, 256).to(torch.bfloat16)
+        assert "mv" in _aten_calls(lambda: row_linear(one, weight))
+        routed = _aten_calls(lambda: row_linear(many, weight))
+        assert "mm" in routed and "addmm" not in routed and "linear" not in routed
+        # the transposed product, bit for bit
+        expected = torch.mm(weight, many.t()).t()
+        torch.testing.assert_close(row_linear(many, weight), expected, atol=0, rtol=0)
+        plain = torch.randn(3, 256)
+        assert torch.equal(row_linear(plain, weight.float()), plain @ weight.float().T)
+        assert "mv" not in _aten_calls(lambda: row_linear(plain[:1], weight.float()))

@@ -204,3 +204,28 @@ def test_static_shape_decode_steps_equal_eager(model: MossTTSModel) -> None:
         assert torch.equal(eager[rid], static[rid]), rid
     assert max(f.shape[0] for f in eager.values()) == 5  # some request ran to its cap
     assert own._static.calls > 0
+
+
+def test_bf16_heads_on_the_cpu_stream_through_the_row_kernels(model: MossTTSModel) -> None:
+    """The 32 stacked audio heads are one product read at every step: in bf16 on the CPU a
+    lone row takes ``mv`` (the faster bf16 kernel) and the numbers are each head's own."""
+    net = MossTTSModel.from_pretrained(
+        "tiny", load_format="dummy", dtype="bfloat16", with_codec=False
+    ).network
+    hidden = torch.randn(1, net.cfg.backbone.hidden_size).to(torch.bfloat16)
+    with torch.no_grad(), torch.profiler.profile() as profile:
+        logits = net.audio_logits(hidden, range(2, 5))
+    ops = {event.key for event in profile.key_averages()}
+    assert "aten::mv" in ops and "aten::mm" not in ops, ops
+    with torch.no_grad():
+        for j, book in enumerate(range(2, 5)):
+            own = torch.mv(net.lm_heads[1 + book].weight, hidden[0])
+            own[net.cfg.audio_pad_code] = float("-inf")
+            assert torch.equal(logits[0, j], own)
+        # float32 keeps F.linear's numbers
+        dense = torch.randn(2, model.network.cfg.backbone.hidden_size)
+        got = model.network.audio_logits(dense)
+        head = model.network.lm_heads[1].weight
+        want = torch.nn.functional.linear(dense, head)
+        want[:, model.network.cfg.audio_pad_code] = float("-inf")
+        assert torch.equal(got[:, 0], want)
