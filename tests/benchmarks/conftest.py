@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -60,6 +61,9 @@ FIGURES = {
     "soak.py": "soak: PASS",
     "gpu_check.py": "throughput",
 }
+# Scripts that need a program this machine may lack: their smoke run skips, saying
+# which, as the tests that need it do (the README names the apt packages).
+NEEDS = {"bench_realtime.py": "espeak-ng"}
 BLOCKED = "pytest is blocked here: a benchmark must not import pytest (tests/benchmarks)"
 
 
@@ -131,4 +135,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "benchmark" in metafunc.fixturenames:
         group = metafunc.module.GROUP
         names = [name for name in scripts() if group_of(name) == group]
-        metafunc.parametrize("benchmark", names, ids=[n.removesuffix(".py") for n in names])
+        params = [pytest.param(name, marks=_needs(name)) for name in names]
+        metafunc.parametrize("benchmark", params, ids=[n.removesuffix(".py") for n in names])
+
+
+def _needs(name: str) -> list[pytest.MarkDecorator]:
+    program = NEEDS.get(name)
+    if program is None:
+        return []
+    missing = shutil.which(program) is None
+    reason = f"{name} needs {program}, which is not installed (apt-get install {program})"
+    return [pytest.mark.skipif(missing, reason=reason)]
