@@ -19,8 +19,9 @@ faster) but take other routes: :class:`RowLinear` sends a one-row input to
 ``torch.mv``, whose bf16 kernel streams the weight 15 to 40% faster than
 ``F.linear``'s at one row (``bench_cpu_linear.py``), which is every decode
 step of a lone request and every step of Qwen3-TTS's code predictor, and
-several rows to the transposed product ``mm(weight, x.T)``, 1.2-1.6x faster
-than ``F.linear`` there.
+up to :data:`TRANSPOSED_MAX_ROWS` rows to the transposed product
+``mm(weight, x.T)``, 1.1-1.7x faster than ``F.linear`` there, and more rows
+(a prompt's prefill) to ``F.linear``, which wins from about 128 rows on.
 
 Only float32 weights on the CPU with at least ``min_elements`` elements are
 routed: small ones live in cache, where MKL is as fast. Inference only: a
@@ -84,12 +85,11 @@ class PackedLinear(nn.Module):
 class RowLinear(nn.Linear):
     """``nn.Linear`` (same parameters, same state dict) on bf16's faster CPU kernels.
 
-    A lone row goes to ``mv``; several go to ``mm(weight, x.T).T``, the
-    transposed product, which torch's bf16 path runs 1.2-1.6x faster than
-    ``F.linear``'s ``x @ weight.T`` from 2 to 256 rows (measured here on
-    768x2048, 2048x768, 3072x1024 and 1024x3072 with 1 and 2 threads, e.g.
-    2 threads, 3072x1024, 8 rows: 327 against 510 us): every decode step of a
-    batch, a mixture's experts at a few rows each, and prefill. A layer
+    A lone row goes to ``mv``; up to :data:`TRANSPOSED_MAX_ROWS` go to
+    ``mm(weight, x.T).T``, the transposed product, which torch's bf16 path runs
+    faster than ``F.linear``'s ``x @ weight.T`` there (every decode step of a
+    batch, a mixture's experts at a few rows each); more rows, a prompt's
+    prefill, go to ``F.linear`` (see :data:`TRANSPOSED_MAX_ROWS`). A layer
     becomes one by a class swap (:func:`pack_linear_weights`), so its weight
     stays the tensor it was: shared weights stay shared, ``.to()`` and
     ``state_dict`` behave as for any linear layer.
@@ -101,6 +101,14 @@ class RowLinear(nn.Linear):
         return row_linear(x, self._parameters["weight"], self._parameters["bias"])
 
 
+#: The most rows :class:`RowLinear` sends to the transposed product. Measured here
+#: (bf16, 2 threads; F.linear's time over the transposed product's) on 24576x4096,
+#: 4096x12288, 6144x4096, 6144x1024 and 1024x3072: 1.16-1.74x from 8 to 32 rows,
+#: 0.92-1.60x at 64, 0.85-1.26x at 128, 0.59-1.00x at 197 and 0.48-0.99x at 512.
+#: A ~200-position prompt through MOSS-TTS's fused gate/up took 62 against 36 ms.
+TRANSPOSED_MAX_ROWS = 64
+
+
 def row_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -109,7 +117,7 @@ def row_linear(
     For products that are not a layer of their own: a stacked set of heads
     (MOSS-TTS's 32 audio heads as one ``[32 * 1025, H]`` matrix, 268 MB of bf16
     read at every step) streamed 18.5 -> 23.4 GB/s at one row and 20.2 -> 24.8
-    at eight (measured here, 2 threads), the same numbers bit for bit.
+    at eight (measured here, 2 threads), the numbers those kernels give.
     Anything but bf16 on the CPU goes to ``F.linear`` unchanged.
     """
     if weight.dtype != torch.bfloat16 or not x.is_cpu or x.dtype != weight.dtype or x.numel() == 0:
@@ -122,8 +130,10 @@ def row_linear(
         out = torch.ops.omni.row_product(x.reshape(-1, in_features), weight)
     elif x.numel() == in_features:
         out = torch.mv(weight, x.reshape(-1))
-    else:
+    elif x.numel() <= TRANSPOSED_MAX_ROWS * in_features:
         out = _transposed_product(x.reshape(-1, in_features), weight)
+    else:
+        return F.linear(x, weight, bias)
     if bias is not None:
         out = out + bias
     return out.view(*x.shape[:-1], weight.shape[0])
@@ -137,6 +147,8 @@ def row_product(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """
     if rows.shape[0] == 1:
         return torch.mv(weight, rows[0])[None]
+    if rows.shape[0] > TRANSPOSED_MAX_ROWS:
+        return F.linear(rows, weight)
     return _transposed_product(rows, weight)
 
 

@@ -8,10 +8,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from omni_core.engine.cpu_linear import (  # noqa: E402
     ROW_MIN_ELEMENTS,
+    TRANSPOSED_MAX_ROWS,
     PackedLinear,
     RowLinear,
     pack_linear_weights,
@@ -216,9 +218,7 @@ def test_row_linear_takes_the_routed_kernels_for_bf16_and_leaves_the_rest_to_f_l
             x = torch.randn(*shape).to(torch.bfloat16)
             out = row_linear(x, weight, bias)
             assert out.shape == (*shape[:-1], 96) and out.is_contiguous()
-            torch.testing.assert_close(
-                out, torch.nn.functional.linear(x, weight, bias), atol=2e-2, rtol=1e-2
-            )
+            torch.testing.assert_close(out, F.linear(x, weight, bias), atol=2e-2, rtol=1e-2)
         one, many = torch.randn(1, 256).to(torch.bfloat16), torch.randn(8, 256).to(torch.bfloat16)
         assert "mv" in _aten_calls(lambda: row_linear(one, weight))
         routed = _aten_calls(lambda: row_linear(many, weight))
@@ -226,6 +226,12 @@ def test_row_linear_takes_the_routed_kernels_for_bf16_and_leaves_the_rest_to_f_l
         # the transposed product, bit for bit
         expected = torch.mm(weight, many.t()).t()
         torch.testing.assert_close(row_linear(many, weight), expected, atol=0, rtol=0)
+        # a prompt's many rows: F.linear, which is the faster there
+        prompt = torch.randn(TRANSPOSED_MAX_ROWS + 1, 256).to(torch.bfloat16)
+        assert torch.equal(row_linear(prompt, weight, bias), F.linear(prompt, weight, bias))
+        assert "linear" in _aten_calls(lambda: row_linear(prompt, weight))
+        edge = torch.randn(TRANSPOSED_MAX_ROWS, 256).to(torch.bfloat16)
+        assert "linear" not in _aten_calls(lambda: row_linear(edge, weight))
         plain = torch.randn(3, 256)
         assert torch.equal(row_linear(plain, weight.float()), plain @ weight.float().T)
         assert "mv" not in _aten_calls(lambda: row_linear(plain[:1], weight.float()))
