@@ -74,8 +74,9 @@ def _filtered_draw(
 ) -> torch.Tensor:
     """Draw after top-k and top-p, in the sorted order (stable, so ties are deterministic)."""
     rows, vocab = logits.shape
-    ordered, order = torch.sort(logits, dim=-1, descending=True, stable=True)
-    rank = torch.arange(vocab, device=logits.device).expand(rows, vocab)
+    ordered, order = _candidates(logits, top_k)
+    width = ordered.shape[1]
+    rank = torch.arange(width, device=logits.device).expand(rows, width)
     k = torch.tensor([kk if kk > 0 else vocab for kk in top_k], device=logits.device)
     ordered = ordered.masked_fill(rank >= k.unsqueeze(1), float("-inf"))
     probs = ordered.softmax(-1)
@@ -84,6 +85,28 @@ def _filtered_draw(
     probs = probs.masked_fill(before >= p, 0.0)  # smallest set reaching p; the first stays
     picked = _draw(probs, generators)
     return order.gather(1, picked.unsqueeze(1)).squeeze(1)
+
+
+def _candidates(logits: torch.Tensor, top_k: Seq[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits best first, ties by id (a stable sort's order), and their ids.
+
+    Why not always sort: a full sort of every row is most of a sampled step's
+    cost at a text vocabulary (151936 ids, 8 rows: 57 ms of a 81 ms sample,
+    2 threads), where top-k keeps a few dozen. When every row has a top-k, the
+    ``widest`` best (plus one) come from ``topk`` instead (1.5 ms); if no row's
+    ``widest``-th value ties with the next one, they are exactly a stable sort's
+    first ``widest``, ordered the same way once ties are put in id order. A tie
+    there, or a row without top-k, sorts everything as before.
+    """
+    vocab = logits.shape[-1]
+    widest = max(kk if kk > 0 else vocab for kk in top_k)
+    if widest < vocab:
+        values, ids = torch.topk(logits, widest + 1, dim=-1)
+        if bool((values[:, widest - 1] > values[:, widest]).all()):
+            ids, by_id = ids.sort(dim=-1)
+            values, best_first = values.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
+            return values, ids.gather(1, best_first)
+    return torch.sort(logits, dim=-1, descending=True, stable=True)
 
 
 def sample(

@@ -123,3 +123,50 @@ def test_a_row_samples_the_same_alone_and_batched() -> None:
 def test_shape_mismatch_is_refused() -> None:
     with pytest.raises(ValueError, match="logits"):
         sample(torch.zeros(2, 3), [SamplingParams()], [None])
+
+
+def test_top_k_rows_draw_from_topk_what_a_full_sort_gave(monkeypatch) -> None:
+    """With a top-k on every row only the best few are ranked (``topk``, not a sort of the
+    whole vocabulary), and every draw is the one the full stable sort gave, ties included."""
+    import omni_core.engine.sampling as sampling
+
+    vocab = 4000
+    noise = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, vocab, generator=noise)
+    logits[1, 100:140] = 5.0  # a tie across row 1's top-k boundary: the full sort decides
+    logits[2, ::2] = float("-inf")
+    logits[3] = logits[3].round()  # many ties inside the top-k, ordered by id
+    rows = [
+        SamplingParams(temperature=1.0, top_k=k, top_p=p, seed=s)
+        for s, (k, p) in enumerate([(20, 1.0), (25, 0.9), (50, 0.8), (40, 1.0), (1, 1.0), (7, 0.5)])
+    ]
+
+    def draws() -> list[list[int]]:
+        generators = [make_generator(r.seed) for r in rows]
+        return [sample(logits, rows, generators).tolist() for _ in range(30)]
+
+    with torch.profiler.profile() as profile:
+        fast = draws()
+    assert "aten::topk" in {e.key for e in profile.key_averages()}
+    with monkeypatch.context() as patch:
+        patch.setattr(sampling, "_candidates", _full_sort)
+        full = draws()
+    assert fast == full
+    # alone, row 0 ranks its best few only; row 1's boundary tie sorts its whole row
+    assert _sorted_widths(logits[0:1], rows[0]) == [21]
+    assert _sorted_widths(logits[1:2], rows[1]) == [vocab]
+
+
+def _sorted_widths(logits: torch.Tensor, params: SamplingParams) -> list[int]:
+    """The row length of the last sort ``sample`` ran: the best-first ranking."""
+    with torch.profiler.profile(record_shapes=True) as profile:
+        sample(logits, [params], [make_generator(0)])
+    return [
+        event.input_shapes[0][-1]
+        for event in profile.events()
+        if event.name == "aten::sort" and event.input_shapes and event.input_shapes[0]
+    ][-1:]
+
+
+def _full_sort(logits: torch.Tensor, top_k: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.sort(logits, dim=-1, descending=True, stable=True)
