@@ -41,6 +41,7 @@ the cancellation: a client gone leaves no backlog of its chunks to decode.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import ctypes
 import os
@@ -90,9 +91,18 @@ class ComputeThread:
         else:
             self.submit(fix).result()
 
+    def stop(self, timeout: float) -> None:
+        """End the thread once the jobs before this call are done, waiting ``timeout`` s at most."""
+        self._jobs.put(None)  # type: ignore[arg-type]
+        self.thread.join(timeout)
+
     def _loop(self) -> None:
         while True:
-            self._run(self._jobs.get())
+            job = self._jobs.get()
+            if job is None:
+                return
+            self._run(job)
+            del job  # waiting for the next, hold nothing of this one (see _run)
 
     @staticmethod
     def _run(job: tuple[Future, Callable[..., Any], tuple[Any, ...], int | None]) -> None:
@@ -124,6 +134,28 @@ def _forget_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+#: How long a process at exit waits for its compute thread's jobs to end.
+EXIT_WAIT_SECONDS = 10.0
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """Let the compute thread finish its job and end before the interpreter does.
+
+    Why: a daemon thread still inside torch when the interpreter finalizes is
+    ended by ``pthread_exit`` as soon as it wants the GIL back, and that forced
+    unwinding through torch's C++ frames aborts the process ("terminate called
+    without an active exception", exit -6): a benchmark that had printed all
+    its figures died so, now and then, under load. A job blocked for good (a
+    tensor-parallel follower) is waited for ``EXIT_WAIT_SECONDS`` only.
+    """
+    global _current
+    with _lock:
+        current, _current = _current, None
+    if current is not None and threading.current_thread() is not current.thread:
+        current.stop(EXIT_WAIT_SECONDS)
 
 
 def compute_thread() -> ComputeThread:

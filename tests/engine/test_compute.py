@@ -176,3 +176,29 @@ def test_a_finished_job_leaves_nothing_alive_on_the_compute_thread():
     del given, returned
     gc.collect()
     assert [ref() for ref in refs] == [None, None]
+
+
+EXITING = textwrap.dedent(
+    """
+    import sys, time
+    from omni_core.engine.compute import compute_thread
+
+    def job(path):
+        time.sleep(0.5)  # the interpreter is finalizing by now, unless exit waits
+        with open(path, "w") as out:
+            out.write("done")
+
+    compute_thread().submit(job, sys.argv[1])
+    """
+)
+
+
+def test_a_process_exits_after_its_compute_job_ends_not_inside_it(tmp_path) -> None:
+    """Exit lets the running job finish and the thread end, so that no daemon thread is
+    cut off inside torch by the interpreter's finalization (which aborts the process)."""
+    marker = tmp_path / "done"
+    done = subprocess.run(
+        [sys.executable, "-c", EXITING, str(marker)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == "done"
