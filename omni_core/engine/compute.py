@@ -63,7 +63,8 @@ class ComputeThread:
     """A daemon thread that runs submitted callables in order (``Future`` results).
 
     A daemon, so a job blocked for good (a tensor-parallel follower waiting
-    for its leader) never holds the process open at exit.
+    for its leader) never holds the process open at exit; any other job is let
+    finish there first (:func:`_stop_at_exit`).
     """
 
     def __init__(self) -> None:
@@ -144,11 +145,13 @@ EXIT_WAIT_SECONDS = 10.0
 def _stop_at_exit() -> None:
     """Let the compute thread finish its job and end before the interpreter does.
 
-    Why: a daemon thread still inside torch when the interpreter finalizes is
-    ended by ``pthread_exit`` as soon as it wants the GIL back, and that forced
-    unwinding through torch's C++ frames aborts the process ("terminate called
-    without an active exception", exit -6): a benchmark that had printed all
-    its figures died so, now and then, under load. A job blocked for good (a
+    Why: a benchmark that had printed all its figures died at exit, now and
+    then under load, with "terminate called without an active exception"
+    (exit -6). The likely cause, not reproduced on demand: a daemon thread
+    still inside torch when the interpreter finalizes is ended by
+    ``pthread_exit`` as soon as it wants the GIL back, a forced unwinding that
+    aborts in torch's C++ frames. Ended here first, the thread leaves as any
+    thread does, its OpenMP team with it. A job blocked for good (a
     tensor-parallel follower) is waited for ``EXIT_WAIT_SECONDS`` only.
     """
     global _current

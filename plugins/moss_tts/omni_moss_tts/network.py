@@ -77,7 +77,7 @@ class MossNetwork(nn.Module):
         rows = weights[books.start : books.stop].flatten(0, 1)  # a view: no copy
         # one [B, H] x [H, n * 1025] product: a single GEMM streams the heads once for
         # the whole batch (32 small products cost ~4x more at 8 rows), through the
-        # faster bf16 kernels on the CPU (row_linear: the same numbers)
+        # faster bf16 kernels on the CPU (row_linear, RowLinear's routes)
         logits = row_linear(hidden, rows).view(hidden.shape[0], len(books), -1)
         logits[..., self.cfg.audio_pad_code] = float("-inf")
         return logits
