@@ -60,7 +60,7 @@ class StageUnreachable(OmniError):
 
 @dataclass
 class ChildSpec:
-    """Everything a child needs; pickled by the spawn start method."""
+    """Everything a child needs; pickled into the pipe that starts it (fork server or spawn)."""
 
     process: str
     plan: DeploymentPlan
@@ -69,7 +69,7 @@ class ChildSpec:
     log_path: str
     plugin_modules: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)  # set by the runtime (MPS pipes)
-    # The deployment's secret: crosses to the child inside the spawn pipe, never
+    # The deployment's secret: crosses to the child inside the start pipe, never
     # through a file or the environment, and is never printed.
     secret: bytes = field(default=b"", repr=False)
     # Multi-node launchers: the TCP addresses they reserved (process name, and
@@ -94,8 +94,16 @@ def _engine_counts(stage: Any) -> dict[str, int]:
     return {"engine_running": running, "engine_waiting": waiting}
 
 
-def child_main(spec: ChildSpec, conn: Any) -> None:
-    """Entry point of a spawned stage process."""
+def child_main(spec: ChildSpec, conn: Any, environ: dict[str, str] | None = None) -> None:
+    """Entry point of a stage process.
+
+    ``environ``: the parent's environment when it started this process. A process forked
+    from the fork server inherited the server's, which may be older (see
+    ``launchers.local.start_method``); it takes the parent's, as a spawned one would.
+    """
+    if environ is not None and environ != os.environ:
+        os.environ.clear()
+        os.environ.update(environ)
     _die_with_parent(spec.parent_pid)
     _redirect_output(spec.log_path)
     process = spec.plan.process(spec.process)
@@ -641,21 +649,47 @@ def _gpu_locks(runtime_dir: str, gpus: tuple[int, ...]):
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """No orphan survives the parent, even a SIGKILLed one."""
+    """No orphan survives the parent, even a SIGKILLed one.
+
+    The direct parent is ``parent_pid`` (spawned) or the fork server it started, which
+    ends as soon as that parent does (its end of a pipe closes); the kernel kills this
+    process when the direct parent ends, and a thread also watches both, in case either
+    was already gone before the kernel was asked.
+    """
+    direct = os.getppid()
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+
+    def orphaned() -> bool:
+        return os.getppid() != direct or not _running(parent_pid)
+
+    if orphaned():  # a parent died before prctl took effect
         os._exit(1)
 
     def watch() -> None:  # the portable fallback
         while True:
             time.sleep(1.0)
-            if os.getppid() != parent_pid:
+            if orphaned():
                 os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True  # no /proc (not Linux): os.kill said it exists
 
 
 def _redirect_output(path: str) -> None:

@@ -3,24 +3,78 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+from multiprocessing.context import BaseContext
 from typing import Any
 
 from ...errors import ConfigError
 from ...launcher import Launcher, LaunchSession, ProcessHandle
 
-SPAWN = multiprocessing.get_context("spawn")
+#: How stage processes start: ``forkserver`` (the default where the platform has it)
+#: or ``spawn``; this environment variable chooses.
+START_METHOD_ENV = "OMNI_START_METHOD"
+START_METHODS = ("forkserver", "spawn")
+#: What the fork server imports once, so that a stage process starts with it loaded:
+#: torch alone is 2-3 s of CPU per process on a small machine, paid by every stage of
+#: a deployment (seven for Qwen3-Omni) and again at each restart under ``spawn``.
+#: Plugins' own modules are not preloaded: the fork server outlives deployments in a
+#: long-lived parent (a test session, a Ray actor), and a plugin upgraded meanwhile
+#: must be imported afresh.
+PRELOAD = ("torch", "omni_core.runtime.worker")
 
 
-def spawn_child(spec: Any, name: str) -> tuple[Any, Any]:
-    """Start ``child_main(spec)`` in a fresh interpreter; (process, the pipe's reading end).
+def start_method() -> str:
+    """The start method ``OMNI_START_METHOD`` names, else ``forkserver`` where it exists.
 
-    Every launcher ends here, on whichever machine it runs the group.
+    Why a fork server: a spawned stage process is a fresh interpreter that imports
+    torch before it can build anything; a fork server imports it once, and each stage
+    process is a fork of it. Not a plain fork of ``omni serve``: its event loop, its
+    threads and its sockets must not be copied into every stage. The child keeps
+    spawn's semantics where they matter: it gets the parent's environment as it is at
+    the moment of the start (:func:`spawn_child` sends it), not the fork server's.
+    """
+    chosen = os.environ.get(START_METHOD_ENV, "").strip()
+    if not chosen:
+        available = multiprocessing.get_all_start_methods()
+        return "forkserver" if "forkserver" in available else "spawn"
+    if chosen not in START_METHODS:
+        raise ConfigError(
+            f"{START_METHOD_ENV}={chosen!r} is not a start method omni knows",
+            hint=f"set it to one of {', '.join(START_METHODS)}, or unset it",
+        )
+    if chosen not in multiprocessing.get_all_start_methods():
+        raise ConfigError(
+            f"{START_METHOD_ENV}={chosen!r}: this platform has no {chosen} start method",
+            hint="unset it (omni uses spawn here)",
+        )
+    return chosen
+
+
+def start_context(method: str | None = None) -> BaseContext:
+    """The multiprocessing context that starts stage processes (see :func:`start_method`)."""
+    method = method or start_method()
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        # Takes effect when the server starts (the first stage process of this parent).
+        context.set_forkserver_preload(list(PRELOAD))
+    return context
+
+
+def spawn_child(spec: Any, name: str, method: str | None = None) -> tuple[Any, Any]:
+    """Start ``child_main(spec)`` in a new process; (process, the pipe's reading end).
+
+    Every launcher ends here, on whichever machine it runs the group. ``method``:
+    the start method (default :func:`start_method`).
     """
     from ..worker import child_main
 
-    parent_end, child_end = SPAWN.Pipe(duplex=False)
-    proc = SPAWN.Process(
-        target=child_main, args=(spec, child_end), name=f"omni:{name}", daemon=False
+    context = start_context(method)
+    parent_end, child_end = context.Pipe(duplex=False)
+    proc = context.Process(
+        target=child_main,
+        args=(spec, child_end, dict(os.environ)),
+        name=f"omni:{name}",
+        daemon=False,
     )
     proc.start()
     child_end.close()
@@ -73,6 +127,7 @@ class LocalSession(LaunchSession):
         self.addresses: dict[str, str] = {}
 
     async def open(self) -> None:
+        start_method()  # a bad OMNI_START_METHOD is refused before any process starts
         nodes = self.plan.nodes
         if nodes is None:
             return

@@ -86,7 +86,9 @@ class ProcessGroupActor:
         while True:
             spec, done = self.forks.get()
             try:
-                done.set_result(spawn_child(spec, self.name))
+                # spawned: an actor starts one process group, so a fork server here
+                # would be one more process (and torch imported twice) for one child
+                done.set_result(spawn_child(spec, self.name, method="spawn"))
             except BaseException as exc:  # reported to the caller of start()
                 done.set_exception(exc)
 

@@ -1,0 +1,115 @@
+"""How stage processes start: forked from a server that loaded torch once, or spawned.
+
+The fork server saves each stage process the interpreter start and the import of
+torch; these tests check what it must keep of spawn's behaviour (the parent's
+environment at the start, no orphans) and the variable that chooses the method.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from omni_core.errors import ConfigError
+from omni_core.runtime.launchers.local import START_METHOD_ENV, start_method
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+pytestmark = pytest.mark.anyio
+
+LINUX = sys.platform.startswith("linux")
+
+
+def _stage_pid(outputs: dict, stage: str) -> int:
+    """The pid of ``stage``'s process, from the trail the last stage (``b``) returns."""
+    return {e.split(":")[0]: int(e.split(":")[1]) for e in outputs["b"]["trail"]}[stage]
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+async def test_stage_processes_fork_from_a_server_that_loaded_torch(deployment, monkeypatch):
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    async with deployment("t-two-process") as runtime:
+        outputs = await runtime.run({})
+        stages = {_stage_pid(outputs, "a"), _stage_pid(outputs, "b")}
+        servers = {_parent_of(pid) for pid in stages}
+        assert len(servers) == 1 and os.getpid() not in servers
+        server = servers.pop()
+        assert _parent_of(server) == os.getpid()
+        cmdline = Path(f"/proc/{server}/cmdline").read_bytes().decode()
+        assert "multiprocessing.forkserver" in cmdline
+        assert "libtorch" in Path(f"/proc/{server}/maps").read_text()
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+async def test_spawn_when_the_variable_says_so(deployment, monkeypatch):
+    monkeypatch.setenv(START_METHOD_ENV, "spawn")
+    async with deployment("t-two-process") as runtime:
+        outputs = await runtime.run({})
+        assert _parent_of(_stage_pid(outputs, "b")) == os.getpid()
+
+
+async def test_a_forked_stage_sees_the_environment_of_its_start_not_the_servers(
+    deployment, monkeypatch
+):
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    names = {"names": ["OMNI_TEST_USER"]}
+    async with deployment("t-env") as runtime:  # the fork server runs from here on
+        before = await runtime.run(names)
+    monkeypatch.setenv("OMNI_TEST_USER", "set after the server started")
+    async with deployment("t-env") as runtime:
+        after = await runtime.run(names)
+    assert before["env"] == {"OMNI_TEST_USER": "stage"}  # the stage's default
+    assert after["env"] == {"OMNI_TEST_USER": "set after the server started"}
+
+
+def test_the_default_is_the_fork_server_where_the_platform_has_one(monkeypatch):
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    import multiprocessing
+
+    has_server = "forkserver" in multiprocessing.get_all_start_methods()
+    assert start_method() == ("forkserver" if has_server else "spawn")
+    monkeypatch.setenv(START_METHOD_ENV, "spawn")
+    assert start_method() == "spawn"
+
+
+def test_an_unknown_method_is_refused_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(START_METHOD_ENV, "fork")
+    with pytest.raises(ConfigError) as refused:
+        start_method()
+    assert "OMNI_START_METHOD='fork'" in str(refused.value)
+    assert "forkserver, spawn" in refused.value.hint
+
+
+def test_omni_serve_refuses_it_before_starting_anything(short_tmp):
+    env = {**os.environ, START_METHOD_ENV: "threads"}
+    ran = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parents[1] / "serve" / "omni_launch.py"),
+            "serve",
+            "--pipeline",
+            "t-speech",
+            "--port",
+            "0",
+            "--endpoints.base_path",
+            str(short_tmp),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 2, ran.stderr[-2000:]
+    assert "OMNI_START_METHOD='threads'" in ran.stderr
+    assert "Traceback" not in ran.stderr
+    assert list(short_tmp.iterdir()) == []  # no run directory left behind
