@@ -113,3 +113,34 @@ def test_omni_serve_refuses_it_before_starting_anything(short_tmp):
     assert "OMNI_START_METHOD='threads'" in ran.stderr
     assert "Traceback" not in ran.stderr
     assert list(short_tmp.iterdir()) == []  # no run directory left behind
+
+
+PROBE = """
+import os, sys, types, anyio
+from omni_core.runtime.launchers.local import LocalSession
+
+anyio.run(LocalSession(types.SimpleNamespace(nodes=None, processes=[])).open)
+servers = []
+for entry in os.listdir("/proc"):
+    if entry.isdigit():
+        try:
+            stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().decode()
+        except OSError:
+            continue
+        if int(stat[1]) == os.getpid() and "multiprocessing.forkserver" in cmdline:
+            servers.append("libtorch" in open(f"/proc/{entry}/maps").read())
+print(servers)
+"""
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_opening_a_session_leaves_the_fork_server_ready_with_torch_imported(monkeypatch):
+    """So that starting the first stage process, which happens on the event loop's
+    thread, does not hold the loop while the server imports torch."""
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    ran = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip() == "[True]"

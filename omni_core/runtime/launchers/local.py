@@ -7,6 +7,8 @@ import os
 from multiprocessing.context import BaseContext
 from typing import Any
 
+import anyio
+
 from ...errors import ConfigError
 from ...launcher import Launcher, LaunchSession, ProcessHandle
 
@@ -58,6 +60,20 @@ def start_context(method: str | None = None) -> BaseContext:
         # Takes effect when the server starts (the first stage process of this parent).
         context.set_forkserver_preload(list(PRELOAD))
     return context
+
+
+def warm_fork_server() -> None:
+    """Start the fork server and wait until it has imported what it preloads.
+
+    Starting a process blocks its caller until the server answers with the child's
+    pid, which the first time means until torch is imported (seconds). Stage processes
+    must be started on the event loop's thread (``ProcessHandle.start``), so this
+    runs first, in a worker thread, with a child that exits at once: the loop is
+    never blocked for more than a fork. A server already running answers at once.
+    """
+    probe = start_context("forkserver").Process(target=int, name="omni:fork-server-probe")
+    probe.start()
+    probe.join()
 
 
 def spawn_child(spec: Any, name: str, method: str | None = None) -> tuple[Any, Any]:
@@ -127,7 +143,8 @@ class LocalSession(LaunchSession):
         self.addresses: dict[str, str] = {}
 
     async def open(self) -> None:
-        start_method()  # a bad OMNI_START_METHOD is refused before any process starts
+        if start_method() == "forkserver":  # a bad OMNI_START_METHOD is refused here
+            await anyio.to_thread.run_sync(warm_fork_server)
         nodes = self.plan.nodes
         if nodes is None:
             return
