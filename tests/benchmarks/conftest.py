@@ -60,6 +60,7 @@ FIGURES = {
     "bench_weight_share.py": "total PSS",
     "soak.py": "soak: PASS",
     "gpu_check.py": "throughput",
+    "bench_startup.py": "ratio spawn / forkserver",
 }
 # Scripts that need a program this machine may lack: their smoke run skips, saying
 # which, as the tests that need it do (the README names the apt packages).
