@@ -18,6 +18,7 @@ import shutil
 import stat
 
 from ..errors import ConfigError
+from .pids import running
 
 PRIVATE_MODE = 0o700
 _OPEN_FLAGS = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -108,18 +109,8 @@ def _refuse_if_live(path: str) -> None:
             pid = int(handle.read().strip() or 0)
     except (OSError, ValueError):
         return
-    if pid and _alive(pid):
+    if pid and running(pid):
         raise ConfigError(
             f"another omni runtime (pid {pid}) is serving this deployment from {path}",
             hint="stop it first, or set endpoints.base_path to another directory",
         )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -41,6 +41,7 @@ from . import messages as m
 from .graph import StageGraph
 from .links import Links
 from .outbound import Outbound
+from .pids import running
 from .routing_table import RoutingTable
 from .rundir import open_private
 from .stage_api import StageRequest, as_stage
@@ -663,7 +664,7 @@ def _die_with_parent(parent_pid: int) -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
     def orphaned() -> bool:
-        return os.getppid() != direct or not _running(parent_pid)
+        return os.getppid() != direct or not running(parent_pid)
 
     if orphaned():  # a parent died before prctl took effect
         os._exit(1)
@@ -675,21 +676,6 @@ def _die_with_parent(parent_pid: int) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, is not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True  # no /proc (not Linux): os.kill said it exists
 
 
 def _redirect_output(path: str) -> None:

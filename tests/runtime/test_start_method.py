@@ -89,32 +89,6 @@ def test_an_unknown_method_is_refused_naming_the_variable(monkeypatch):
     assert "forkserver, spawn" in refused.value.hint
 
 
-def test_omni_serve_refuses_it_before_starting_anything(short_tmp):
-    env = {**os.environ, START_METHOD_ENV: "threads"}
-    ran = subprocess.run(
-        [
-            sys.executable,
-            str(Path(__file__).parents[1] / "serve" / "omni_launch.py"),
-            "serve",
-            "--pipeline",
-            "t-speech",
-            "--port",
-            "0",
-            "--endpoints.base_path",
-            str(short_tmp),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    assert ran.returncode == 2, ran.stderr[-2000:]
-    assert "OMNI_START_METHOD='threads'" in ran.stderr
-    assert "Traceback" not in ran.stderr
-    assert list(short_tmp.iterdir()) == []  # no run directory left behind
-
-
 PROBE = """
 import os, sys, types, anyio
 from omni_core.runtime.launchers.local import LocalSession

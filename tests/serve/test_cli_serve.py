@@ -176,6 +176,15 @@ def test_sigterm_stops_admitting_stops_children_and_cleans_up(short_tmp):
         served.close()
 
 
+def test_a_bad_start_method_is_refused_before_anything_starts(short_tmp, monkeypatch):
+    monkeypatch.setenv("OMNI_START_METHOD", "threads")  # the child inherits it
+    ran = omni("serve", "--pipeline", "t-speech", "--port", "0", base=short_tmp)
+    assert ran.returncode == 2, ran.stderr[-2000:]
+    assert "OMNI_START_METHOD='threads'" in ran.stderr
+    assert "Traceback" not in ran.stderr
+    assert list(short_tmp.iterdir()) == []  # no run directory left behind
+
+
 def test_sigkill_of_the_parent_leaves_no_orphan(short_tmp):
     served = Served(short_tmp)
     try:
