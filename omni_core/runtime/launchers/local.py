@@ -20,7 +20,7 @@ START_METHODS = ("forkserver", "spawn")
 #: torch alone is 2-3 s of CPU per process on a small machine, paid by every stage of
 #: a deployment (seven for Qwen3-Omni) and again at each restart under ``spawn``.
 #: Plugins' own modules are not preloaded: the fork server outlives deployments in a
-#: long-lived parent (a test session, a Ray actor), and a plugin upgraded meanwhile
+#: long-lived parent (a test session, a notebook), and a plugin upgraded meanwhile
 #: must be imported afresh.
 PRELOAD = ("torch", "omni_core.runtime.worker")
 
