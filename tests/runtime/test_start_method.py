@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,53 @@ def test_opening_a_session_leaves_the_fork_server_ready_with_torch_imported(monk
     )
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.strip() == "[True]"
+
+
+SERVER_PARENT = """
+import sys
+from omni_core.runtime.launchers.local import warm_fork_server
+
+warm_fork_server()
+print("ready", flush=True)
+sys.stdin.read()  # until the test kills it, or closes stdin for a normal exit
+"""
+
+
+def _serve_then_end(tmp: Path, kill: bool) -> list[str]:
+    """Start a fork server from a parent whose temporary directory is ``tmp``, end the
+    parent (SIGKILL or a normal exit), and list what ``tmp`` holds once the server is gone."""
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    env.pop(START_METHOD_ENV, None)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", SERVER_PARENT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert parent.stdout is not None and parent.stdin is not None
+        assert parent.stdout.readline() == b"ready\n"
+        held = [p.name for p in tmp.iterdir()]
+        assert len(held) == 1 and held[0].startswith("pymp-")  # the server's socket is there
+        if kill:
+            parent.kill()
+        else:
+            parent.stdin.close()
+        parent.wait(30)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 15
+    while any(tmp.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p.name for p in tmp.iterdir()]
+
+
+@pytest.mark.skipif(not LINUX, reason="the fork server is POSIX-only")
+@pytest.mark.parametrize("kill", [True, False], ids=["sigkill", "normal-exit"])
+def test_the_fork_servers_socket_directory_goes_with_its_parent(short_tmp, kill):
+    """A SIGKILLed omni serve cannot remove the fork server's /tmp/pymp-* directory;
+    the server, which outlives it by a moment, does (a normal exit removes it itself)."""
+    tmp = short_tmp / "t"
+    tmp.mkdir(mode=0o700)
+    assert _serve_then_end(tmp, kill) == []

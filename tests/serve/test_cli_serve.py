@@ -186,13 +186,17 @@ def test_a_bad_start_method_is_refused_before_anything_starts(short_tmp, monkeyp
 
 
 def test_sigkill_of_the_parent_leaves_no_orphan(short_tmp):
-    served = Served(short_tmp)
+    tmp = short_tmp / "tmp"  # where the fork server's socket directory goes
+    tmp.mkdir(mode=0o700)
+    served = Served(short_tmp, env={"TMPDIR": str(tmp)})
     try:
         children = descendants(served.proc.pid)
         assert len(children) >= 2
+        assert any(p.name.startswith("pymp-") for p in tmp.iterdir())
         served.proc.send_signal(signal.SIGKILL)
         served.proc.wait(10)
         assert _all_dead(children, within=5)
+        assert [p.name for p in tmp.iterdir()] == []
     finally:
         served.close()
 

@@ -21,8 +21,9 @@ START_METHODS = ("forkserver", "spawn")
 #: a deployment (seven for Qwen3-Omni) and again at each restart under ``spawn``.
 #: Plugins' own modules are not preloaded: the fork server outlives deployments in a
 #: long-lived parent (a test session, a notebook), and a plugin upgraded meanwhile
-#: must be imported afresh.
-PRELOAD = ("torch", "omni_core.runtime.worker")
+#: must be imported afresh. The last one makes the server remove its socket's
+#: directory when its parent was killed (:mod:`.fork_server_exit`).
+PRELOAD = ("torch", "omni_core.runtime.worker", "omni_core.runtime.launchers.fork_server_exit")
 
 
 def start_method() -> str:
