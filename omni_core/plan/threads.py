@@ -25,7 +25,9 @@ stage's env or the environment sets it): a stage process's compute thread
 is the only OpenMP team in it (``engine/compute.py``), so its idle threads
 spin between ops for OpenMP's default (300,000 turns, milliseconds), which
 makes a lone process fast and, on cores shared with other processes, burns
-the time they need. Measured here (2 cores, two test workers each running
+the time they need. OpenMP reads it when torch loads, which for a forked
+stage process is in the fork server: ``launchers/fork_env.py`` starts the
+server with it. Measured here (2 cores, two test workers each running
 deployments): 85 s with the default spin, 31 s with 1,000 turns, 33 s
 before the compute thread existed.
 """

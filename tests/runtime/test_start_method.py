@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from omni_core.errors import ConfigError
+from omni_core.runtime.launchers import fork_env
 from omni_core.runtime.launchers.local import START_METHOD_ENV, start_method
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -169,3 +170,31 @@ def test_the_fork_servers_socket_directory_goes_with_its_parent(short_tmp, kill)
     tmp = short_tmp / "t"
     tmp.mkdir(mode=0o700)
     assert _serve_then_end(tmp, kill) == []
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+async def test_a_process_wanting_openmp_settings_the_server_did_not_read_is_spawned(
+    deployment, monkeypatch
+):
+    """OpenMP read its variables when the fork server loaded torch; a process that
+    wants others must start as a fresh interpreter, which reads its own."""
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    fork_env.fork_can_serve({})  # the server runs, started from this environment
+    assert "OMP_WAIT_POLICY" not in (fork_env.server_settings() or {})
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    async with deployment("t-two-process") as runtime:
+        outputs = await runtime.run({})
+        assert _parent_of(_stage_pid(outputs, "b")) == os.getpid()  # spawned, not forked
+
+
+def test_the_settings_a_process_wants_and_those_all_share():
+    planned = {"GOMP_SPINCOUNT": "1000", "OMP_NUM_THREADS": "2", "PATH": "/bin"}
+    # OMP_NUM_THREADS is applied through torch at run time; the user's value wins
+    assert fork_env.wanted_settings(planned, {"GOMP_SPINCOUNT": "5"}) == {"GOMP_SPINCOUNT": "5"}
+    assert fork_env.wanted_settings(planned, {}) == {"GOMP_SPINCOUNT": "1000"}
+    common = fork_env.common_settings(
+        [{"GOMP_SPINCOUNT": "1000", "KMP_A": "1"}, {"GOMP_SPINCOUNT": "1000", "KMP_A": "2"}]
+    )
+    assert common == {"GOMP_SPINCOUNT": "1000"}
+    assert fork_env.common_settings([]) == {}

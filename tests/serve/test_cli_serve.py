@@ -16,6 +16,8 @@ import openai
 import pytest
 from serve_helpers import alive, descendants, wait_ready
 
+from omni_core.plan.threads import SHARED_CORES_SPIN
+
 LAUNCH = [sys.executable, str(Path(__file__).parent / "omni_launch.py")]
 
 
@@ -105,7 +107,13 @@ def test_serve_refuses_a_taken_port_before_loading_anything(short_tmp):
 class Served:
     """An ``omni serve`` subprocess, up once it printed its address."""
 
-    def __init__(self, base: Path, *args: str, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        base: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        unset: tuple[str, ...] = (),
+    ):
         self.base = base
         self.log = (base / "serve.err").open("w+")
         self.proc = subprocess.Popen(
@@ -123,7 +131,7 @@ class Served:
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
-            env={**os.environ, **(env or {})},
+            env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset},
         )
         line = self.proc.stdout.readline()  # "omni: serving t-speech on http://…"
         if "serving" not in line:
@@ -335,3 +343,39 @@ def test_serve_says_the_plans_notes_before_anything_starts(short_tmp):
     note = said.index("omni: note: tts_engine compiles its decode steps")
     assert "runtime.startup_timeout is 120 s: raise it" in said[note:]
     assert note < said.index("loading"), said
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+
+
+def _environ(pid: int) -> dict[str, str]:
+    block = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(e.partition("=")[::2] for e in block.split("\0") if e)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_fork_server_starts_with_the_openmp_settings_the_plan_gives(short_tmp):
+    """OpenMP reads GOMP_SPINCOUNT when torch loads, which is in the fork server: the
+    plan's value (processes' threads outnumber the cores) must be there, not only in
+    the stage processes' environments, where it comes too late."""
+    threads = str(os.cpu_count() or 2)  # two processes of this many: more than the cores
+    # the suite's conftest sets the variable for every test: here the plan must
+    served = Served(short_tmp, "--runtime.cpu_threads", threads, unset=("GOMP_SPINCOUNT",))
+    try:
+        tree = descendants(served.proc.pid)
+        children = [  # multiprocessing's resource tracker aside
+            p
+            for p in tree
+            if _parent_of(p) == served.proc.pid and "resource_tracker" not in _cmdline(p)
+        ]
+        servers = [p for p in children if "multiprocessing.forkserver" in _cmdline(p)]
+        assert len(servers) == 1 and children == servers  # every stage process forked
+        assert len([p for p in tree if _parent_of(p) == servers[0]]) >= 2
+        assert _environ(servers[0]).get("GOMP_SPINCOUNT") == str(SHARED_CORES_SPIN)
+    finally:
+        served.close()
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

@@ -11,6 +11,7 @@ import anyio
 
 from ...errors import ConfigError
 from ...launcher import Launcher, LaunchSession, ProcessHandle
+from . import fork_env
 
 #: How stage processes start: ``forkserver`` (the default where the platform has it)
 #: or ``spawn``; this environment variable chooses.
@@ -81,10 +82,18 @@ def spawn_child(spec: Any, name: str, method: str | None = None) -> tuple[Any, A
     """Start ``child_main(spec)`` in a new process; (process, the pipe's reading end).
 
     Every launcher ends here, on whichever machine it runs the group. ``method``:
-    the start method (default :func:`start_method`).
+    the start method (default :func:`start_method`); a process whose OpenMP
+    settings the fork server did not read is spawned (:mod:`.fork_env`).
     """
     from ..worker import child_main
 
+    method = method or start_method()
+    if method == "forkserver":
+        start_context(method)  # the preload list, before the server may start below
+        process = spec.plan.process(spec.process)
+        wanted = fork_env.wanted_settings({**process.env, **spec.extra_env}, os.environ)
+        if not fork_env.fork_can_serve(wanted):
+            method = "spawn"  # its OpenMP must read settings the server did not (fork_env)
     context = start_context(method)
     parent_end, child_end = context.Pipe(duplex=False)
     proc = context.Process(
@@ -145,6 +154,9 @@ class LocalSession(LaunchSession):
 
     async def open(self) -> None:
         if start_method() == "forkserver":  # a bad OMNI_START_METHOD is refused here
+            start_context("forkserver")  # the preload list
+            wanted = [fork_env.wanted_settings(p.env, os.environ) for p in self.plan.processes]
+            fork_env.start_server(fork_env.common_settings(wanted))
             await anyio.to_thread.run_sync(warm_fork_server)
         nodes = self.plan.nodes
         if nodes is None:
