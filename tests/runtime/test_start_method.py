@@ -198,3 +198,37 @@ def test_the_settings_a_process_wants_and_those_all_share():
     )
     assert common == {"GOMP_SPINCOUNT": "1000"}
     assert fork_env.common_settings([]) == {}
+
+
+CUDA_PROBE = """
+import importlib, torch, torch.cuda
+touched = []
+def spy(owner, name):
+    original = getattr(owner, name, None)
+    if original is None:  # a CPU build has no CUDA bindings
+        return
+    def call(*args, **kwargs):
+        touched.append(name)
+        return original(*args, **kwargs)
+    setattr(owner, name, call)
+for name in ("is_available", "device_count", "init", "current_device", "set_device",
+             "get_device_properties", "mem_get_info", "synchronize"):
+    spy(torch.cuda, name)
+spy(torch._C, "_cuda_getDeviceCount")
+from omni_core.runtime.launchers.local import PRELOAD
+for module in PRELOAD:
+    importlib.import_module(module)
+print(sorted(set(touched)))
+"""
+
+
+def test_what_the_fork_server_preloads_never_asks_cuda_anything():
+    """A process that initialised CUDA cannot give it to a forked child ("Cannot
+    re-initialize CUDA in forked subprocess"), and every stage process forks from the
+    server: the modules it imports must not query CUDA at import time. The CPU build
+    here cannot fail that way, so the calls are watched."""
+    ran = subprocess.run(
+        [sys.executable, "-c", CUDA_PROBE], capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip() == "[]"
