@@ -232,3 +232,33 @@ def test_what_the_fork_server_preloads_never_asks_cuda_anything():
     )
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.strip() == "[]"
+
+
+RESTART_PROBE = """
+import os, signal, time
+from omni_core.runtime.launchers import fork_env
+from omni_core.runtime.launchers.local import start_context
+from omni_core.runtime.pids import running
+
+os.environ.pop("OMP_WAIT_POLICY", None)
+start_context("forkserver")
+asked = {**fork_env.openmp_settings(os.environ), "OMP_WAIT_POLICY": "PASSIVE"}
+fork_env.start_server(asked)
+first = fork_env.server_pid()
+os.kill(first, signal.SIGKILL)
+while running(first):  # dead once a zombie: multiprocessing reaps it itself
+    time.sleep(0.01)
+print(fork_env.fork_can_serve(asked), fork_env.server_pid() != first)
+"""
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_a_fork_server_that_died_comes_back_with_the_settings_asked_for():
+    """Its stage processes die with it; those started again should still fork. In a
+    process of its own: killing this test worker's server would kill other tests'
+    stage processes."""
+    ran = subprocess.run(
+        [sys.executable, "-c", RESTART_PROBE], capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split() == ["True", "True"]

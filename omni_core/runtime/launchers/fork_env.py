@@ -26,6 +26,7 @@ parent's current environment stands in for it.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -36,6 +37,9 @@ LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_")
 APPLIED_AT_RUN_TIME = frozenset({"OMP_NUM_THREADS"})
 
 Settings = dict[str, str]
+
+#: How long to wait for a server just started to have exec'd (it takes milliseconds).
+EXEC_WAIT_SECONDS = 5.0
 
 
 def openmp_settings(environ: Mapping[str, str]) -> Settings:
@@ -78,6 +82,7 @@ def server_settings() -> Settings | None:
     if pid is None:
         return None
     try:
+        _wait_for_exec(pid)
         with open(f"/proc/{pid}/environ", "rb") as handle:
             block = handle.read()
     except OSError:
@@ -86,14 +91,38 @@ def server_settings() -> Settings | None:
     return openmp_settings({key: value for key, _, value in pairs if key})
 
 
+def _wait_for_exec(pid: int, timeout: float = EXEC_WAIT_SECONDS) -> None:
+    """Until the server just started has exec'd: before that its environment block
+    is its parent's, or empty while the exec replaces it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            if b"multiprocessing.forkserver" in handle.read():
+                return
+        time.sleep(0.001)
+
+
+#: The settings the latest deployment asked the server to start with: a server that
+#: died (the OOM killer, say; its stage processes die with it) is started again with
+#: them when the next process starts, so the restarted processes still fork.
+_requested: Settings = {}
+
+
 def start_server(settings: Settings) -> None:
     """Start the fork server (if it is not running) with ``settings`` in its environment.
 
     Quick (one fork and exec; the server's imports happen after), so it runs
     on the caller's thread; the environment is extended only for that moment,
     and a variable the parent has keeps the parent's value. Call after the
-    preload list is set (``local.start_context``).
+    preload list is set (``local.start_context``). The settings are kept for a
+    restart of the server (:func:`fork_can_serve`).
     """
+    global _requested
+    _requested = dict(settings)
+    _ensure_running(settings)
+
+
+def _ensure_running(settings: Settings) -> None:
     from multiprocessing import forkserver
 
     added = {k: v for k, v in settings.items() if k not in os.environ}
@@ -109,9 +138,8 @@ def start_server(settings: Settings) -> None:
 def fork_can_serve(wanted: Settings) -> bool:
     """Whether a process wanting ``wanted`` gets it when forked from the running server.
 
-    Starts the server first if it is not running (with the parent's environment).
+    Starts the server first if it is not running, with the settings the latest
+    :func:`start_server` asked for.
     """
-    from multiprocessing import forkserver
-
-    forkserver.ensure_running()
+    _ensure_running(_requested)
     return server_settings() == wanted
