@@ -203,3 +203,46 @@ def test_user_items_carry_images_and_videos_as_data_urls_to_the_chat_messages() 
             {"type": "message", "role": "system", "content": [{"type": "input_video"}]},
             SessionConfig(),
         )
+
+
+@pytest.fixture
+def without_webrtcvad(monkeypatch):
+    """This server as if installed without the audio extra's voice detector."""
+    from omni_core.serve.realtime import vad
+
+    monkeypatch.setitem(__import__("sys").modules, "webrtcvad", None)  # import raises
+    vad.missing.cache_clear()
+    yield
+    vad.missing.cache_clear()
+
+
+def test_without_the_voice_detector_sessions_start_with_commits_and_server_vad_is_refused(
+    without_webrtcvad, caplog
+) -> None:
+    with caplog.at_level("WARNING", logger="omni_core.serve.realtime.vad"):
+        for answers in (True, False):  # a chat pipeline, and a transcription-only one
+            config = SessionConfig.initial(audio_out=True, answers=answers)
+            assert config.turn_detection is None
+            assert config.describe("m", "s")["audio"]["input"]["turn_detection"] is None
+    assert "pip install 'omni-core[audio]'" in caplog.text
+    config = SessionConfig.initial(audio_out=True, answers=True)
+    update = {"audio": {"input": {"turn_detection": {"type": "server_vad"}}}}
+    with pytest.raises(ConfigError) as refused:
+        apply_update(config, update, audio_out=True)
+    assert refused.value.param == "session.audio.input.turn_detection"
+    assert "webrtcvad-wheels" in str(refused.value) and "input_audio_buffer.commit" in str(
+        refused.value
+    )
+    # turning it off, or leaving it alone, still works
+    off = {"audio": {"input": {"turn_detection": None}}}
+    assert apply_update(config, off, audio_out=True).turn_detection is None
+    assert apply_update(config, {"instructions": "hi"}, audio_out=True).instructions == "hi"
+
+
+def test_with_the_voice_detector_sessions_start_with_server_vad() -> None:
+    from omni_core.serve.realtime import vad
+
+    vad.missing.cache_clear()
+    assert SessionConfig.initial(audio_out=True, answers=True).turn_detection == TurnDetection()
+    quiet = SessionConfig.initial(audio_out=True, answers=False).turn_detection
+    assert quiet is not None and not quiet.create_response

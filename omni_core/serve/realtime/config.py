@@ -89,10 +89,20 @@ class SessionConfig:
     def initial(cls, *, audio_out: bool, answers: bool) -> SessionConfig:
         """A new session's settings: it speaks if the pipeline can; a pipeline that cannot
         answer (no chat api: qwen3-asr) only listens, input transcription on, no responses."""
+        from .vad import missing
+
+        can_detect = missing() is None  # else turns end by commit (vad.missing says why)
         if answers:
-            return cls(output_modalities=("audio",) if audio_out else ("text",))
+            return cls(
+                output_modalities=("audio",) if audio_out else ("text",),
+                turn_detection=TurnDetection() if can_detect else None,
+            )
         quiet = TurnDetection(create_response=False, interrupt_response=False)
-        return cls(output_modalities=("text",), transcription=True, turn_detection=quiet)
+        return cls(
+            output_modalities=("text",),
+            transcription=True,
+            turn_detection=quiet if can_detect else None,
+        )
 
     def describe(self, model: str, session_id: str) -> dict[str, Any]:
         """The GA ``session`` object of ``session.created`` / ``session.updated``."""
@@ -215,6 +225,10 @@ def _turn_detection(value: Any) -> TurnDetection | None:
         raise ConfigError(
             f"turn_detection {kind!r} is not supported; use server_vad or null", param
         )
+    from .vad import missing
+
+    if missing() is not None:
+        raise ConfigError(str(missing()), param)
     known = {f for f in TurnDetection.__dataclass_fields__}
     fields = {k: v for k, v in value.items() if k in known}
     try:

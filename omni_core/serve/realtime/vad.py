@@ -17,16 +17,46 @@ threshold needs louder, clearer speech.
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .config import TurnDetection
 from .formats import SESSION_RATE, resample
+
+if TYPE_CHECKING:  # config asks this module whether detection can run (missing)
+    from .config import TurnDetection
 
 VAD_RATE = 16000
 FRAME_MS = 30
 FRAME_SAMPLES = VAD_RATE * FRAME_MS // 1000
 START_FRAMES = 3  # 90 ms of speech before a turn is said to start
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def missing() -> str | None:
+    """Why server VAD cannot run in this server, or None when it can.
+
+    The detector comes with the ``audio`` extra. A server installed without
+    it still holds realtime sessions: they start with turn detection off (as
+    ``session.created`` says) and end turns by ``input_audio_buffer.commit``,
+    and a client that asks for ``server_vad`` is told why not, instead of the
+    session failing at its first audio.
+    """
+    try:
+        import webrtcvad  # noqa: F401
+    except ImportError as exc:
+        reason = (
+            "server_vad needs WebRTC's voice detector (the webrtcvad-wheels package), "
+            f"which this server lacks ({exc}): install it on the server with "
+            "pip install 'omni-core[audio]', or set turn_detection to null and end "
+            "each turn with input_audio_buffer.commit"
+        )
+        log.warning("realtime sessions start without turn detection: %s", reason)
+        return reason
+    return None
 
 
 @dataclass(frozen=True)
