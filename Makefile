@@ -230,6 +230,13 @@ bench: $(STAMP)
 # concurrency 1, 8, 32 with dummy weights at release sizes beside the peers' published figures,
 # also written as JSON to $(GPU_CHECK_OUT). Without CUDA it exits 2 saying so.
 GPU_CHECK_OUT ?= /tmp/omni-gpu-check.json
+
+# For a GPU host without network: .whl/ holds omni's wheels and the dependencies that the
+# host's image lacks (tools/gpu_image_packages.txt); tools/gpu_check_offline.sh runs the
+# check there from them.
+.PHONY: wheelhouse
+wheelhouse: $(STAMP)
+	$(BIN)/python tools/wheelhouse.py --out .whl
 .PHONY: gpu-check
 gpu-check: $(STAMP)
 	$(BIN)/python benchmarks/gpu_check.py --out $(GPU_CHECK_OUT)
