@@ -24,6 +24,7 @@ def test_gpu_check_smoke_runs_every_phase_on_the_cpu(run_smoke, short_tmp):
     ran.check()
     doc = json.loads(out.read_text())
     assert doc["device"] == "cpu" and doc["smoke"] is True and doc["failed"] == []
+    assert doc["finished"] is True
     tests = doc["phases"]["tests"]
     # the cuda-marked tests were collected, and skipped for want of a device
     assert tests["status"] == "passed" and tests["skipped"] >= 3 and "passed" not in tests
@@ -77,3 +78,30 @@ def test_usage_errors_exit_2_saying_what_to_do(args, said):
     done = _gpu_check(*args)
     assert done.returncode == 2
     assert said in done.stderr
+
+
+def test_a_run_killed_midway_leaves_what_it_finished(short_tmp):
+    """A GPU lease ends a command at its time limit: the phases done by then are on disk."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+    out = short_tmp / "partial.json"
+    argv = [sys.executable, str(script), "--device", "cpu", "--smoke", "--out", str(out)]
+    argv += ["--phases", "tests,demos"]
+    run = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not out.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # the tests phase is over; the demo (an omni serve, seconds) has not answered yet
+        os.killpg(run.pid, signal.SIGKILL)
+    finally:
+        run.wait()
+    doc = json.loads(out.read_text())
+    assert doc["finished"] is False
+    assert doc["phases"]["tests"]["status"] == "passed" and "demos" not in doc["phases"]

@@ -154,6 +154,21 @@ def test_dummy_weights_are_deterministic_per_seed():
         assert torch.equal(value, b.speech_tokenizer.state_dict()[key]), key
 
 
+def test_dummy_weights_on_the_cpu_are_drawn_there_whatever_the_models_size(monkeypatch):
+    """Big models on a GPU draw there (tests/cuda/test_dummy_draw.py); on the CPU every
+    model draws from the CPU's generator, and the values are those of a plain seeded draw."""
+    from omni_qwen3_tts import weights
+
+    layer = torch.nn.Linear(16, 4, bias=False)
+    assert weights.dummy_draw_device(layer).type == "cpu"
+    monkeypatch.setattr(weights, "DEVICE_DRAW_MIN_PARAMETERS", 1)
+    assert weights.dummy_draw_device(layer).type == "cpu"
+    assert weights.dummy_draw_device(torch.nn.ReLU()).type == "cpu"  # no parameters at all
+    weights.dummy_fill(layer, 5)
+    expected = torch.randn((4, 16), generator=torch.Generator().manual_seed(5)) / 4.0
+    assert torch.equal(layer.weight.detach(), expected)
+
+
 def test_preset_needs_dummy_weights():
     with pytest.raises(ValueError, match="load_format='dummy'"):
         Qwen3TTSModel.from_pretrained("tiny")
