@@ -28,13 +28,13 @@ printed as skipped, never silently dropped:
    to first audio, and the real-time factor (a request's wall time over its
    audio seconds: requests of a level start together). Each model runs in a
    child process of its own (its GPU memory freed when it exits), killed when
-   the phase's time is up. The models' dummy weights are drawn on the GPU
-   (the plugins' seeded ``dummy`` loaders draw a model of 1 B parameters or
-   more where it lives; the CPU's generator, about 180 M values a second,
-   took minutes for Qwen3-Omni's 35 B). The models run cheapest first, so
-   that one that does not fit the phase leaves the others measured; what is
-   left is reported as left out; ``--budget-scale 2`` gives every phase twice
-   the time.
+   the phase's time is up. The big models' dummy weights are drawn on the
+   GPU (the plugins' seeded ``dummy`` loaders draw a model of 1 B parameters
+   or more where it lives, a smaller one on the CPU; the CPU's generator,
+   about 180 M values a second, took minutes for Qwen3-Omni's 35 B). The
+   models run cheapest first, so that one that does not fit the phase leaves
+   the others measured; what is left is reported as left out;
+   ``--budget-scale 2`` gives every phase twice the time.
 
 The table is printed beside the peers' published figures and written as JSON
 to ``--out``, rewritten after each phase and each measured model (``"finished":
