@@ -30,8 +30,8 @@ printed as skipped, never silently dropped:
    child process of its own (its GPU memory freed when it exits), killed when
    the phase's time is up. The big models' dummy weights are drawn on the
    GPU (the plugins' seeded ``dummy`` loaders draw a model of 1 B parameters
-   or more where it lives, a smaller one on the CPU; the CPU's generator,
-   about 180 M values a second, took minutes for Qwen3-Omni's 35 B). The
+   or more where it lives, a smaller one on the CPU; the CPU's generator
+   fills about 350 M values a second here: 100 s for Qwen3-Omni's 35 B). The
    models run cheapest first, so that one that does not fit the phase leaves
    the others measured; what is left is reported as left out;
    ``--budget-scale 2`` gives every phase twice the time.

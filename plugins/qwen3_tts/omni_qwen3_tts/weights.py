@@ -72,9 +72,10 @@ DEVICE_DRAW_MIN_PARAMETERS = 1_000_000_000
 def dummy_draw_device(module: nn.Module) -> torch.device:
     """Where :func:`dummy_fill` draws ``module``'s random numbers: the CPU, or its GPU.
 
-    Why: the CPU's generator draws about 180 M values a second on one core
-    (measured here), so Qwen3-Omni's 35 B parameters took minutes to fill, longer
-    than the GPU check's whole throughput phase; a GPU draws them in seconds.
+    Why: the CPU's generator fills about 350 M values a second here (150 M
+    before :func:`draw_normal` drew in chunks), so Qwen3-Omni's 35 B parameters
+    take 100 s or more of the GPU check's 6-minute throughput phase; a GPU
+    draws them in seconds.
     Drawn on the GPU, the values differ from the CPU's for the same seed, so
     models small enough to test with (the tiny presets, a few M parameters) stay
     on the CPU's generator: a tiny model on the GPU holds the weights it holds on
@@ -120,12 +121,48 @@ def dummy_fill(module: nn.Module, seed: int) -> None:
             elif isinstance(owner, (nn.LayerNorm,)) or "norm" in _owner_name(name):
                 tensor.fill_(1.0)
             elif isinstance(owner, nn.Embedding) or leaf in ("embedding_sum", "embed_sum"):
-                tensor.copy_(torch.randn(tensor.shape, generator=gen, device=draw))
+                draw_normal(tensor, gen, draw)
             else:
                 std = _gain(name, tensor) / math.sqrt(
                     _fan_in(owner, tensor) if owner is not None else 1
                 )
-                tensor.copy_(torch.randn(tensor.shape, generator=gen, device=draw) * std)
+                draw_normal(tensor, gen, draw, std)
+
+
+#: Values :func:`draw_normal` draws at a time on the CPU (a multiple of 16: see there).
+DRAW_CHUNK = 1 << 20
+
+
+def draw_normal(
+    tensor: torch.Tensor, gen: torch.Generator, draw: torch.device, std: float | None = None
+) -> None:
+    """Fill ``tensor`` with ``torch.randn(tensor.shape, generator=gen) * std``, value for value.
+
+    Why in chunks: one float32 draw of a whole weight, scaled, then cast, goes
+    through memory three times; 4 MiB at a time stays in cache, 2.3x faster
+    here (350 against 150 M values a second, 2 threads). The values are the
+    same: torch's CPU normal draws in blocks of 16 and redraws a tensor's last
+    16 when its size is not a multiple of 16, so chunks of a multiple of 16,
+    with a last chunk of at least 16, draw exactly what one call would.
+    """
+    if draw.type != "cpu" or not tensor.is_contiguous():
+        values = torch.randn(tensor.shape, generator=gen, device=draw)
+        tensor.copy_(values if std is None else values * std)
+        return
+    flat = tensor.view(-1)
+    total = flat.numel()
+    scratch = torch.empty(min(total, DRAW_CHUNK + 15))
+    start = 0
+    while start < total:
+        end = start + DRAW_CHUNK
+        if total - end < 16:  # a short tail joins this chunk (see above)
+            end = total
+        part = scratch[: end - start]
+        part.normal_(generator=gen)
+        if std is not None:
+            part.mul_(std)
+        flat[start:end].copy_(part)
+        start = end
 
 
 def _owner_name(name: str) -> str:

@@ -169,6 +169,26 @@ def test_dummy_weights_on_the_cpu_are_drawn_there_whatever_the_models_size(monke
     assert torch.equal(layer.weight.detach(), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_draws_equal_one_draw_over_the_whole_tensor(monkeypatch, dtype):
+    """Chunk edges, tails under 16 values and non-contiguous tensors, each value for value."""
+    from omni_qwen3_tts import weights
+
+    monkeypatch.setattr(weights, "DRAW_CHUNK", 32)  # many chunk edges on small tensors
+    cpu = torch.device("cpu")
+    for size in (1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 79, 100, 1000):
+        for std in (None, 0.125):
+            target = torch.empty(size, dtype=dtype)
+            weights.draw_normal(target, torch.Generator().manual_seed(size), cpu, std)
+            whole = torch.randn(size, generator=torch.Generator().manual_seed(size))
+            expected = (whole if std is None else whole * std).to(dtype)
+            assert torch.equal(target, expected), (size, std)
+    strided = torch.empty(40, 30, dtype=dtype).t()  # not contiguous: one draw, copied in
+    weights.draw_normal(strided, torch.Generator().manual_seed(1), cpu, 0.5)
+    expected = torch.randn((30, 40), generator=torch.Generator().manual_seed(1)) * 0.5
+    assert torch.equal(strided, expected.to(dtype))
+
+
 def test_preset_needs_dummy_weights():
     with pytest.raises(ValueError, match="load_format='dummy'"):
         Qwen3TTSModel.from_pretrained("tiny")
