@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,36 @@ def test_a_run_killed_midway_leaves_what_it_finished(short_tmp):
     doc = json.loads(out.read_text())
     assert doc["finished"] is False
     assert doc["phases"]["tests"]["status"] == "passed" and "demos" not in doc["phases"]
+
+
+def _demos() -> list:
+    from pathlib import Path
+
+    return sorted((Path(__file__).resolve().parents[2] / "examples").glob("*_demo.toml"))
+
+
+@pytest.mark.parametrize("demo", _demos(), ids=lambda p: p.stem)
+def test_every_demo_plans_on_one_gpu_with_the_flags_the_check_serves_it_with(demo):
+    """The demos phase puts each demo on GPU 0 in bf16: a demo whose config drifted from
+    that would fail there, within a GPU lease; planned here against a declared H200."""
+    import importlib.util
+    import shutil
+
+    script = demo.parents[1] / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    flags, api = module.demo_flags(demo, "cuda")
+    assert api and "--placement.policy" in flags
+    omni = shutil.which("omni", path=str(Path(sys.executable).parent))
+    assert omni is not None
+    argv = [omni, "plan", str(demo), *flags]
+    argv += ["--cluster.gpus", "1", "--cluster.gpu_memory", "141GiB"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    on_gpu = [flags[i - 1][2:-4] for i, flag in enumerate(flags) if flag == "0"]
+    assert on_gpu, "no stage of the demo was put on the GPU"
+    for stage in on_gpu:
+        if f"--{stage}.factory.dtype" in flags:
+            assert f"precision {stage}: bfloat16 (set)" in done.stdout
