@@ -105,12 +105,27 @@ def test_session_update_reads_ga_and_beta_and_refuses_by_name() -> None:
             "session.audio.input.turn_detection",
         ),
         ({"max_output_tokens": 0}, "session.max_output_tokens"),
+        ({"temperature": 2.5}, "session.temperature"),
+        ({"temperature": "hot"}, "session.temperature"),
+        ({"temperature": True}, "session.temperature"),
     ):
         with pytest.raises(ConfigError) as refused:
             apply_update(base, update, audio_out=True)
         assert refused.value.param == param
     with pytest.raises(ConfigError, match="produces no audio"):
         apply_update(base, {"output_modalities": ["audio"]}, audio_out=False)
+
+
+def test_the_beta_temperature_is_kept_described_and_cleared() -> None:
+    """Beta clients send ``temperature``; it was once dropped in silence, so a client asking
+    for a steadier voice got the pipeline's default sampling without being told."""
+    assert "temperature" not in SessionConfig().describe("tiny", "sess_1")
+    greedy = apply_update(SessionConfig(), {"temperature": 0}, audio_out=True)
+    assert greedy.temperature == 0.0
+    assert greedy.describe("tiny", "sess_1")["temperature"] == 0.0
+    warm = apply_update(greedy, {"temperature": 1.2}, audio_out=True)
+    assert warm.temperature == 1.2
+    assert apply_update(warm, {"temperature": None}, audio_out=True).temperature is None
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng (apt)")

@@ -38,7 +38,6 @@ IGNORED = {
     "noise_reduction",
     "input_audio_noise_reduction",
     "type",
-    "temperature",
     "speed",
 }
 
@@ -77,6 +76,9 @@ class SessionConfig:
     # audio.input.transcription's language (ISO-639-1) and prompt (context), if given
     transcription_hints: tuple[str | None, str | None] = (None, None)
     max_output_tokens: int | None = None  # None: "inf" (the pipeline's own cap)
+    # the beta API's sampling temperature, here 0..2 as in chat (0: greedy); None: the
+    # pipeline's own sampling (GA clients never send it)
+    temperature: float | None = None
 
     def _transcription(self, model: str) -> dict[str, Any] | None:
         if not self.transcription:
@@ -116,6 +118,7 @@ class SessionConfig:
             "max_output_tokens": "inf"
             if self.max_output_tokens is None
             else self.max_output_tokens,
+            **({} if self.temperature is None else {"temperature": self.temperature}),
             "audio": {
                 "input": {
                     "format": self.input_format.describe(),
@@ -181,6 +184,8 @@ def apply_update(config: SessionConfig, session: Any, *, audio_out: bool) -> Ses
     for name in ("max_output_tokens", "max_response_output_tokens"):
         if name in data:
             changes["max_output_tokens"] = _max_tokens(data.pop(name), f"session.{name}")
+    if "temperature" in data:
+        changes["temperature"] = _temperature(data.pop("temperature"), "session.temperature")
     for where, prefix in ((inp, "session.audio.input."), (out, "session.audio.output.")):
         for key in where:
             if key not in IGNORED:
@@ -249,3 +254,13 @@ def _max_tokens(value: Any, param: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
         raise ConfigError('max_output_tokens must be 1..4096 or "inf"', param)
     return value
+
+
+def _temperature(value: Any, param: str) -> float | None:
+    """The beta API's ``temperature``: OpenAI bounded it to 0.6..1.2 for its models; here
+    it is what chat takes (0..2, 0 greedy), since a deterministic turn is worth having."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 2:
+        raise ConfigError("temperature must be a number within 0..2 (0: greedy)", param)
+    return float(value)

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..chat.content import check_base64
 from ..common.errors import APIError
-from .config import ConfigError, SessionConfig, _max_tokens, _modalities
+from .config import ConfigError, SessionConfig, _max_tokens, _modalities, _temperature
 from .conversation import Item, new_id
 from .formats import to_session_pcm
 from .response import ResponsePlan
@@ -175,6 +175,9 @@ def response_plan(config: SessionConfig, overrides: Any, service: Any) -> Respon
         for name in ("max_output_tokens", "max_response_output_tokens"):
             if name in overrides:
                 tokens = _max_tokens(overrides[name], f"response.{name}")
+        temperature = config.temperature
+        if "temperature" in overrides:
+            temperature = _temperature(overrides["temperature"], "response.temperature")
     except ConfigError as exc:
         raise APIError(
             400, str(exc), code="invalid_value", param=exc.param.replace("session.", "response.")
@@ -201,6 +204,7 @@ def response_plan(config: SessionConfig, overrides: Any, service: Any) -> Respon
         modalities,
         voice,
         tokens,
+        temperature=temperature,
         use_conversation=conversation != "none",
         extra_items=extra,
     )

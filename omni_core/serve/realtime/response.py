@@ -38,6 +38,7 @@ class ResponsePlan:
     modalities: tuple[str, ...]
     voice: str | None
     max_tokens: int | None
+    temperature: float | None = None
     use_conversation: bool = True
     extra_items: list[Item] = field(default_factory=list)
 
@@ -71,6 +72,8 @@ def chat_data(service: Service, messages: list[dict[str, Any]], plan: ResponsePl
     body: dict[str, Any] = {"messages": messages}
     if plan.max_tokens is not None:
         body["max_tokens"] = plan.max_tokens
+    if plan.temperature is not None:
+        body["temperature"] = plan.temperature
     if speaks:
         body["audio"] = {"format": "pcm16", **({"voice": plan.voice} if plan.voice else {})}
     request = validate_data(body, ChatRequest)

@@ -110,7 +110,9 @@ def _idle(server) -> bool:
 def test_a_spoken_turn_then_a_text_turn_in_one_session(server, hello) -> None:
     async def turns() -> tuple[list, list]:
         async with _client(server).realtime.connect(model="tiny") as conn:
-            await _manual_session(conn, max_output_tokens=12)
+            # greedy: sampled, the random talker drew its end of speech at the first frame
+            # in about 1 run in 16, a turn without audio (greedy, it speaks ~4 s)
+            await _manual_session(conn, max_output_tokens=12, temperature=0)
             await _append(conn, hello)
             await conn.input_audio_buffer.commit()
             spoken: list = []
@@ -167,6 +169,36 @@ def test_a_spoken_turn_then_a_text_turn_in_one_session(server, hello) -> None:
     assert "response.output_audio.delta" not in {e.type for e in written}
     # the second prompt heard the first turn too: more input tokens than the first
     assert final.usage.input_tokens > done.usage.input_tokens
+
+
+async def _spoken_turn(server: Any, pcm: bytes, session: dict, response: dict) -> tuple:
+    """One committed turn's (transcript, audio bytes) in a session of its own."""
+    async with _client(server).realtime.connect(model="tiny") as conn:
+        await _manual_session(conn, max_output_tokens=8, **session)
+        await _append(conn, pcm)
+        await conn.input_audio_buffer.commit()
+        await conn.response.create(response=response)
+        seen: list = []
+        await _until(conn, "response.done", seen)
+    audio = b"".join(
+        base64.b64decode(e.delta) for e in seen if e.type == "response.output_audio.delta"
+    )
+    return seen[-1].response.output[0].content[0].transcript, audio
+
+
+def test_temperature_zero_says_the_same_thing_twice(server, hello) -> None:
+    """The beta API's temperature reaches the pipeline, set on the session or on one
+    response: greedy, two sessions hearing the same turn answer with the same words and
+    the same audio, sample for sample (the thinker and the talker both decode greedily)."""
+
+    async def both() -> tuple:
+        by_session = await _spoken_turn(server, hello, {"temperature": 0}, {})
+        by_response = await _spoken_turn(server, hello, {}, {"temperature": 0})
+        return by_session, by_response
+
+    (words, audio), (words_again, audio_again) = asyncio.run(both())
+    assert words and len(audio) > RATE // 10
+    assert (words, audio) == (words_again, audio_again)
 
 
 def test_response_cancel_ends_it_cancelled_and_frees_every_process(server, hello) -> None:
