@@ -33,12 +33,24 @@ def describe_exit(code: int | None) -> str:
     return f"exited with status {code}"
 
 
+NO_LOG = "(no log)"
+#: A child that died before its worker opened the log died in multiprocessing's own
+#: start-up, and the usual cause is a script that starts omni from its top level: every
+#: stage process runs the parent's main script again (forkserver and spawn alike), so
+#: the script starts omni once more inside the child, which Python refuses.
+NO_LOG_HINT = (
+    "it ended before omni's code ran in it, so its own error went to this terminal's "
+    "stderr; if a script of yours starts omni, put that code under "
+    '`if __name__ == "__main__":` (each stage process runs the script\'s top level again)'
+)
+
+
 def log_tail(path: str, lines: int = 20) -> str:
     try:
         with open(path, errors="replace") as handle:
             tail = deque(handle, maxlen=lines)
     except OSError:
-        return "(no log)"
+        return NO_LOG
     return "".join(tail).rstrip() or "(empty log)"
 
 
@@ -68,6 +80,11 @@ class Child:
         await handle.start(spec)
         self.state = "starting"
 
+    @property
+    def runs_here(self) -> bool:
+        """A child of this process (the local launcher), not one a Ray actor started."""
+        return self.proc is not None and self.proc.log_tail() is None
+
     def log_tail(self) -> str:
         remote = self.proc.log_tail() if self.proc is not None else None
         return remote if remote is not None else log_tail(self.log_path)
@@ -90,9 +107,11 @@ class Child:
                 if kind == "failed":
                     raise StartupError(f"process {self.name} failed to start:\n{detail.rstrip()}")
             if not self.proc.is_alive():
+                tail = self.log_tail()
                 raise StartupError(
                     f"process {self.name} {describe_exit(self.proc.exitcode)} while starting; "
-                    f"last log lines:\n{self.log_tail()}"
+                    f"last log lines:\n{tail}",
+                    hint=NO_LOG_HINT if tail == NO_LOG and self.runs_here else None,
                 )
             if time.monotonic() > deadline:
                 raise StartupError(

@@ -262,3 +262,50 @@ def test_a_fork_server_that_died_comes_back_with_the_settings_asked_for():
     )
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.split() == ["True", "True"]
+
+
+UNGUARDED = """
+import sys
+sys.path.insert(0, {here!r})
+import anyio
+import omni_test_pipelines as tp
+from omni_core.harness import plan_on_cpu
+from omni_core.plugins import OmniPlugins
+
+plugins = OmniPlugins(env={{}})
+plugins.register(tp, tp.HERE)
+planned = plan_on_cpu(plugins, {base!r}, pipeline="t-two-process")
+
+
+async def main():
+    async with planned.runtime() as runtime:
+        print("ran", await runtime.run({{}}) is not None, flush=True)
+
+{start}
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["top-level", "under-main"])
+def test_a_script_that_starts_omni_at_its_top_level_is_told_to_guard_it(
+    short_tmp, monkeypatch, guarded
+):
+    """Every stage process runs the parent's main script again (forkserver and spawn), so
+    a script that starts omni unguarded fails inside the child, before omni's worker ran
+    and opened its log; the parent's error said only "(no log)"."""
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    start = 'if __name__ == "__main__":\n    anyio.run(main)' if guarded else "anyio.run(main)"
+    script = short_tmp / "starts_omni.py"
+    script.write_text(
+        UNGUARDED.format(here=str(Path(__file__).parent), base=str(short_tmp), start=start)
+    )
+    ran = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    if guarded:
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        assert ran.stdout.strip() == "ran True"
+        return
+    assert ran.returncode == 1
+    last = ran.stderr.strip().splitlines()
+    assert "while starting" in ran.stderr and "(no log)" in ran.stderr
+    assert any('put that code under `if __name__ == "__main__":`' in line for line in last[-3:])
