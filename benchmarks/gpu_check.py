@@ -250,7 +250,14 @@ def ask_demo(url: str, api: tuple[str, ...], timeout: float) -> str:
     if "speech" in api:
         voices = fetch_json(url + "/v1/audio/voices") or {}
         names = [v["name"] for v in voices.get("data", [])]
-        body = {"model": model, "input": "Hello from the GPU check.", "response_format": "wav"}
+        # greedy: sampled, a tiny random talker draws its end of speech at the first frame
+        # now and then (an empty wav), which would fail a lease on a coin toss
+        body = {
+            "model": model,
+            "input": "Hello from the GPU check.",
+            "response_format": "wav",
+            "temperature": 0,
+        }
         if names:
             body["voice"] = names[0]
         status, data = post_json(url + "/v1/audio/speech", body, timeout)
@@ -268,7 +275,12 @@ def ask_demo(url: str, api: tuple[str, ...], timeout: float) -> str:
         if not isinstance(text, str):
             raise RuntimeError(f"transcription answered {status}: {data[:300]!r}")
         return f"transcription: {text[:40]!r}"
-    body = {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hello!"}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
     status, data = post_json(url + "/v1/chat/completions", body, timeout)
     answer = json.loads(data) if status == 200 else {}
     text = (answer.get("choices") or [{}])[0].get("message", {}).get("content")

@@ -248,7 +248,7 @@ class StaticDecoder:
         """Compile (and capture) every bucket, step length and span, largest bucket first."""
         if not self.enabled:
             return
-        pool = graph_pool() if self.use_graphs else None
+        pool = graph_pool(self.device) if self.use_graphs else None
         # One eager step first: whatever the model fills lazily on its first call
         # (a table cached per device) is then there when dynamo traces, instead of
         # a guard on its absence that fails on the first real step and recompiles.

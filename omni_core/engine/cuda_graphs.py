@@ -38,24 +38,36 @@ class CapturedStep:
         if not all(t.is_cuda for t in example):
             raise ValueError("a CUDA graph captures CUDA tensors only")
         self.inputs = [t.clone() for t in example]
-        side = torch.cuda.Stream(device=self.inputs[0].device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                fn(*self.inputs)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.output = fn(*self.inputs)
+        device = self.inputs[0].device
+        # The calling thread's current device is cuda:0 unless set (the compute thread
+        # never sets it), and torch.cuda.graph captures on a stream of the current
+        # device: a model on cuda:1 would launch on its own device's stream, outside
+        # the capture, and every replay would return the capture's stale output.
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream(device=device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    fn(*self.inputs)
+            torch.cuda.current_stream(device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool, stream=torch.cuda.Stream(device)):
+                self.output = fn(*self.inputs)
+        self.device = device
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         """Copy ``inputs`` (the captured shapes) into the graph's buffers and replay it."""
-        for buffer, value in zip(self.inputs, inputs, strict=True):
-            buffer.copy_(value, non_blocking=True)
-        self.graph.replay()
+        with torch.cuda.device(self.device):
+            for buffer, value in zip(self.inputs, inputs, strict=True):
+                buffer.copy_(value, non_blocking=True)
+            self.graph.replay()
         return self.output
 
 
-def graph_pool() -> Any:
-    """A memory pool the buckets of one model share (captured largest first, as SGLang does)."""
-    return torch.cuda.graph_pool_handle()
+def graph_pool(device: torch.device | str | None = None) -> Any:
+    """A memory pool the buckets of one model share (captured largest first, as SGLang does);
+    made on ``device`` (the model's), not the calling thread's current device."""
+    if device is None:
+        return torch.cuda.graph_pool_handle()
+    with torch.cuda.device(device):
+        return torch.cuda.graph_pool_handle()

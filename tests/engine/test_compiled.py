@@ -243,6 +243,30 @@ def test_cuda_graph_capture_replays_the_step():
 
 
 @pytest.mark.cuda
+def test_a_capture_on_the_last_gpu_from_a_fresh_thread_replays_new_inputs():
+    """A fresh thread's current device is cuda:0; a step on cuda:N captured there
+    launched outside the capture (an empty graph), and replays returned stale output.
+    With one GPU the last is cuda:0, and this still checks a thread that set nothing."""
+    import threading
+
+    from omni_core.engine.cuda_graphs import CapturedStep, graph_pool
+
+    device = torch.device("cuda", torch.cuda.device_count() - 1)
+    x, y = torch.randn(4, 8, device=device), torch.randn(8, 3, device=device)
+    x2 = torch.randn(4, 8, device=device)
+    out: dict = {}
+
+    def capture_and_replay() -> None:
+        captured = CapturedStep(lambda a, b: a @ b, [x, y], pool=graph_pool(device))
+        out["replayed"] = captured(x2, y).clone()
+
+    worker = threading.Thread(target=capture_and_replay)
+    worker.start()
+    worker.join()
+    torch.testing.assert_close(out["replayed"], x2 @ y)
+
+
+@pytest.mark.cuda
 @pytest.mark.anyio
 async def test_cuda_graphs_decode_the_toy_model_like_eager():
     base = dict(max_running_requests=2, max_total_tokens=64)
