@@ -204,7 +204,7 @@ def test_temperature_zero_says_the_same_thing_twice(server, hello) -> None:
 def test_response_cancel_ends_it_cancelled_and_frees_every_process(server, hello) -> None:
     async def cancel() -> Any:
         async with _client(server).realtime.connect(model="tiny") as conn:
-            await _manual_session(conn)
+            await _manual_session(conn, temperature=0)  # greedy: a long answer every time
             await _append(conn, hello)
             await conn.input_audio_buffer.commit()
             await conn.response.create(response={"max_output_tokens": LONG})
