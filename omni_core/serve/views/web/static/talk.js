@@ -198,6 +198,8 @@ export class TalkPanel {
     if (voice) (session.audio.output ||= {}).voice = voice;
     const max = Number.parseInt($("talk-max-tokens").value, 10);
     if (Number.isFinite(max) && max > 0) session.max_output_tokens = max;
+    const temperature = $("talk-temperature").value;
+    if (temperature !== "") session.temperature = Number(temperature);  // 0: greedy
     const instructions = $("talk-instructions").value.trim();
     if (instructions) session.instructions = instructions;
     return session;
