@@ -56,7 +56,8 @@ directory removed at the end). Then:
   (its defaults: a first chunk of 4 frames, then 8, 16, ...); real-time
   factor: wall time per request over its audio seconds; throughput: audio
   seconds of the level over its wall time (first submit to last chunk).
-  One full request warms the graph up first.
+  One full request warms the graph up first (``--warm-each-level``: and
+  an untimed pass of each level's width before it).
 
 Requests: a chat turn of text (no media: the encoders load and wait, as in a
 deployment, but take no part), ``--tokens`` answer tokens, ``--frames``
@@ -435,8 +436,14 @@ async def measure_ours(
             return {name: process_status(pid)["cpu_s"] for name, pid in pids.items()}
 
         warm = await speak(runtime, client_request(requests[0], args.tokens, args.greedy), False)
-        first = None
+        warmed, first = 1, None
         for count in args.levels:
+            if args.warm_each_level and count > 1:  # untimed, the same width
+                async with anyio.create_task_group() as tg:
+                    for i in range(count):
+                        data = client_request(requests[i], args.tokens, args.greedy)
+                        tg.start_soon(speak, runtime, data, False)
+                warmed += count
             answers: list[Answer | None] = [None] * count
 
             async def one(i: int, answers: list[Answer | None], keep: bool) -> None:
@@ -457,6 +464,7 @@ async def measure_ours(
     return {
         "up_s": up_s,
         "warmup_s": warm.wall_s,
+        "warmed": warmed,
         "levels": levels,
         "cpu": cpu,
         "first": first,
@@ -490,7 +498,10 @@ def resolved_line(ours: dict[str, Any]) -> str:
 
 def report_ours(args: argparse.Namespace, ours: dict[str, Any]) -> None:
     """Our figures alone (``--smoke``: no reference to compare with)."""
-    print(f"ours alone: {len(ours['memory'])} processes up in {ours['up_s']:.1f} s")
+    print(
+        f"ours alone: {len(ours['memory'])} processes up in {ours['up_s']:.1f} s "
+        f"({ours['warmed']} untimed requests in all)"
+    )
     print(resolved_line(ours))
     print(f"{'c':>3} {'first audio s':>13} {'RTF':>6} {'audio s/s':>9} {'frames':>7}")
     for level in ours["levels"]:
@@ -519,7 +530,7 @@ def report(args: argparse.Namespace, reference: dict[str, Any], ours: dict[str, 
     peaks = sum(m["VmHWM"] for m in memory.values())
     print(
         f"ours: {len(memory)} processes up in {ours['up_s']:.1f} s; warm-up request "
-        f"{ours['warmup_s']:.2f} s; memory held at the end {gib(held)} in all (sum of peaks, "
+        f"{ours['warmup_s']:.2f} s ({ours['warmed']} untimed requests in all); memory held at the end {gib(held)} in all (sum of peaks, "
         f"counting the checkpoint pages each mapped while loading: {gib(peaks)})"
     )
     print(resolved_line(ours))
@@ -658,6 +669,12 @@ def main() -> int:
         help="the dtype the reference computes in (the whole model cast after loading)",
     )
     parser.add_argument("--greedy", action="store_true", help="greedy, and compare waveforms")
+    parser.add_argument(
+        "--warm-each-level",
+        action="store_true",
+        help="before each level above 1, one untimed pass of the same width (on a GPU a "
+        "batch size's first steps choose kernels and capture graphs; gpu_check.py sets it)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--workdir", type=Path, default=None, help="where the checkpoint goes (default: /tmp)"

@@ -26,7 +26,9 @@ printed as skipped, never silently dropped:
    speaking through the whole served graph (``bench_qwen3_omni_speech``) --
    at each concurrency of ``--levels``: audio seconds per wall second, time
    to first audio, and the real-time factor (a request's wall time over its
-   audio seconds: requests of a level start together). Each model runs in a
+   audio seconds: requests of a level start together; each level above 1 is
+   run once untimed first, so that choosing kernels for a new batch size is
+   not charged to it). Each model runs in a
    child process of its own (its GPU memory freed when it exits), killed when
    the phase's time is up. The big models' dummy weights are drawn on the
    GPU (the plugins' seeded ``dummy`` loaders draw a model of 1 B parameters
@@ -410,6 +412,7 @@ def measure_qwen3_omni(device: str, levels: list[int], smoke: bool) -> list[Row]
         frames=4 if smoke else OMNI_FRAMES,
         greedy=False,
         seed=0,
+        warm_each_level=True,  # as the TTS benchmarks do on a GPU: a width's first pass untimed
     )
     requests = bench.make_requests(max(levels), 0)
     flags = ["--talker_ar.factory.max_frames", str(args.frames)]

@@ -14,6 +14,7 @@ def test_the_speech_benchmark_plans_the_precision_it_was_given(run_smoke) -> Non
     default = run_smoke("bench_qwen3_omni_speech.py")
     default.check()
     assert "thinker float32, talker_ar float32, code2wav float32" in default.stdout, default.stdout
+    assert "(1 untimed requests in all)" in default.stdout, default.stdout
     ran = run_smoke(
         "bench_qwen3_omni_speech.py",
         "--dtype",
@@ -22,8 +23,10 @@ def test_the_speech_benchmark_plans_the_precision_it_was_given(run_smoke) -> Non
         "int8",
         "--code2wav-dtype",
         "float32",
+        "--warm-each-level",
     )
     ran.check()
+    assert "(3 untimed requests in all)" in ran.stdout, ran.stdout  # 1, then 2 before level 2
     planned = "thinker bfloat16 int8, talker_ar bfloat16 int8, code2wav float32"
     assert planned in ran.stdout, ran.stdout
     assert "image_encoder bfloat16, audio_encoder bfloat16" in ran.stdout, ran.stdout

@@ -27,6 +27,11 @@ class Weights:
 
     def __init__(self, model: nn.Module):
         self.model = model
+        # What this process's own allocator holds once the weights are in (CUDA IPC memory
+        # opened from the leader is not counted), taken before any compute: a first matmul
+        # allocates cuBLAS's workspace (32 MiB on Hopper) through the same allocator.
+        device = model.weight.device
+        self.allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
     async def run(self, request: Any) -> dict[str, Any]:
         data = request.data or {}
@@ -43,8 +48,7 @@ class Weights:
             "memfd": memfd,
             "role": current().kind,
             "device": str(device),
-            # GPU: what this process's own allocator holds (IPC-opened memory is not counted)
-            "allocated": torch.cuda.memory_allocated(device) if device.type == "cuda" else 0,
+            "allocated": self.allocated,
         }
 
 

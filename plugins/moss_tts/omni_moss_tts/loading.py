@@ -64,6 +64,10 @@ def load_network(
     return fill_shared(key, network, load_format, root, dummy)
 
 
+#: The depth the dummy steering was tuned at (the tiny preset's); deeper backbones are damped.
+STEERED_DEPTH = 2
+
+
 def _steer_dummy(network: MossNetwork) -> None:
     """Make random weights speak: enter audio at once, then end each frame with odds 1 in 60.
 
@@ -76,12 +80,26 @@ def _steer_dummy(network: MossNetwork) -> None:
     12, the delay slot 6 less (at the release's text temperature of 1.5 the
     segment then ends after about 60 frames, 5 s, when sampled; greedy runs to
     the frame cap), everything else about 0. Audio codes stay random.
+
+    Every decoder layer adds about unit variance to each dimension of the
+    residual stream, so at the release's 36 layers the constant's share of
+    the final state fell below a fifth and a random text token (the best of
+    151936) beat ``audio_start``: the GPU check's MOSS-TTS 8B made no audio.
+    The layers' residual writers (``o_proj``, ``down_proj``) are therefore
+    damped by ``sqrt(STEERED_DEPTH / layers)``: the stream then holds what
+    two undamped layers add, at any depth (the tiny preset's two layers are
+    untouched).
     """
     cfg = network.cfg
     hidden = cfg.backbone.hidden_size
     dim = hidden - 1
     share = 0.8  # of the final normed state's norm carried by ``dim``
+    damping = min(1.0, (STEERED_DEPTH / cfg.backbone.num_hidden_layers) ** 0.5)
     with torch.no_grad():
+        if damping < 1.0:
+            for name, weight in network.language_model.layers.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight")):
+                    weight.mul_(damping)
         for table in (network.language_model.embed_tokens, *network.emb_ext):
             table.weight.mul_(cfg.channels**-0.5)  # the sum of 33 rows: unit variance
         network.language_model.embed_tokens.weight[:, dim] = (

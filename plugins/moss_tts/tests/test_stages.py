@@ -73,6 +73,25 @@ def test_a_model_that_never_speaks_is_stopped_by_the_watchdog() -> None:
     assert rows.shape[0] == MAX_TEXT_STEPS
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dummy_weights_at_the_release_depth_still_speak_to_the_cap(tmp_path, dtype) -> None:
+    # The GPU check's MOSS-TTS 8B (36 layers) wrote text forever before the steering was
+    # damped with depth: a random token of 151936 beat audio_start.
+    torch.set_num_threads(1)
+    shutil.copytree(PRESETS_DIR / "tiny", tmp_path / "deep")
+    config = json.loads((tmp_path / "deep" / "config.json").read_text())
+    config["language_config"].update(num_hidden_layers=36, hidden_size=128, head_dim=32)
+    (tmp_path / "deep" / "config.json").write_text(json.dumps(config))
+    model = MossTTSModel.from_pretrained(
+        str(tmp_path / "deep"), load_format="dummy", with_codec=False, dtype=dtype
+    )
+    rows, frames = model.generate(model.prompts.build("Hello there.", max_frames=8), max_steps=60)
+    cfg = model.config
+    assert rows[0, 0].item() == cfg.audio_start_token_id
+    assert frames.shape[0] == 8
+    assert rows[-1, 0].item() == cfg.audio_end_token_id
+
+
 def test_the_codec_is_found_by_setting_then_processor_config_then_default(tmp_path) -> None:
     model = tmp_path / "model"
     model.mkdir()

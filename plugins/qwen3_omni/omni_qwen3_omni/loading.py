@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from omni_core.runtime.weight_share import share_weights
 
@@ -55,12 +57,39 @@ def _no_parameter_init() -> Iterator[None]:
             cls.reset_parameters = method  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _parameters_in(dtype: torch.dtype) -> Iterator[None]:
+    """Each floating parameter this thread registers is stored in ``dtype`` at once.
+
+    Why: built in float32 and cast afterwards, the 30B-A3B thinker needs its
+    float32 size (122 GB) on the device before the cast: the GPU check's
+    build of it in bf16 ran out of an H200's 140 GiB. Cast as each layer
+    registers it, the peak is the model in ``dtype`` plus one parameter.
+    The hook is global to torch, so it answers only the thread that builds.
+    """
+    builder = threading.get_ident()
+
+    def cast(module: nn.Module, name: str, param: nn.Parameter | None) -> nn.Parameter | None:
+        if param is None or threading.get_ident() != builder:
+            return None
+        if not param.is_floating_point() or param.dtype == dtype:
+            return None
+        return nn.Parameter(param.detach().to(dtype), requires_grad=False)
+
+    handle = register_module_parameter_registration_hook(cast)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def construct(factory: Callable[[], nn.Module], device: torch.device, dtype: torch.dtype):
     """``factory()`` on ``device`` with uninitialised parameters in ``dtype``, in eval mode."""
-    with _no_parameter_init(), torch.device(device):
+    with _no_parameter_init(), _parameters_in(dtype), torch.device(device):
         module = factory()
-    for param in module.parameters():
-        param.data = param.data.to(dtype)
+    for param in module.parameters():  # any set without registering (``param.data = ...``)
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
     return module.eval().requires_grad_(False)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,32 @@ def test_an_index_naming_a_missing_shard_is_refused(tmp_path):
     (root / "model-00002-of-00003.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"shard file\(s\) missing: model-00002"):
         Checkpoint.open(root)
+
+
+def test_parts_are_built_in_their_dtype_layer_by_layer_and_keep_float32_tables() -> None:
+    # Cast only after the whole build, the 30B-A3B thinker needed its float32 size on an
+    # H200 (122 GB) before the cast to bf16 and ran out of memory in the GPU check.
+    from omni_qwen3_omni.loading import construct
+    from omni_qwen3_tts.layers import register_rope
+
+    seen: dict[str, torch.dtype] = {}
+
+    class Probe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = nn.Linear(4, 4)
+            seen["first, while the second is built"] = self.first.weight.dtype
+            other = threading.Thread(target=lambda: seen.update(other=nn.Linear(2, 2).weight.dtype))
+            other.start()
+            other.join()
+            self.second = nn.Linear(4, 4)
+            self.scale = nn.Parameter(torch.ones(4))
+            self.ids = nn.Parameter(torch.zeros(2, dtype=torch.long), requires_grad=False)
+            register_rope(self, 8, 10000.0)
+
+    probe = construct(Probe, torch.device("cpu"), torch.bfloat16)
+    assert seen == {"first, while the second is built": torch.bfloat16, "other": torch.float32}
+    assert {p.dtype for n, p in probe.named_parameters() if n != "ids"} == {torch.bfloat16}
+    assert probe.ids.dtype == torch.long and probe.inv_freq.dtype == torch.float32
+    assert not any(p.requires_grad for p in probe.parameters())
+    assert nn.Linear(2, 2).weight.dtype == torch.float32  # nothing stays switched on

@@ -39,11 +39,15 @@ from .source import (  # noqa: F401 - re-exported: the loaders' names for them
 
 
 def build_empty(factory: Callable[[], nn.Module], device: torch.device, dtype: torch.dtype):
-    """Construct on the meta device (no init cost), then allocate uninitialised storage."""
+    """Construct on the meta device (no init cost), then allocate uninitialised storage.
+
+    The dtype is set while still on meta, so storage is allocated once, in
+    ``dtype``: cast after allocating, an 8B model in bf16 first took its
+    float32 size (32 GB) on the device.
+    """
     with torch.device("meta"):
         module = factory()
-    module = module.to_empty(device=device)
-    module = module.to(dtype)
+    module = module.to(dtype).to_empty(device=device)
     reset_rope_buffers(module)
     return module.eval()
 

@@ -246,3 +246,32 @@ def test_bf16_projections_fused_by_packing_generate_what_separate_ones_do(
         want = separate.generate(_prompt(separate), 6, temperature=temperature, seed=seed)
         got = fused.generate(_prompt(fused), 6, temperature=temperature, seed=seed)
         assert torch.equal(got, want)
+
+
+def test_empty_models_are_allocated_once_in_their_dtype() -> None:
+    # Allocated in float32 and cast afterwards, MOSS-TTS 8B in bf16 first took 32 GB.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from omni_qwen3_tts.layers import register_rope
+    from omni_qwen3_tts.weights import build_empty
+
+    allocated: list[tuple[torch.dtype, int]] = []
+
+    class Allocations(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.device.type == "cpu":
+                allocated.append((out.dtype, out.numel()))
+            return out
+
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(256, 256)
+            register_rope(self, 16, 10000.0)
+
+    with Allocations():
+        module = build_empty(Stack, torch.device("cpu"), torch.bfloat16)
+    assert module.proj.weight.dtype == torch.bfloat16 and module.inv_freq.dtype == torch.float32
+    assert (torch.bfloat16, 256 * 256) in allocated
+    assert not [a for a in allocated if a[0] == torch.float32 and a[1] >= 256]
