@@ -530,7 +530,8 @@ def report(args: argparse.Namespace, reference: dict[str, Any], ours: dict[str, 
     peaks = sum(m["VmHWM"] for m in memory.values())
     print(
         f"ours: {len(memory)} processes up in {ours['up_s']:.1f} s; warm-up request "
-        f"{ours['warmup_s']:.2f} s ({ours['warmed']} untimed requests in all); memory held at the end {gib(held)} in all (sum of peaks, "
+        f"{ours['warmup_s']:.2f} s ({ours['warmed']} untimed requests in all); memory held "
+        f"at the end {gib(held)} in all (sum of peaks, "
         f"counting the checkpoint pages each mapped while loading: {gib(peaks)})"
     )
     print(resolved_line(ours))
