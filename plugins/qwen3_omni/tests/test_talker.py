@@ -478,7 +478,7 @@ def test_control_ids_are_never_picked_and_repetition_is_penalised(talker):
 
 @pytest.mark.parametrize(
     "sampling",
-    [GREEDY, SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05, seed=11)],
+    [GREEDY, SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05, seed=1)],
     ids=["greedy", "seeded"],
 )
 def test_a_batch_of_two_equals_each_alone(talker, sampling):
@@ -585,7 +585,7 @@ def _engine_frames(model, prompts, sampling, static=None):
 
 @pytest.mark.parametrize(
     "sampling",
-    [GREEDY, SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05, seed=12)],
+    [GREEDY, SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05, seed=1)],
     ids=["greedy", "seeded"],
 )
 def test_static_shape_decode_steps_equal_eager(talker, sampling):

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni_core.engine.sampling import make_generator
 from omni_core.kit.weights import fill_shared
 
 from .config import GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
@@ -285,10 +286,10 @@ class Qwen3TTSModel:
                 )
         return main, sub
 
-    @staticmethod
-    def _generator(seq: Any) -> torch.Generator | None:
+    def _generator(self, seq: Any) -> torch.Generator | None:
+        """A seeded request's generator, on the model's device (no host copy to draw)."""
         if seq.generator is None and seq.sampling.seed is not None:
-            seq.generator = torch.Generator().manual_seed(int(seq.sampling.seed))
+            seq.generator = make_generator(int(seq.sampling.seed), self.device)
         return seq.generator
 
     @torch.no_grad()

@@ -1,0 +1,82 @@
+"""The talkers' batched token selection: one row's choice never depends on its batch,
+draws follow the filtered distribution, and nothing waits on the device."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from omni_qwen3_tts.sampling import RowSampling, select_tokens  # noqa: E402
+
+MIXED = [
+    RowSampling(greedy=True, repetition_penalty=1.2),
+    RowSampling(temperature=0.9, top_k=5, top_p=0.8, repetition_penalty=1.05),
+    RowSampling(temperature=1.3),
+    RowSampling(temperature=0.7, top_p=0.5),
+]
+
+
+def _logits(rows: int, vocab: int = 64, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_a_row_picks_the_same_alone_or_in_a_mixed_batch() -> None:
+    logits = _logits(len(MIXED))
+    histories = [torch.tensor([1, 2, 2]), torch.tensor([7]), None, torch.tensor([0])]
+    banned = [torch.tensor([3]), None, torch.tensor([4, 5]), None]
+    batched_gens = [torch.Generator().manual_seed(10 + b) for b in range(len(MIXED))]
+    alone_gens = [torch.Generator().manual_seed(10 + b) for b in range(len(MIXED))]
+    for _ in range(20):  # the generators advance alike on both sides
+        together = select_tokens(logits, MIXED, batched_gens, histories, banned)
+        alone = [
+            int(
+                select_tokens(
+                    logits[b : b + 1], [row], [alone_gens[b]], [histories[b]], [banned[b]]
+                )
+            )
+            for b, row in enumerate(MIXED)
+        ]
+        assert together.tolist() == alone
+
+
+def test_draws_follow_the_filtered_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.06, 0.04]]))
+    gen = [torch.Generator().manual_seed(0)]
+    draws = 4000
+
+    def frequencies(row: RowSampling) -> list[float]:
+        picked = [int(select_tokens(logits, [row], gen)) for _ in range(draws)]
+        return [picked.count(i) / draws for i in range(5)]
+
+    # top-k 2: 0.4 and 0.3 renormalised; top-p 0.85: the least likely whose mass stays
+    # under 0.15 (0.04 and 0.06: 0.10) go; temperature 1 keeps the rest as they are
+    for row, expected in [
+        (RowSampling(top_k=2), [4 / 7, 3 / 7, 0, 0, 0]),
+        (RowSampling(top_p=0.85), [0.4 / 0.9, 0.3 / 0.9, 0.2 / 0.9, 0, 0]),
+        (RowSampling(), [0.4, 0.3, 0.2, 0.06, 0.04]),
+    ]:
+        got = frequencies(row)
+        for g, e in zip(got, expected, strict=True):
+            assert abs(g - e) < 0.03 if e else g == 0, (row, got)
+    assert frequencies(RowSampling(greedy=True, temperature=5.0)) == [1, 0, 0, 0, 0]
+
+
+def test_penalties_and_bans_apply_to_their_own_rows_only() -> None:
+    logits = torch.tensor([[2.0, 1.9, -1.0, 0.5], [2.0, 1.9, -1.0, 0.5]])
+    greedy = RowSampling(greedy=True, repetition_penalty=1.2)
+    plain = RowSampling(greedy=True)
+    history = [torch.tensor([0]), torch.tensor([0])]
+    assert select_tokens(logits, [greedy, plain], [None, None], history).tolist() == [1, 0]
+    banned = [torch.tensor([0, 1]), None]
+    assert select_tokens(logits, [plain, plain], [None, None], None, banned).tolist() == [3, 0]
+
+
+def test_a_step_never_reads_the_device_from_the_host() -> None:
+    # On the meta device every read of a value (``.item()``, ``bool()``, ``.tolist()``, a
+    # copy to the host) raises: a GPU step that did one would wait for the device.
+    logits = torch.empty(len(MIXED), 50, device="meta")
+    histories = [torch.tensor([1, 2]), None, torch.tensor([3]), None]
+    banned = [torch.tensor([4]), torch.tensor([5, 6]), None, None]
+    out = select_tokens(logits, MIXED, [None] * len(MIXED), histories, banned)
+    assert out.shape == (len(MIXED),) and out.dtype == torch.long and out.device.type == "meta"
