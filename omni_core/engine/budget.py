@@ -45,7 +45,7 @@ class SlotPlan:
 
     num_slots: int
     slot_len: int
-    source: str  # "max_total_tokens" or "memory"
+    source: str  # "max_total_tokens", "memory", or "memory, capped at max_position_embeddings"
 
     @property
     def total_tokens(self) -> int:
@@ -111,6 +111,11 @@ def plan_slots(
             )
         total, source = budget // per_token, "memory"
     slot_len = total // slots
+    if source == "memory" and layout.max_positions and slot_len > layout.max_positions:
+        # A slot longer than any sequence the model can take holds memory nobody can use,
+        # and a CUDA graph's step reads its slot's whole span: Qwen3-ASR's decoder sized
+        # from an H200's memory gave each slot 60,601 positions. The rest stays free.
+        slot_len, source = layout.max_positions, "memory, capped at max_position_embeddings"
     if slot_len < 1:
         raise ConfigError(
             f"engine.max_total_tokens = {total} cannot give each of "

@@ -20,6 +20,7 @@ generators, repetition penalties) and reads little memory.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -40,12 +41,15 @@ RECOMPILE_LIMIT = 256
 
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], Any]
 
-#: The shortest slot span a static step attends over, and how many spans at most.
+#: The shortest slot span a static step attends over, and how many spans at most: compiled
+#: (each span is another inductor graph, seconds to build) and captured eagerly as a CUDA
+#: graph (each span one more capture, tens of milliseconds).
 SMALLEST_SPAN = 128
 MOST_SPANS = 4
+MOST_CAPTURED_SPANS = 9
 
 
-def attention_spans(capacity: int, graphs: bool) -> tuple[int, ...]:
+def attention_spans(capacity: int, graphs: bool, compiled: bool = True) -> tuple[int, ...]:
     """The slot lengths a decoder's static steps read, shortest first; each is a shape.
 
     Why: a static step reads every row's slot up to a fixed length, and at
@@ -57,11 +61,19 @@ def attention_spans(capacity: int, graphs: bool) -> tuple[int, ...]:
     its longest row: the capacity, halved up to ``MOST_SPANS - 1`` times but
     not below ``SMALLEST_SPAN``. Each span is compiled once per bucket.
 
-    CUDA graphs keep the capacity alone: each span would be another captured
-    graph per bucket, and choosing one reads the positions on the host.
+    CUDA graphs captured from the eager step halve further (up to
+    ``MOST_CAPTURED_SPANS``): a GPU cache sized from memory holds tens of
+    thousands of positions a slot, and a graph over all of them read 3.7 GB a
+    row each step for a Qwen3-TTS talker. The caller names its longest row
+    from what it knows on the host (``longest``), so choosing a graph never
+    waits for the device. Graphs of a compiled step keep the capacity alone:
+    each span would be another inductor compile per bucket on the GPU.
     """
+    if graphs and compiled:
+        return (capacity,)
+    most = MOST_CAPTURED_SPANS if graphs else MOST_SPANS
     spans = [capacity]
-    while not graphs and len(spans) < MOST_SPANS and spans[-1] // 2 >= SMALLEST_SPAN:
+    while len(spans) < most and spans[-1] // 2 >= SMALLEST_SPAN:
         spans.append(spans[-1] // 2)
     return tuple(reversed(spans))
 
@@ -129,11 +141,11 @@ class StaticDecoder:
         # captured: its eager step (which reads only the filled part of each slot) is better.
         self.enabled = not (plan.cuda_graphs and not self.use_graphs and not plan.compile)
         self._step: Callable[..., Any] = self._eager_step
-        self.spans = attention_spans(k_cache.shape[3], self.use_graphs)
+        self.spans = attention_spans(k_cache.shape[3], self.use_graphs, plan.compile)
         self.prepacked = False
         if plan.compile:
             self._step = self._compiled_step(plan)
-        self._graphs: dict[tuple[int, int], CapturedStep] = {}
+        self._graphs: dict[tuple[int, int, int], CapturedStep] = {}  # bucket, steps, span
         self.calls = 0  # steps run statically (tests and figures)
         self.warm = False  # every bucket compiled: from now on a recompile runs eagerly
 
@@ -187,27 +199,45 @@ class StaticDecoder:
         store = StaticSlotStore(self.k_cache, self.v_cache, slots, cache_pos, span)
         return self.forward(x, positions, static_mask(cache_pos, span), store)
 
-    def span_for(self, cache_pos: torch.Tensor) -> int:
-        """The shortest of :attr:`spans` that holds every row's new positions."""
+    def span_for(self, cache_pos: torch.Tensor, longest: int | None = None) -> int:
+        """The shortest of :attr:`spans` that holds every row's new positions.
+
+        ``longest``: one past the last cache position any row writes, as the
+        caller knows it on the host. Without it the positions are read, which
+        on a GPU waits for the device; a captured step then takes the whole
+        capacity instead.
+        """
         if len(self.spans) == 1:
             return self.spans[0]
-        longest = int(cache_pos.max()) + 1  # on the CPU: no device to wait for
+        if longest is None:
+            if self.use_graphs or cache_pos.device.type != "cpu":
+                return self.spans[-1]
+            longest = int(cache_pos.max()) + 1  # on the CPU: no device to wait for
         return next((s for s in self.spans if s >= longest), self.spans[-1])
 
     def __call__(
-        self, x: torch.Tensor, positions: torch.Tensor, cache_pos: torch.Tensor, slots: torch.Tensor
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache_pos: torch.Tensor,
+        slots: torch.Tensor,
+        longest: int | None = None,
     ) -> Any:
-        """The step's output for the ``B`` real rows, or None when ``B`` is above every bucket."""
+        """The step's output for the ``B`` real rows, or None when ``B`` is above every bucket.
+
+        ``longest`` (one past the last cache position written, known on the
+        host) picks the span without reading ``cache_pos``.
+        """
         batch, steps = x.shape[0], x.shape[1]
         bucket = bucket_for(batch, self.buckets)
         if bucket is None:
             return None
         inputs = self._padded(bucket, x, positions, cache_pos, slots)
-        graph = self._graphs.get((bucket, steps))
+        span = self.span_for(cache_pos, longest)
+        graph = self._graphs.get((bucket, steps, span))
         self.calls += 1
         if graph is not None:
             return _rows(graph(*inputs), batch)
-        span = self.span_for(cache_pos)
         if not self.warm:
             return _rows(self._step(*inputs, span), batch)
         # Every shape was compiled at start-up: a guard that still fails (an input
@@ -248,32 +278,45 @@ class StaticDecoder:
         """Compile (and capture) every bucket, step length and span, largest bucket first."""
         if not self.enabled:
             return
-        pool = graph_pool(self.device) if self.use_graphs else None
         # One eager step first: whatever the model fills lazily on its first call
         # (a table cached per device) is then there when dynamo traces, instead of
         # a guard on its absence that fails on the first real step and recompiles.
         self._eager_step(*self.example(min(self.buckets), self.steps[0]))
+        if self.use_graphs:
+            try:
+                self._capture_all()
+                return
+            except RuntimeError as exc:  # never run on this GPU before: fail soft, say so
+                self._graphs.clear()
+                self.use_graphs = False
+                self.enabled = plan_allows_uncaptured(self.plan)
+                self.spans = attention_spans(self.k_cache.shape[3], False)
+                self.note = (
+                    f"{self.name}: CUDA graph capture failed ({type(exc).__name__}: {exc}); "
+                    "it decodes without CUDA graphs (engine.disable_cuda_graph = true "
+                    "turns them off for every stage)"
+                )
+                log.warning("engine: %s", self.note)
+                if not self.enabled:
+                    return
+        # Compiled (or, a failed capture's fallback, compiled now): every shape before
+        # serving, so that no request waits for a compile.
         for bucket in sorted(self.buckets, reverse=True):
             for steps in self.steps:
                 example = self.example(bucket, steps)
-                if not self.use_graphs:
-                    for span in self.spans:
-                        self._step(*example, span)
-                    continue
-                try:
-                    self._graphs[(bucket, steps)] = CapturedStep(self._step, example, pool=pool)
-                except RuntimeError as exc:  # never run on a GPU before: fail soft, say so
-                    self._graphs.clear()
-                    self.use_graphs = False
-                    self.enabled = plan_allows_uncaptured(self.plan)
-                    self.note = (
-                        f"{self.name}: CUDA graph capture failed ({type(exc).__name__}: {exc}); "
-                        "it decodes without CUDA graphs (engine.disable_cuda_graph = true "
-                        "turns them off for every stage)"
-                    )
-                    log.warning("engine: %s", self.note)
-                    return
-        self.warm = self.plan.compile and not self.use_graphs
+                for span in self.spans:
+                    self._step(*example, span)
+        self.warm = self.plan.compile
+
+    def _capture_all(self) -> None:
+        """One CUDA graph per bucket, step length and span, in one pool, largest first."""
+        pool = graph_pool(self.device)
+        for bucket in sorted(self.buckets, reverse=True):
+            for steps in self.steps:
+                example = self.example(bucket, steps)
+                for span in reversed(self.spans):
+                    step = functools.partial(self._step, span=span)
+                    self._graphs[(bucket, steps, span)] = CapturedStep(step, example, pool=pool)
 
 
 def dense_linears(model: Any) -> int:

@@ -173,14 +173,26 @@ class CacheLayout:
     head_dim: int
     dtype: Any  # torch.dtype
     device: Any  # torch.device
+    #: The longest sequence the model's positions cover (``max_position_embeddings``);
+    #: a cache sized from memory gives no slot more (None: no limit known).
+    max_positions: int | None = None
 
     @classmethod
     def of(cls, config: Any, dtype: Any, device: Any, tp_size: int = 1) -> CacheLayout:
         """The layout of a decoder whose config names its geometry as transformers does
-        (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim``); with ``tp_size``
-        ranks each holds its share of the KV heads."""
+        (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim``, and
+        ``max_position_embeddings`` where it has one); with ``tp_size`` ranks each
+        holds its share of the KV heads."""
         heads = config.num_key_value_heads // tp_size
-        return cls(config.num_hidden_layers, heads, config.head_dim, dtype, device)
+        limit = getattr(config, "max_position_embeddings", None)
+        return cls(
+            config.num_hidden_layers,
+            heads,
+            config.head_dim,
+            dtype,
+            device,
+            int(limit) if isinstance(limit, int) and limit > 0 else None,
+        )
 
 
 class StepModel(Protocol):

@@ -265,9 +265,13 @@ class TorchEngine:
     def _check_fits(self, request_id: str, length: int) -> None:
         limits = []
         if length > self.plan.slot_len:
+            why = {
+                "memory": "engine.mem_fraction_static's memory",
+                "memory, capped at max_position_embeddings": "the model's max_position_embeddings",
+            }.get(self.plan.source, f"engine.max_total_tokens {self.plan.total_tokens}")
             limits.append(
-                f"a cache slot holds {self.plan.slot_len} (engine.max_total_tokens "
-                f"{self.plan.total_tokens} / engine.max_running_requests {self.plan.num_slots})"
+                f"a cache slot holds {self.plan.slot_len} "
+                f"({why} / engine.max_running_requests {self.plan.num_slots})"
             )
         if length > self.settings.max_prefill_tokens:
             limits.append(f"engine.max_prefill_tokens is {self.settings.max_prefill_tokens}")

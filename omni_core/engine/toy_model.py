@@ -132,7 +132,8 @@ class TinyDecoder(nn.Module):
         hidden = None
         if static is not None and static.owns(cache.k) and static.fits(x):
             where = positions[:, None]
-            hidden = static(x, where, where, torch.tensor(slots, device=self.device))
+            slots_t = torch.tensor(slots, device=self.device)
+            hidden = static(x, where, where, slots_t, longest=length)
         if hidden is None:
             keys = torch.arange(length, device=self.device)
             mask = (keys.unsqueeze(0) <= positions.unsqueeze(1))[:, None, None, :]  # [B,1,1,L]

@@ -144,7 +144,29 @@ def test_attention_spans_halve_the_capacity_down_to_the_smallest():
     assert attention_spans(512, graphs=False) == (128, 256, 512)
     assert attention_spans(4096, graphs=False) == (512, 1024, 2048, 4096)  # four at most
     assert attention_spans(200, graphs=False) == (200,)  # 100 would be below 128
-    assert attention_spans(512, graphs=True) == (512,)  # one captured graph per bucket
+    assert attention_spans(512, graphs=True) == (512,)  # a compiled step: one graph a bucket
+    # captured from the eager step: down to the smallest, nine at most (32768 = 128 * 2**8)
+    captured = attention_spans(32768, graphs=True, compiled=False)
+    assert captured == tuple(128 * 2**i for i in range(9))
+    assert attention_spans(2**20, graphs=True, compiled=False)[0] == 2**12
+
+
+def test_the_caller_names_its_longest_row_so_no_span_waits_for_the_device(monkeypatch):
+    """``longest`` picks the span; without it a step on a device (or captured) takes the whole
+    capacity rather than read positions there (meta tensors raise on any read)."""
+    from omni_core.engine import compiled
+
+    monkeypatch.setattr(compiled, "SMALLEST_SPAN", 8)
+    model = TinyDecoder(vocab_size=64, dim=32, num_heads=2, num_layers=2, seed=7)
+    _manual(model, (1, 2), 2)
+    static = model.static
+    assert static.spans == (8, 16, 32)
+    unread = torch.empty(2, 1, dtype=torch.long, device="meta")
+    assert [static.span_for(unread, n) for n in (1, 8, 9, 17, 32, 40)] == [8, 8, 16, 32, 32, 32]
+    assert static.span_for(unread) == 32
+    assert static.span_for(torch.tensor([[3], [11]])) == 16  # on the CPU it reads them
+    static.use_graphs = True
+    assert static.span_for(torch.tensor([[3], [11]])) == 32
 
 
 def test_static_steps_read_the_shortest_span_that_holds_their_rows(monkeypatch):
@@ -278,6 +300,23 @@ async def test_cuda_graphs_decode_the_toy_model_like_eager():
     assert graphed == eager and graph_model.static.calls > 0
 
 
+@pytest.mark.cuda
+@pytest.mark.anyio
+async def test_cuda_graphs_of_each_span_decode_like_eager_as_rows_grow(monkeypatch):
+    from omni_core.engine import compiled
+
+    monkeypatch.setattr(compiled, "SMALLEST_SPAN", 8)
+    base = dict(max_running_requests=2, max_total_tokens=64)
+    eager_model = TinyDecoder(num_layers=2, seed=7, device="cuda")
+    graph_model = TinyDecoder(num_layers=2, seed=7, device="cuda")
+    eager, _ = await _engine_tokens(eager_model, EngineSettings(disable_cuda_graph=True, **base))
+    graphed, _ = await _engine_tokens(graph_model, EngineSettings(**base))
+    static = graph_model.static
+    assert static.use_graphs and static.spans == (8, 16, 32)
+    assert sorted(static._graphs) == [(b, 1, s) for b in (1, 2) for s in (8, 16, 32)]
+    assert graphed == eager and static.calls > 0
+
+
 @pytest.mark.anyio
 async def test_the_engine_runs_an_uncompiled_static_plan_when_given_one():
     model = TinyDecoder(num_layers=1, seed=8)
@@ -378,3 +417,23 @@ def test_a_warm_step_never_recompiles_while_serving():
         decoder.v_cache = decoder.v_cache.clone()
         torch.testing.assert_close(decoder(x, where, where, torch.arange(2)), eager)
     assert counters["stats"]["unique_graphs"] == graphs  # no compile after warm-up
+
+
+def test_a_failed_capture_says_so_and_falls_back_to_what_the_plan_allows(monkeypatch):
+    from omni_core.engine.compiled import attention_spans
+
+    model = TinyDecoder(num_layers=1, seed=4)
+    cache = SlotKVCache(model.cache_layout(), 2, 32, spare=True)
+    context = StaticContext(StaticPlan(False, True, (1, 2), "test"), cache)
+    model.prepare_static(context)
+    static = model.static
+    static.use_graphs = static.enabled = True  # as on a GPU, where capture is planned
+
+    def refuse() -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(static, "_capture_all", refuse)
+    context.warm_up()
+    assert "CUDA graph capture failed (RuntimeError: operation not permitted" in static.note
+    assert (static.use_graphs, static.enabled, static.warm) == (False, False, False)
+    assert static.spans == attention_spans(32, graphs=False)  # eager spans, not the captured

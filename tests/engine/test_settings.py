@@ -171,6 +171,22 @@ def test_a_memory_share_sizes_the_cache_when_the_device_memory_is_known() -> Non
     assert plan_slots(written, LAYOUT, device_memory=1_000_000).slot_len == 16
 
 
+def test_a_cache_sized_from_memory_gives_no_slot_more_than_the_model_takes() -> None:
+    capped = CacheLayout(2, 4, 16, torch.bfloat16, torch.device("cpu"), max_positions=100)
+    settings = EngineSettings(max_running_requests=4, mem_fraction_static=0.5)
+    plan = plan_slots(settings, capped, device_memory=1_000_000, used_memory=100_000)
+    assert (plan.slot_len, plan.source) == (100, "memory, capped at max_position_embeddings")
+    roomy = CacheLayout(2, 4, 16, torch.bfloat16, torch.device("cpu"), max_positions=10_000)
+    assert plan_slots(settings, roomy, device_memory=1_000_000).source == "memory"
+    # a written max_total_tokens is the user's word: not capped
+    written = EngineSettings(max_running_requests=1, max_total_tokens=500)
+    assert plan_slots(written, capped).slot_len == 500
+    config = type("Config", (), dict(num_hidden_layers=2, num_key_value_heads=4, head_dim=16))
+    assert CacheLayout.of(config, torch.float32, "cpu").max_positions is None
+    config.max_position_embeddings = 32768
+    assert CacheLayout.of(config, torch.float32, "cpu", tp_size=2).max_positions == 32768
+
+
 def test_budgets_too_small_for_one_position_per_slot_are_refused() -> None:
     with pytest.raises(ConfigError, match="leaves 0 bytes for the KV cache"):
         plan_slots(

@@ -65,7 +65,7 @@ def forward_rows(
     out = None
     if static is not None and steps == 1 and static.owns(cache.k) and static.fits(x):
         slots = torch.tensor([int(seq.slot) for seq in sequences], device=device)
-        out = static(x, positions, positions, slots)
+        out = static(x, positions, positions, slots, longest=total)
     if out is None:
         mask = causal_mask(starts_t, lengths_t, steps, total)
         store = SlotStore(cache, [int(seq.slot) for seq in sequences], starts, total)

@@ -142,7 +142,7 @@ class TalkerStepModel:
         out = None
         if static is not None and static.owns(cache.k) and static.fits(x):
             slots = torch.tensor([int(s.slot) for s in sequences], device=self.device)
-            out = static(x[:, None], positions, starts_t[:, None], slots)
+            out = static(x[:, None], positions, starts_t[:, None], slots, longest=total)
         if out is None:
             ones = torch.ones(batch, dtype=torch.long, device=self.device)
             mask = causal_mask(starts_t, ones, 1, total)

@@ -123,7 +123,7 @@ class ThinkerStepModel:
         slots = [int(s.slot) for s in sequences]
         layers = self._layers(sequences)
         x = self.lm.embed(ids)
-        out = self._static_decode(cache, x, positions, starts_t, slots, layers)
+        out = self._static_decode(cache, x, positions, starts_t, slots, layers, total)
         if out is None:
             out = self._forward(cache, [x, positions, mask, slots, starts, total, None], layers)
         out, captured = out if layers else (out, {})
@@ -180,6 +180,7 @@ class ThinkerStepModel:
         starts: torch.Tensor,
         slots: list[int],
         layers: set[int] | None,
+        longest: int,
     ) -> Any:
         """The compiled step's output (``engine.enable_torch_compile``), or None: run eagerly."""
         variants = getattr(self, "_static", None)
@@ -189,7 +190,7 @@ class ThinkerStepModel:
         if static is None or not static.owns(cache.k) or not static.fits(x):
             return None
         slot_rows = torch.tensor(slots, device=self.device)
-        return static(x, positions, starts[:, None], slot_rows)
+        return static(x, positions, starts[:, None], slot_rows, longest=longest)
 
     def _emit(
         self,
