@@ -9,6 +9,11 @@ or batched with others: continuous batching does not change what a user gets.
 
 Order of the transformations (Hugging Face's): repetition penalty on the raw
 logits, temperature, top-k, top-p, then one draw by inverse CDF.
+
+On a GPU nothing here reads the device from the host: per-row settings and
+row indices go over as one pinned, asynchronous copy each, and the top-k
+shortcut's tie check (a host read) is the CPU's alone; a GPU sorts whole
+rows in microseconds. The caller reads the chosen ids once, after the step.
 """
 
 from __future__ import annotations
@@ -28,6 +33,20 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return generator
 
 
+def to_device(values: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A small host tensor on ``device`` without waiting for the device (pinned, async).
+
+    A plain ``torch.tensor(list, device="cuda")`` copies from pageable memory,
+    which waits for everything queued on the stream first.
+    """
+    device = torch.device(device)
+    if values.device == device:
+        return values
+    if device.type == "cuda" and values.device.type == "cpu":
+        values = values.pin_memory()
+    return values.to(device, non_blocking=True)
+
+
 def apply_repetition_penalty(
     logits: torch.Tensor, penalties: Seq[float], previous: Seq[Seq[int] | torch.Tensor]
 ) -> torch.Tensor:
@@ -36,18 +55,27 @@ def apply_repetition_penalty(
     A positive logit is divided by the penalty, a negative one multiplied, so a
     penalty > 1 always makes a repeat less likely. Repeated ids count once.
     """
+    device = logits.device
     rows, ids = [], []
     for row, (penalty, tokens) in enumerate(zip(penalties, previous, strict=True)):
         if penalty == 1.0 or len(tokens) == 0:
             continue
-        tokens = torch.as_tensor(tokens, dtype=torch.long, device=logits.device).flatten()
-        rows.append(torch.full_like(tokens, row))
+        tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
+        rows.append(torch.full((tokens.numel(),), row, dtype=torch.long, device=tokens.device))
         ids.append(tokens)
     if not rows:
         return logits
+    if all(t.device == device for t in ids):
+        at, which = torch.cat(rows), torch.cat(ids)
+    else:  # host lists (or a mix): one copy for the batch
+        pairs = to_device(
+            torch.stack([torch.cat([r.cpu() for r in rows]), torch.cat([t.cpu() for t in ids])]),
+            device,
+        )
+        at, which = pairs[0], pairs[1]
     seen = torch.zeros_like(logits, dtype=torch.bool)
-    seen[torch.cat(rows), torch.cat(ids)] = True
-    factor = torch.tensor(penalties, dtype=logits.dtype, device=logits.device).unsqueeze(1)
+    seen[at, which] = True
+    factor = to_device(torch.tensor(penalties, dtype=logits.dtype), device).unsqueeze(1)
     penalised = torch.where(logits > 0, logits / factor, logits * factor)
     return logits.copy_(torch.where(seen, penalised, logits))
 
@@ -55,12 +83,15 @@ def apply_repetition_penalty(
 def _draw(weights: torch.Tensor, generators: Seq[torch.Generator | None]) -> torch.Tensor:
     """One index per row of non-negative ``weights`` [R, N], by inverse CDF."""
     cdf = weights.cumsum(-1)
+    device = weights.device
     uniform = torch.stack(
         [
-            torch.rand((), generator=g, device=g.device if g is not None else weights.device)
+            torch.rand((), generator=g, device=g.device if g is not None else device)
+            if g is None or g.device == device
+            else to_device(torch.rand((), generator=g, device=g.device), device)
             for g in generators
         ]
-    ).to(device=weights.device, dtype=cdf.dtype)
+    ).to(dtype=cdf.dtype)
     target = (uniform * cdf[:, -1]).unsqueeze(1)
     index = torch.searchsorted(cdf, target, right=True).squeeze(1)
     return index.clamp_(max=weights.shape[-1] - 1)
@@ -77,10 +108,10 @@ def _filtered_draw(
     ordered, order = _candidates(logits, top_k)
     width = ordered.shape[1]
     rank = torch.arange(width, device=logits.device).expand(rows, width)
-    k = torch.tensor([kk if kk > 0 else vocab for kk in top_k], device=logits.device)
+    k = to_device(torch.tensor([kk if kk > 0 else vocab for kk in top_k]), logits.device)
     ordered = ordered.masked_fill(rank >= k.unsqueeze(1), float("-inf"))
     probs = ordered.softmax(-1)
-    p = torch.tensor(top_p, dtype=probs.dtype, device=logits.device).unsqueeze(1)
+    p = to_device(torch.tensor(top_p, dtype=probs.dtype), logits.device).unsqueeze(1)
     before = probs.cumsum(-1) - probs  # mass of the more likely tokens
     probs = probs.masked_fill(before >= p, 0.0)  # smallest set reaching p; the first stays
     picked = _draw(probs, generators)
@@ -100,7 +131,7 @@ def _candidates(logits: torch.Tensor, top_k: Seq[int]) -> tuple[torch.Tensor, to
     """
     vocab = logits.shape[-1]
     widest = max(kk if kk > 0 else vocab for kk in top_k)
-    if widest < vocab:
+    if widest < vocab and logits.device.type == "cpu":  # the tie check reads the values
         values, ids = torch.topk(logits, widest + 1, dim=-1)
         if bool((values[:, widest - 1] > values[:, widest]).all()):
             ids, by_id = ids.sort(dim=-1)
@@ -128,18 +159,23 @@ def sample(
     logits = logits.float().clone()
     if previous is not None:
         apply_repetition_penalty(logits, [p.repetition_penalty for p in params], previous)
-    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     greedy = [i for i, p in enumerate(params) if p.temperature == 0]
     plain = [i for i, p in enumerate(params) if p.temperature > 0 and not _filters(p)]
     filtered = [i for i, p in enumerate(params) if p.temperature > 0 and _filters(p)]
+    if len(greedy) == len(params):
+        return logits.argmax(-1)
+    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     if greedy:
-        out[greedy] = logits[greedy].argmax(-1)
+        at = _rows(greedy, logits.device)
+        out[at] = logits[at].argmax(-1)
     if plain:
-        scaled = _scaled(logits, params, plain)
-        out[plain] = _draw(scaled.softmax(-1), [generators[i] for i in plain])
+        at = _rows(plain, logits.device)
+        scaled = _scaled(logits, params, plain, at)
+        out[at] = _draw(scaled.softmax(-1), [generators[i] for i in plain])
     if filtered:
-        out[filtered] = _filtered_draw(
-            _scaled(logits, params, filtered),
+        at = _rows(filtered, logits.device)
+        out[at] = _filtered_draw(
+            _scaled(logits, params, filtered, at),
             [params[i].top_k for i in filtered],
             [params[i].top_p for i in filtered],
             [generators[i] for i in filtered],
@@ -147,9 +183,16 @@ def sample(
     return out
 
 
-def _scaled(logits: torch.Tensor, params: Seq[SamplingParams], rows: list[int]) -> torch.Tensor:
-    temps = torch.tensor([params[i].temperature for i in rows], device=logits.device)
-    return logits[rows] / temps.unsqueeze(1)
+def _rows(indices: list[int], device: torch.device) -> torch.Tensor:
+    """Row indices as a tensor on ``device`` (a list index would copy from pageable memory)."""
+    return to_device(torch.tensor(indices, dtype=torch.long), device)
+
+
+def _scaled(
+    logits: torch.Tensor, params: Seq[SamplingParams], rows: list[int], at: torch.Tensor
+) -> torch.Tensor:
+    temps = to_device(torch.tensor([params[i].temperature for i in rows]), logits.device)
+    return logits[at] / temps.unsqueeze(1)
 
 
 def _filters(params: SamplingParams) -> bool:

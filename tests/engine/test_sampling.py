@@ -170,3 +170,17 @@ def _sorted_widths(logits: torch.Tensor, params: SamplingParams) -> list[int]:
 
 def _full_sort(logits: torch.Tensor, top_k: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.sort(logits, dim=-1, descending=True, stable=True)
+
+
+def test_a_mixed_batch_never_reads_the_device_from_the_host() -> None:
+    # On the meta device every read of a value (``.item()``, ``bool()``, a list index's
+    # copy that waits for the stream) raises: on a GPU each would wait for the device.
+    params = [
+        SamplingParams(temperature=0, repetition_penalty=1.2),
+        SamplingParams(temperature=0.8),
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.1),
+    ]
+    logits = torch.empty(3, 500, device="meta")
+    previous = [[1, 2], [], torch.tensor([3, 4])]
+    out = sample(logits, params, [None] * 3, previous)
+    assert out.shape == (3,) and out.dtype == torch.long and out.device.type == "meta"

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from omni_core.engine.sampling import to_device
+
 
 @dataclass(frozen=True)
 class RowSampling:
@@ -52,15 +54,6 @@ class RowSampling:
     def draws(self) -> bool:
         """Whether this row draws a random number (it is not greedy)."""
         return not (self.greedy or self.temperature <= 0)
-
-
-def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small host tensor on ``device`` without waiting for the device (pinned, async)."""
-    if device.type == "cpu":
-        return values
-    if device.type == "cuda":
-        values = values.pin_memory()
-    return values.to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
