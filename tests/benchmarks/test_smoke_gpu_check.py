@@ -8,6 +8,7 @@ with tiny sizes, so that the script cannot rot before a GPU is lent.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ def test_gpu_check_smoke_runs_every_phase_on_the_cpu(run_smoke, short_tmp):
     assert {row["concurrency"] for row in doc["table"]} == {1, 2}
     for row in doc["table"]:
         assert row["audio_s_per_s"] > 0 and row["first_audio_ms"] > 0 and row["rtf"] > 0
+    tts_alone = next(r for r in doc["table"] if r["model"] == "Qwen3-TTS tiny")
+    assert re.fullmatch(r"engine \d+\.\d of \d+\.\d ms a frame", tts_alone["note"]), tts_alone
     assert [p["system"] for p in doc["peers"]] == ["vLLM-Omni", "SGLang-Omni", "SGLang-Omni"]
     assert any("Qwen3-TTS 1.7B" in s for s in doc["skipped"])  # what --smoke left out, said
 
