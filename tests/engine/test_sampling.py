@@ -184,3 +184,15 @@ def test_a_mixed_batch_never_reads_the_device_from_the_host() -> None:
     previous = [[1, 2], [], torch.tensor([3, 4])]
     out = sample(logits, params, [None] * 3, previous)
     assert out.shape == (3,) and out.dtype == torch.long and out.device.type == "meta"
+
+
+def test_rows_that_share_a_generator_draw_together_in_row_order() -> None:
+    from omni_core.engine.sampling import uniforms
+
+    a, b, c = make_generator(1), make_generator(2), make_generator(3)
+    drawn = uniforms([a, b, a, None, b, a, c], torch.device("cpu"))
+    want_a = torch.rand(3, generator=make_generator(1))
+    want_b = torch.rand(2, generator=make_generator(2))
+    assert torch.equal(drawn[[0, 2, 5]], want_a) and torch.equal(drawn[[1, 4]], want_b)
+    assert drawn[6] == torch.rand((), generator=make_generator(3))  # one row: one number
+    assert 0 <= float(drawn[3]) < 1  # the default generator's
