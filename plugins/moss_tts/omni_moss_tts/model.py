@@ -16,6 +16,7 @@ the masks); the differences are deliberate and listed in ``sample_step``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 from omni_core.engine.interface import CacheLayout, SamplingParams, Sequence, StepResult
-from omni_core.engine.sampling import make_generator, sample
+from omni_core.engine.sampling import make_generator, sample, to_device
 from omni_qwen3_tts.talker import forward_rows
 from omni_qwen3_tts.tokenizer import TextTokenizer
 
@@ -239,20 +240,31 @@ class MossTTSModel:
             if not group:
                 continue
             rows = [i for i, _ in group]
-            columns = torch.tensor(ids, device=self.device) if ids is not None else None
-            logits = self.network.text_logits(hidden[rows], columns).float()
-            for j, (_, rule) in enumerate(group):
-                if ids is not None:
-                    for c, token in enumerate(ids):
-                        if token not in rule.allowed:
-                            logits[j, c] = float("-inf")
-                elif rule.banned:
-                    logits[j, list(rule.banned)] = float("-inf")
+            at = to_device(torch.tensor(rows), self.device)
+            if ids is not None:
+                columns = self._pair_columns(pair)
+                logits = self.network.text_logits(hidden[at], columns).float()
+                # the two columns each row may not take, as one mask (one copy, one kernel)
+                shut = [[token not in rule.allowed for token in ids] for _, rule in group]
+                logits = logits.masked_fill(to_device(torch.tensor(shut), self.device), -math.inf)
+            else:
+                logits = self.network.text_logits(hidden[at], None).float()
+                pairs = [(j, t) for j, (_, rule) in enumerate(group) for t in rule.banned]
+                if pairs:
+                    where = to_device(torch.tensor(pairs).T.contiguous(), self.device)
+                    logits[where[0], where[1]] = -math.inf
             params = [_text_params(sequences[i].state["text"]) for i in rows]
             picked = sample(logits, params, [sequences[i].generator for i in rows]).tolist()
             for (i, _), choice in zip(group, picked, strict=True):
                 texts[i] = pair[choice] if ids is not None else choice
         return [int(t) for t in texts]  # type: ignore[arg-type]
+
+    def _pair_columns(self, pair: tuple[int, int]) -> torch.Tensor:
+        """The gen and delay slots' rows of the text head, as an index on the device (once)."""
+        cached = getattr(self, "_pair_index", None)
+        if cached is None or cached.device != self.device:
+            cached = self._pair_index = torch.tensor(pair, device=self.device)
+        return cached
 
     def _sample_audio(self, sequences: list[Sequence], hidden: torch.Tensor) -> list[list[int]]:
         """The codebook row of each sequence: due codebooks sampled, the rest the pad code.
@@ -272,9 +284,12 @@ class MossTTSModel:
             return rows
         needed = sorted({i for i, _ in picks})
         books = range(min(k for _, k in picks), max(k for _, k in picks) + 1)
-        logits = self.network.audio_logits(hidden[needed], books).float()  # [R, len, 1025]
+        at = to_device(torch.tensor(needed), self.device)
+        logits = self.network.audio_logits(hidden[at], books).float()  # [R, len, 1025]
         where = {i: r for r, i in enumerate(needed)}
-        flat = logits[[where[i] for i, _ in picks], [k - books.start for _, k in picks]]
+        index = [[where[i] for i, _ in picks], [k - books.start for _, k in picks]]
+        index_t = to_device(torch.tensor(index), self.device)
+        flat = logits[index_t[0], index_t[1]]
         params = [sequences[i].sampling for i, _ in picks]
         previous = None
         if any(p.repetition_penalty != 1.0 for p in params):
