@@ -331,6 +331,30 @@ async def run_level(engine: TTSEngine, vocoder: Vocoder, batch: list[Request]) -
     )
 
 
+async def profiled_level(model: Qwen3TTSModel, frames: int, concurrency: int) -> str:
+    """One level of our stages under torch.profiler, after an untimed pass of the same width.
+
+    The engine is built as :func:`ours` builds it (batch size ``concurrency``,
+    the vocoder stage's defaults); returns :func:`gpu_profile.summary`'s text.
+    """
+    from gpu_profile import profiled, summary
+
+    settings = EngineSettings(max_running_requests=concurrency, max_total_tokens=concurrency * 512)
+    engine = TTSEngine(model, TorchEngine(model, settings))
+    assert model.speech_tokenizer is not None
+    vocoder = Vocoder(
+        model.speech_tokenizer.decoder, chunk_frames=4, left_context_frames=None,
+        max_chunk_frames=48,
+    )  # fmt: skip
+    try:
+        await run_level(engine, vocoder, requests(concurrency, frames, offset=700))
+        with profiled(model.device) as prof:
+            level = await run_level(engine, vocoder, requests(concurrency, frames, offset=750))
+    finally:
+        await engine.aclose()
+    return summary(prof, level.steps, model.device)
+
+
 async def ours(
     model: Qwen3TTSModel,
     frames: int,

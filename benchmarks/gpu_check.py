@@ -35,7 +35,10 @@ printed as skipped, never silently dropped:
    or more where it lives, a smaller one on the CPU; the CPU's generator
    fills about 350 M values a second here: 100 s for Qwen3-Omni's 35 B). The
    models run cheapest first, so that one that does not fit the phase leaves
-   the others measured; what is left is reported as left out;
+   the others measured; what is left is reported as left out. Qwen3-TTS
+   0.6B is also run once at c=8 under torch.profiler (``gpu_profile.py``):
+   kernel launches, graph replays, host waits and copies per engine step,
+   and the operators that took the most GPU time, printed above the table;
    ``--budget-scale 2`` gives every phase twice the time.
 
 The table is printed beside the peers' published figures and written as JSON
@@ -111,6 +114,7 @@ PEERS = [
     },
 ]
 TTS_FRAMES = 48  # 3.84 s of audio per request
+PROFILE_AT = 8  # Qwen3-TTS 0.6B is profiled at this concurrency (gpu_profile.py)
 OMNI_TOKENS, OMNI_FRAMES = 32, 48
 
 
@@ -136,6 +140,7 @@ class Report:
     failed: list[str] = field(default_factory=list)
     out: Path | None = None  # --out: rewritten after each phase and each measured model
     finished: bool = False
+    profiles: dict[str, str] = field(default_factory=dict)  # model -> gpu_profile.summary
 
     def skip(self, what: str) -> None:
         self.skipped.append(what)
@@ -343,7 +348,10 @@ def level_row(model: str, c: int, wall_s: float, audio_s: float, first_s: list[f
     )
 
 
-def measure_qwen3_tts(size: str, device: str, levels: list[int], frames: int) -> list[Row]:
+def measure_qwen3_tts(
+    size: str, device: str, levels: list[int], frames: int, profile: bool = False
+) -> tuple[list[Row], str | None]:
+    """The levels, then (``profile``) one profiled pass at ``PROFILE_AT`` (smoke: 2)."""
     import anyio
     import bench_qwen3_tts as bench
 
@@ -364,7 +372,12 @@ def measure_qwen3_tts(size: str, device: str, levels: list[int], frames: int) ->
             per_frame = r.wall_s / (r.audio_s * bench.SAMPLE_RATE / bench.SAMPLES_PER_FRAME)
             row.note = f"engine {1e3 * r.decode_s:.1f} of {1e3 * per_frame:.1f} ms a frame"
         rows.append(row)
-    return rows
+    where = None
+    if profile:
+        width = min(PROFILE_AT, max(levels))
+        where = f"at c={width}, {min(frames, 16)} frames a request:\n"
+        where += anyio.run(bench.profiled_level, model, min(frames, 16), width)
+    return rows, where
 
 
 def measure_moss(device: str, levels: list[int], frames: int, smoke: bool) -> list[Row]:
@@ -472,17 +485,17 @@ def gpu_memory(device: str) -> int:
     return int(torch.cuda.get_device_properties(torch_index(device)).total_memory)
 
 
-def measure(name: str, device: str, levels: list[int], smoke: bool) -> list[Row]:
-    """One model's rows (runs in a child process: ``--measure NAME``)."""
+def measure(name: str, device: str, levels: list[int], smoke: bool) -> tuple[list[Row], str | None]:
+    """One model's rows, and a profile where one is taken (in a child: ``--measure NAME``)."""
     sys.path.insert(0, str(HERE))
     frames = 4 if smoke else TTS_FRAMES
     if name.startswith("qwen3-tts-"):
         size = "tiny" if smoke else name.rsplit("-", 1)[1].upper()
-        return measure_qwen3_tts(size, device, levels, frames)
+        return measure_qwen3_tts(size, device, levels, frames, profile=name == RELEASE_MODELS[0])
     if name == "moss-tts-8b":
-        return measure_moss(device, levels, frames, smoke)
+        return measure_moss(device, levels, frames, smoke), None
     if name == "qwen3-omni-30b-a3b":
-        return measure_qwen3_omni(device, levels, smoke)
+        return measure_qwen3_omni(device, levels, smoke), None
     raise SystemExit(f"gpu_check: no model {name!r}; known: {', '.join(RELEASE_MODELS)}")
 
 
@@ -513,8 +526,11 @@ def phase_throughput(
                 print(done.stdout[-2000:] + done.stderr[-4000:])
                 report.failed.append(f"throughput: {LABELS[name]}")
                 continue
-            rows = [Row(**row) for row in json.loads(Path(out.name).read_text())]
+            measured = json.loads(Path(out.name).read_text())
+            rows = [Row(**row) for row in measured["rows"]]
         report.rows += rows
+        if measured["profile"]:
+            report.profiles[rows[0].model] = measured["profile"]
         report.save()
         print(f"  {LABELS[name]}: {len(rows)} levels in {time.monotonic() - started:.0f} s")
 
@@ -523,6 +539,8 @@ def phase_throughput(
 
 
 def print_table(report: Report) -> None:
+    for model, text in report.profiles.items():
+        print(f"\nwhere the time goes, {model} (torch.profiler, gpu_profile.py): {text}")
     print(f"\nthroughput, first audio and RTF on {report.device} (dummy weights):")
     head = f"{'model':<20} {'c':>3} {'audio s/s':>10} {'first audio ms':>15} {'RTF':>7}  note"
     print(head)
@@ -561,6 +579,7 @@ def write_json(report: Report, path: Path) -> None:
         "skipped": report.skipped,
         "failed": report.failed,
         "finished": report.finished,
+        "profiles": report.profiles,
     }
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1))
@@ -622,8 +641,9 @@ def main() -> int:
         print(f"gpu_check: {problem}", file=sys.stderr)
         return 2
     if args.measure:  # a child of the throughput phase
-        rows = measure(args.measure, args.device, args.levels, args.smoke)
-        args.out.write_text(json.dumps([asdict(row) for row in rows]))
+        rows, profile = measure(args.measure, args.device, args.levels, args.smoke)
+        doc = {"rows": [asdict(row) for row in rows], "profile": profile}
+        args.out.write_text(json.dumps(doc))
         return 0
     sys.path.insert(0, str(HERE))
     os.environ.setdefault("OMP_NUM_THREADS", "2" if args.smoke else "8")

@@ -40,6 +40,11 @@ def test_gpu_check_smoke_runs_every_phase_on_the_cpu(run_smoke, short_tmp):
     assert re.fullmatch(r"engine \d+\.\d of \d+\.\d ms a frame", tts_alone["note"]), tts_alone
     assert [p["system"] for p in doc["peers"]] == ["vLLM-Omni", "SGLang-Omni", "SGLang-Omni"]
     assert any("Qwen3-TTS 1.7B" in s for s in doc["skipped"])  # what --smoke left out, said
+    # one profiled pass: counts per engine step, then the operators by their own time
+    profile = doc["profiles"]["Qwen3-TTS tiny"]
+    assert re.search(r"per engine step \(\d+ steps\): [\d.]+ kernel launches", profile)
+    assert "Self CPU" in profile and "aten::" in profile, profile
+    assert "where the time goes, Qwen3-TTS tiny" in ran.stdout
 
 
 def test_a_measuring_child_imports_no_pytest(run_smoke, short_tmp):
@@ -48,8 +53,9 @@ def test_a_measuring_child_imports_no_pytest(run_smoke, short_tmp):
         "gpu_check.py", "--device", "cpu", "--measure", "qwen3-tts-0.6b", "--out", str(out)
     )
     assert ran.returncode == 0, ran.stderr[-3000:]
-    rows = json.loads(out.read_text())
-    assert [r["concurrency"] for r in rows] == [1, 2]
+    measured = json.loads(out.read_text())
+    assert [r["concurrency"] for r in measured["rows"]] == [1, 2]
+    assert measured["profile"].startswith("at c=2, 4 frames a request:\nper engine step")
 
 
 def _gpu_check(*args: str) -> subprocess.CompletedProcess[str]:
