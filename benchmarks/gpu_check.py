@@ -376,7 +376,10 @@ def measure_qwen3_tts(
     if profile:
         width = min(PROFILE_AT, max(levels))
         where = f"at c={width}, {min(frames, 16)} frames a request:\n"
-        where += anyio.run(bench.profiled_level, model, min(frames, 16), width)
+        try:  # the rows above are the figures: a profiler that breaks must not lose them
+            where += anyio.run(bench.profiled_level, model, min(frames, 16), width)
+        except Exception as exc:
+            where += f"the profiled pass failed: {type(exc).__name__}: {exc}"
     return rows, where
 
 

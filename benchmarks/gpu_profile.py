@@ -38,8 +38,12 @@ def profiled(device: torch.device) -> Iterator[Any]:
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     # The engine's steps run on its compute thread, which a profiler started here does
-    # not see unless told to record every thread (torch 2.7 and later).
-    config = _ExperimentalConfig(profile_all_threads=True)
+    # not see unless told to record every thread (torch 2.7 and later; an older torch
+    # records this thread alone, and the summary then shows little).
+    try:
+        config = _ExperimentalConfig(profile_all_threads=True)
+    except TypeError:
+        config = _ExperimentalConfig()
     with profile(activities=activities, experimental_config=config) as prof:
         yield prof
         if device.type == "cuda":
