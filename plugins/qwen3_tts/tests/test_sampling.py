@@ -80,3 +80,17 @@ def test_a_step_never_reads_the_device_from_the_host() -> None:
     banned = [torch.tensor([4]), torch.tensor([5, 6]), None, None]
     out = select_tokens(logits, MIXED, [None] * len(MIXED), histories, banned)
     assert out.shape == (len(MIXED),) and out.dtype == torch.long and out.device.type == "meta"
+
+
+def test_a_code_predictor_frame_never_reads_the_device(tiny_model) -> None:
+    # A frame's 15 picks run back to back on a GPU only if none of them reads a value
+    # on the host; on the meta device any such read raises.
+    import copy
+
+    predictor = copy.deepcopy(tiny_model.talker.code_predictor).to("meta")
+    width = tiny_model.config.talker.transformer.hidden_size
+    rows = [RowSampling(temperature=0.9, top_k=50, top_p=0.8), RowSampling(greedy=True)]
+    hidden = torch.empty(2, width, device="meta")
+    seeded = [torch.Generator().manual_seed(1), None]  # a host generator: drawn, sent over
+    codes = predictor.generate_frame(hidden, torch.empty(2, width, device="meta"), rows, seeded)
+    assert codes.shape == (2, tiny_model.config.talker.transformer.num_code_groups - 1)
