@@ -42,13 +42,17 @@ def config_shapes(
     model_path: str,
     architecture: str,
     shapes: Sequence[tuple[Sequence[str], Mapping[str, int]]],
+    read: Callable[[str], Mapping[str, Any] | None] = read_local_config,
 ) -> tuple[list[dict[str, int]], str]:
     """Each (section path, defaults) read from a local ``config.json``, and where from.
 
     A hub id, or a directory without ``config.json``, gives the defaults, and
-    ``architecture`` (the known release they describe) as the source.
+    ``architecture`` (the known release they describe) as the source. ``read``:
+    how the plugin finds a config without downloading (its
+    ``ModelSource.local_config``, which knows its presets: a ``tiny`` demo must
+    not be estimated at the release's size).
     """
-    config = read_local_config(model_path)
+    config = read(model_path)
     source = f"{model_path}/config.json" if config else architecture
     return [
         shape_from_config(section(config, *path), defaults) for path, defaults in shapes

@@ -19,13 +19,15 @@ class MemoryEstimate:
     ``weights_bytes`` by the dtype the stage loads in; ``kv_bytes`` the engine's
     KV-cache budget (0 for stages without one); ``overhead_bytes`` activations,
     workspaces and CUDA graphs. ``source`` says how it was estimated, for the
-    plan's reader.
+    plan's reader. ``kv_bytes_per_token``: what one cache position costs (0:
+    unknown), so that the plan can say how many positions a memory share holds.
     """
 
     weights_bytes: int
     kv_bytes: int = 0
     overhead_bytes: int = 0
     source: str = ""
+    kv_bytes_per_token: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -38,6 +40,7 @@ class MemoryEstimate:
             "overhead_bytes": self.overhead_bytes,
             "total_bytes": self.total_bytes,
             "source": self.source,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
         }
 
 

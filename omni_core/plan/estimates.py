@@ -150,6 +150,7 @@ def engine_estimate(
         per_token * tokens,
         overhead_bytes,
         f"{source}, {label}, KV for {tokens} tokens",
+        kv_bytes_per_token=per_token,
     )
 
 

@@ -362,6 +362,8 @@ class DeploymentPlan:
     precisions: dict[str, Any] = field(default_factory=dict)
     # torch engine stage -> how it decodes (eager, compiled, CUDA graphs, prepacked), in words
     decodes: dict[str, str] = field(default_factory=dict)
+    # torch engine stage on a GPU -> how its KV cache will be sized from its share, in words
+    caches: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     edges: list[EdgePlan] = field(default_factory=list)
     nodes: NodesPlan | None = None
@@ -399,6 +401,7 @@ class DeploymentPlan:
             "estimates": {k: self.estimates[k].to_dict() for k in sorted(self.estimates)},
             "precisions": {k: self.precisions[k].to_dict() for k in sorted(self.precisions)},
             "decodes": {k: self.decodes[k] for k in sorted(self.decodes)},
+            "caches": {k: self.caches[k] for k in sorted(self.caches)},
             "notes": list(self.notes),
             "admission_limit": self.admission_limit,
         }

@@ -27,6 +27,7 @@ from ..placement import PlacementPolicy
 from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
 from .admission import admission_limit
+from .caches import plan_caches
 from .checks import check_assignments, check_engine_settings, check_gpus, check_processes
 from .decode import compile_startup_note, plan_decodes
 from .endpoints import plan_endpoints
@@ -133,6 +134,7 @@ def _plan(
     stage_of = {i.name: i.stage for i in request.instances}
     precisions = plan_precisions(config, assignments, stage_of, inventory, problems)
     decodes = plan_decodes(config, assignments, stage_of, precisions)
+    caches = plan_caches(config, assignments, stage_of, inventory, estimates, plugins, problems)
     problems += check_cross_node(config, edges, plugins)
     engines = {name for name, group in expansion.members.items() if any(s.is_engine for s in group)}
     plan_cpu_threads(processes, engines, config.runtime.cpu_threads)
@@ -173,6 +175,7 @@ def _plan(
         estimates=dict(estimates),
         precisions=precisions,
         decodes=decodes,
+        caches=caches,
         notes=notes,
         edges=edges,
         nodes=nodes,

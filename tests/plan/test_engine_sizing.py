@@ -60,3 +60,40 @@ def test_engine_fractions_count_against_the_memory_limit(plugins):
     message = str(caught.value)
     assert "GPU 0: memory shares sum to 1.01" in message
     assert "thinker engine.mem_fraction_static 0.99" in message
+
+
+def test_the_plan_says_how_many_cache_positions_each_share_leaves(plugins, capsys):
+    from omni_core.plan.estimates import collect_estimates
+
+    plan = planned(plugins)
+    thinker = collect_estimates(plan_config(plugins), plugins)["thinker"]
+    room = int(80 * 1024**3 * 0.8) - thinker.weights_bytes
+    positions = room // thinker.kv_bytes_per_token
+    assert thinker.kv_bytes_per_token > 0 and positions > 8
+    words = plan.caches["thinker"]
+    assert words.startswith("engine.mem_fraction_static 0.8 of GPU 0 (64GiB) less about ")
+    assert f"about {positions:,} positions, 8 slots of {positions // 8:,}" in words
+    assert plan.to_dict()["caches"]["thinker"] == words
+    render_plan(plan)
+    assert f"cache thinker: {words}" in capsys.readouterr().out
+    fixed = planned(plugins, "--thinker.engine.max_total_tokens", "4096")
+    assert "thinker" not in fixed.caches  # a fixed number of positions: nothing to derive
+
+
+def test_a_share_too_small_for_the_weights_is_refused_before_anything_starts(plugins):
+    with pytest.raises(ConfigError) as caught:
+        planned(plugins, "--thinker.engine.mem_fraction_static", "0.1")
+    message = str(caught.value)
+    assert (
+        "stage 'thinker': engine.mem_fraction_static 0.1 of GPU 0 (8GiB) holds its weights"
+        in message
+    )
+    assert "not one position for each of its 8 running requests" in message
+    assert "engine.max_total_tokens" in message  # the fix names the way out
+
+
+def plan_config(plugins):
+    resolution = load_deployment(
+        str(EXAMPLE), ["--gpus", "2", "--gpu-memory", "80GiB"], plugins=plugins
+    )
+    return resolution.config

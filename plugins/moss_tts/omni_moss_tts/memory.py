@@ -21,10 +21,11 @@ from omni_core.plan.estimates import (
     GiB,
     decoder_params,
     engine_estimate,
-    read_local_config,
     shape_from_config,
     weights_bytes,
 )
+
+from .source import SOURCE
 
 BACKBONE = dict(
     layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=12288, vocab=151936
@@ -37,7 +38,7 @@ VOCODER_OVERHEAD = 1 * GiB
 
 
 def backbone_shape(model_path: str) -> tuple[dict[str, int], str]:
-    config = read_local_config(model_path)
+    config = SOURCE.local_config(model_path)  # a preset's too: the tiny demo is not 8B
     if config is None:
         return dict(BACKBONE), "MOSS-TTS 8B architecture"
     section = config.get("language_config") or config.get("text_config") or config

@@ -15,6 +15,8 @@ from omni_core.kit.memory import by_stage, config_shapes
 from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import GiB, decoder_params, encoder_params, engine_estimate
 
+from .source import SOURCE
+
 DECODER = dict(
     layers=28, hidden=2048, heads=16, kv_heads=8, head_dim=128, intermediate=6144, vocab=151936
 )
@@ -29,6 +31,7 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
             (("thinker_config", "text_config"), DECODER),
             (("thinker_config", "audio_config"), AUDIO_TOWER),
         ],
+        read=SOURCE.local_config,
     )
     params = decoder_params(**decoder, tied_embeddings=False) + encoder_params(**tower)
     return by_stage(

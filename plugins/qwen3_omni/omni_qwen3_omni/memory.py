@@ -19,6 +19,8 @@ from omni_core.kit.memory import by_stage, config_shapes, weights_only
 from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import GiB, MiB, decoder_params, encoder_params, engine_estimate
 
+from .source import SOURCE
+
 THINKER = dict(
     layers=48,
     hidden=2048,
@@ -53,7 +55,7 @@ ENGINE_OVERHEAD = 2 * GiB
 ENCODER_OVERHEAD = 1 * GiB
 CODE2WAV_OVERHEAD = 512 * MiB
 AGGREGATE_OVERHEAD = 256 * MiB  # mm_aggregate holds no weights, only merged embeddings
-SOURCE = "Qwen3-Omni-30B-A3B architecture"
+ARCHITECTURE = "Qwen3-Omni-30B-A3B architecture"
 
 
 def _vision_params(shape: dict[str, int], out: int) -> int:
@@ -66,7 +68,7 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
     """Estimates for the GPU stages of a Qwen3-Omni deployment (by stage name)."""
     (thinker, audio, vision, talker, predictor), source = config_shapes(
         pipeline.model_path,
-        SOURCE,
+        ARCHITECTURE,
         [
             (("thinker_config", "text_config"), THINKER),
             (("thinker_config", "audio_config"), AUDIO_TOWER),
@@ -74,6 +76,7 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
             (("talker_config", "text_config"), TALKER),
             (("talker_config", "code_predictor_config"), PREDICTOR),
         ],
+        read=SOURCE.local_config,
     )
     out = thinker["hidden"]
     talker_params = decoder_params(**talker, tied_embeddings=False)

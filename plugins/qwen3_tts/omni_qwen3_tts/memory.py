@@ -23,9 +23,10 @@ from omni_core.plan.estimates import (
     MiB,
     decoder_params,
     engine_estimate,
-    read_local_config,
     shape_from_config,
 )
+
+from .source import SOURCE
 
 TALKERS: dict[str, dict[str, int]] = {
     "0.6B": dict(
@@ -50,7 +51,7 @@ _SIZE = re.compile(r"(0\.6B|1\.7B)", re.IGNORECASE)
 
 def talker_shapes(model_path: str) -> tuple[dict[str, int], dict[str, int], str] | None:
     """(talker, code predictor, source) from a local config or the model name."""
-    config = read_local_config(model_path)
+    config = SOURCE.local_config(model_path)  # a preset's too (download-free)
     size = _SIZE.search(model_path or "")
     fallback = TALKERS[size.group(1).upper()] if size else None
     if config is not None:

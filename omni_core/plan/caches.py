@@ -1,0 +1,96 @@
+"""How each torch engine stage on a GPU will size its KV cache, said (or refused) when planning.
+
+Why: an engine stage placed with a memory share sizes its cache at start-up
+from that share (``engine.mem_fraction_static``, else the share itself, see
+:func:`omni_core.kit.stages.engine_settings`) less what its process holds by
+then, its weights. A share too small for the weights used to surface as the
+engine's error in the stage's log after every process had started; with the
+model plugin's weight estimate the plan can say the same before anything
+starts, and show the slots a running request gets. The engine keeps the last
+word (:func:`omni_core.engine.budget.plan_slots`): it measures what it holds,
+and gives no slot more than the model's ``max_position_embeddings``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..engine.backends import engine_settings
+from ..errors import OmniError
+from ..schema.sizes import format_bytes
+from .estimates import collect_estimates
+from .model import Assignment, GpuInventory, MemoryEstimate, Refusal
+
+
+def plan_caches(
+    config: Any,
+    assignments: Mapping[str, Assignment],
+    instances: Mapping[str, str],
+    inventory: GpuInventory,
+    estimates: Mapping[str, MemoryEstimate],
+    plugins: Any,
+    problems: list[Refusal],
+) -> dict[str, str]:
+    """Each GPU torch engine stage's cache in words, by stage name (its first instance)."""
+    first: dict[str, Assignment] = {}
+    for instance, assignment in assignments.items():
+        first.setdefault(instances.get(instance, instance), assignment)
+    sized: dict[str, tuple[Any, Any, float]] = {}
+    for stage in config.stages:
+        assignment = first.get(stage.name)
+        if not getattr(stage, "is_engine", False) or assignment is None or not assignment.gpus:
+            continue
+        settings = engine_settings(stage)
+        if settings.backend != "torch":
+            continue
+        fraction = settings.mem_fraction_static
+        if fraction is None:
+            fraction = assignment.gpu_memory_fraction
+        if "max_total_tokens" in settings.model_fields_set or fraction is None:
+            continue  # a fixed number of positions: the estimate already says it
+        sized[stage.name] = (stage, settings, fraction)
+    if not sized:
+        return {}
+    if not estimates:
+        try:
+            estimates = collect_estimates(config, plugins)
+        except OmniError:
+            estimates = {}  # the plan does not need them; the lines are only left out
+    found: dict[str, str] = {}
+    for name, (stage, settings, fraction) in sized.items():
+        gpu = first[name].gpus[0]
+        memory = inventory.memory_of(gpu)
+        estimate = estimates.get(name)
+        named = "engine.mem_fraction_static" if settings.mem_fraction_static else "its share"
+        share = f"{named} {fraction:g} of GPU {gpu}"
+        if memory is None or estimate is None or not estimate.kv_bytes_per_token:
+            found[name] = f"sized at start-up from {share}, less what its process holds then"
+            continue
+        ranks = max(getattr(stage, "tp_size", 1), 1)
+        weights = estimate.weights_bytes // ranks
+        per_token = max(estimate.kv_bytes_per_token // ranks, 1)
+        room = int(memory * fraction) - weights
+        slots = settings.max_running_requests
+        if room < per_token * slots:
+            problems.append(
+                Refusal(
+                    f"stage {name!r}: {share} ({format_bytes(int(memory * fraction))}) holds its "
+                    f"weights ({format_bytes(weights)}, {estimate.source}) but leaves "
+                    f"{format_bytes(max(room, 0))} for its KV cache: not one position for each "
+                    f"of its {slots} running requests ({format_bytes(per_token)} each)",
+                    stage=name,
+                    gpu=gpu,
+                    fix="raise its gpu_memory_fraction (or engine.mem_fraction_static), or set "
+                    "engine.max_total_tokens",
+                )
+            )
+            continue
+        positions = room // per_token
+        found[name] = (
+            f"{share} ({format_bytes(int(memory * fraction))}) less about "
+            f"{format_bytes(weights)} of weights: about {positions:,} positions, "
+            f"{slots} slots of {positions // slots:,} (each at most the model's "
+            "max_position_embeddings)"
+        )
+    return found
