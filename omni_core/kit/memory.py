@@ -38,6 +38,13 @@ def section(config: Mapping[str, Any] | None, *path: str) -> Mapping[str, Any] |
     return config if isinstance(config, Mapping) else None
 
 
+def max_positions(config: Mapping[str, Any] | None, *path: str, default: int) -> int:
+    """``max_position_embeddings`` of the config section at ``path``, else ``default``."""
+    value = (section(config, *path) or {}).get("max_position_embeddings")
+    usable = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return value if usable else default
+
+
 def config_shapes(
     model_path: str,
     architecture: str,

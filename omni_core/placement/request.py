@@ -20,7 +20,9 @@ class MemoryEstimate:
     KV-cache budget (0 for stages without one); ``overhead_bytes`` activations,
     workspaces and CUDA graphs. ``source`` says how it was estimated, for the
     plan's reader. ``kv_bytes_per_token``: what one cache position costs (0:
-    unknown), so that the plan can say how many positions a memory share holds.
+    unknown), so that the plan can say how many positions a memory share holds;
+    ``max_positions``: the model's ``max_position_embeddings`` (None: unknown),
+    the most one cache slot takes.
     """
 
     weights_bytes: int
@@ -28,6 +30,7 @@ class MemoryEstimate:
     overhead_bytes: int = 0
     source: str = ""
     kv_bytes_per_token: int = 0
+    max_positions: int | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -41,6 +44,7 @@ class MemoryEstimate:
             "total_bytes": self.total_bytes,
             "source": self.source,
             "kv_bytes_per_token": self.kv_bytes_per_token,
+            "max_positions": self.max_positions,
         }
 
 

@@ -87,10 +87,17 @@ def plan_caches(
             )
             continue
         positions = room // per_token
+        slot = positions // slots
+        if estimate.max_positions and slot > estimate.max_positions:
+            slot = estimate.max_positions
+            why = " (capped at the model's max_position_embeddings; the rest stays free)"
+        elif estimate.max_positions:
+            why = ""
+        else:
+            why = " (each at most the model's max_position_embeddings)"
         found[name] = (
             f"{share} ({format_bytes(int(memory * fraction))}) less about "
             f"{format_bytes(weights)} of weights: about {positions:,} positions, "
-            f"{slots} slots of {positions // slots:,} (each at most the model's "
-            "max_position_embeddings)"
+            f"{slots} slots of {slot:,}{why}"
         )
     return found

@@ -127,6 +127,7 @@ def engine_estimate(
     *,
     source: str,
     overhead_bytes: int,
+    max_positions: int | None = None,
 ) -> MemoryEstimate:
     """The estimate of an engine stage: weights and KV cache in the stage's dtype.
 
@@ -134,6 +135,8 @@ def engine_estimate(
     whose KV cache the engine keeps (``layers``, ``kv_heads``, ``head_dim``).
     The dtype is the stage's ``factory.dtype`` (the engine keeps its cache in
     the model's dtype), the token count :func:`engine_tokens`.
+    ``max_positions``: the model's ``max_position_embeddings``, the longest a
+    cache slot sized from memory is made (see :mod:`omni_core.plan.caches`).
     """
     dtype = factory_dtype(stage)
     tokens = engine_tokens(stage)
@@ -151,6 +154,7 @@ def engine_estimate(
         overhead_bytes,
         f"{source}, {label}, KV for {tokens} tokens",
         kv_bytes_per_token=per_token,
+        max_positions=max_positions,
     )
 
 

@@ -203,3 +203,18 @@ def test_estimate_hook_is_documented_and_listed(plugins):
         if "omni_qwen3_tts" in str(r["hooks"]) or r["name"] == "omni-qwen3-tts"
     )
     assert "omni_estimate_memory" in row["hooks"]
+
+
+@pytest.mark.parametrize(
+    "cls, stage",
+    [(c, s) for c, s, _ in ENGINE_STAGES],
+    ids=[f"{c.pipeline_name}-{s}" for c, s, _ in ENGINE_STAGES],
+)
+def test_a_preset_is_estimated_from_its_own_config(plugins, cls, stage):
+    # The tiny demos used to be estimated at the release's size (Qwen3-Omni's thinker at
+    # 56.87 GiB), and the plan's cache check then refused the demo on a GPU.
+    release = collect_estimates(cls(), plugins)[stage]
+    tiny = collect_estimates(cls(model_path="tiny"), plugins)[stage]
+    assert tiny.weights_bytes < 200 * 1024**2 < release.weights_bytes
+    assert tiny.source.startswith("tiny/config.json") and tiny.kv_bytes_per_token > 0
+    assert tiny.max_positions and release.max_positions

@@ -13,9 +13,10 @@ when unset). Approximate by design; declare
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from omni_core.kit.memory import by_stage, weights_only
+from omni_core.kit.memory import by_stage, max_positions, weights_only
 from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import (
     GiB,
@@ -54,15 +55,22 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
         shape, source = backbone_shape(pipeline.model_path)
         params = decoder_params(**shape, tied_embeddings=False)
         params += 2 * AUDIO_CODEBOOKS * AUDIO_VOCAB * shape["hidden"]  # embeddings + heads
-        found = engine_estimate(stage, params, shape, source=source, overhead_bytes=ENGINE_OVERHEAD)
+        config = SOURCE.local_config(pipeline.model_path)
+        found = engine_estimate(
+            stage,
+            params,
+            shape,
+            source=source,
+            overhead_bytes=ENGINE_OVERHEAD,
+            max_positions=max_positions(config, "language_config", default=32768),
+        )
         if _shares_codec(pipeline, stage):
             return found
         # the engine encodes reference clips with its own copy of the codec
-        return MemoryEstimate(
-            found.weights_bytes + weights_bytes(CODEC_PARAMS, "float32"),
-            found.kv_bytes,
-            found.overhead_bytes,
-            found.source + " + the codec (1.77B, float32) for voice cloning",
+        return replace(
+            found,
+            weights_bytes=found.weights_bytes + weights_bytes(CODEC_PARAMS, "float32"),
+            source=found.source + " + the codec (1.77B, float32) for voice cloning",
         )
 
     return by_stage(

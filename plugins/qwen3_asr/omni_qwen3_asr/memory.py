@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_core.kit.memory import by_stage, config_shapes
+from omni_core.kit.memory import by_stage, config_shapes, max_positions
 from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import GiB, decoder_params, encoder_params, engine_estimate
 
@@ -34,7 +34,12 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
         read=SOURCE.local_config,
     )
     params = decoder_params(**decoder, tied_embeddings=False) + encoder_params(**tower)
-    return by_stage(
-        pipeline,
-        {"asr": lambda s: engine_estimate(s, params, decoder, source=source, overhead_bytes=GiB)},
-    )
+    config = SOURCE.local_config(pipeline.model_path)
+    longest = max_positions(config, "thinker_config", "text_config", default=65536)
+
+    def engine(stage: Any) -> MemoryEstimate:
+        return engine_estimate(
+            stage, params, decoder, source=source, overhead_bytes=GiB, max_positions=longest
+        )
+
+    return by_stage(pipeline, {"asr": engine})

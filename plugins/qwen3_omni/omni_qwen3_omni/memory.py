@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_core.kit.memory import by_stage, config_shapes, weights_only
+from omni_core.kit.memory import by_stage, config_shapes, max_positions, weights_only
 from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import GiB, MiB, decoder_params, encoder_params, engine_estimate
 
@@ -84,9 +84,20 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
     talker_params += decoder_params(**predictor)
     talker_params += 2 * (CODEBOOKS - 1) * CODEBOOK_SIZE * predictor["hidden"]
 
-    def engine(shape: dict[str, int], params: int) -> Any:
+    config = SOURCE.local_config(pipeline.model_path)
+    longest = {  # our configs' defaults where the file says nothing
+        "thinker": max_positions(config, "thinker_config", "text_config", default=65536),
+        "talker_ar": max_positions(config, "talker_config", "text_config", default=32768),
+    }
+
+    def engine(shape: dict[str, int], params: int, name: str) -> Any:
         return lambda stage: engine_estimate(
-            stage, params, shape, source=source, overhead_bytes=ENGINE_OVERHEAD
+            stage,
+            params,
+            shape,
+            source=source,
+            overhead_bytes=ENGINE_OVERHEAD,
+            max_positions=longest[name],
         )
 
     def encoder(params: int) -> Any:
@@ -95,8 +106,8 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
     return by_stage(
         pipeline,
         {
-            "thinker": engine(thinker, decoder_params(**thinker, tied_embeddings=False)),
-            "talker_ar": engine(talker, talker_params),
+            "thinker": engine(thinker, decoder_params(**thinker, tied_embeddings=False), "thinker"),
+            "talker_ar": engine(talker, talker_params, "talker_ar"),
             "audio_encoder": encoder(encoder_params(**audio) + audio["hidden"] * out),
             "image_encoder": encoder(_vision_params(vision, out)),
             "mm_aggregate": lambda _: MemoryEstimate(0, 0, AGGREGATE_OVERHEAD, "no weights"),

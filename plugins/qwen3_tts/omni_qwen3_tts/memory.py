@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from omni_core.kit.memory import by_stage, weights_only
+from omni_core.kit.memory import by_stage, max_positions, section, weights_only
 from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import (
     GiB,
@@ -65,10 +65,15 @@ def talker_shapes(model_path: str) -> tuple[dict[str, int], dict[str, int], str]
     return dict(fallback), dict(PREDICTOR), f"Qwen3-TTS {size.group(1).upper()} architecture"  # type: ignore[union-attr]
 
 
-def engine_params(talker: dict[str, int], predictor: dict[str, int]) -> int:
+def engine_params(
+    talker: dict[str, int],
+    predictor: dict[str, int],
+    text_vocab: int = TEXT_VOCAB,
+    text_hidden: int = TEXT_HIDDEN,
+) -> int:
     """Talker (with its codec embedding and head), text path, and code predictor."""
     params = decoder_params(**talker, tied_embeddings=False)
-    params += TEXT_VOCAB * TEXT_HIDDEN + TEXT_HIDDEN * TEXT_HIDDEN + TEXT_HIDDEN * talker["hidden"]
+    params += text_vocab * text_hidden + text_hidden * text_hidden + text_hidden * talker["hidden"]
     predictor_layers = decoder_params(**{**predictor, "vocab": 0})
     heads_and_embeddings = 2 * (CODEBOOKS - 1) * predictor["vocab"] * predictor["hidden"]
     params += predictor_layers + heads_and_embeddings
@@ -85,8 +90,22 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
         if shapes is None:
             return None
         talker, predictor, source = shapes
-        params = engine_params(talker, predictor)
-        return engine_estimate(stage, params, talker, source=source, overhead_bytes=ENGINE_OVERHEAD)
+        config = SOURCE.local_config(pipeline.model_path)
+        text = section(config, "talker_config") or {}
+        params = engine_params(
+            talker,
+            predictor,
+            int(text.get("text_vocab_size", TEXT_VOCAB)),
+            int(text.get("text_hidden_size", TEXT_HIDDEN)),
+        )
+        return engine_estimate(
+            stage,
+            params,
+            talker,
+            source=source,
+            overhead_bytes=ENGINE_OVERHEAD,
+            max_positions=max_positions(config, "talker_config", default=32768),
+        )
 
     return by_stage(
         pipeline,
