@@ -55,14 +55,16 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
         shape, source = backbone_shape(pipeline.model_path)
         params = decoder_params(**shape, tied_embeddings=False)
         params += 2 * AUDIO_CODEBOOKS * AUDIO_VOCAB * shape["hidden"]  # embeddings + heads
-        config = SOURCE.local_config(pipeline.model_path)
+        longest = max_positions(
+            SOURCE.local_config(pipeline.model_path), "language_config", default=32768
+        )
         found = engine_estimate(
             stage,
             params,
             shape,
             source=source,
             overhead_bytes=ENGINE_OVERHEAD,
-            max_positions=max_positions(config, "language_config", default=32768),
+            max_positions=longest,
         )
         if _shares_codec(pipeline, stage):
             return found

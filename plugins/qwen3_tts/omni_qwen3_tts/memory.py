@@ -98,13 +98,10 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
             int(text.get("text_vocab_size", TEXT_VOCAB)),
             int(text.get("text_hidden_size", TEXT_HIDDEN)),
         )
+        longest = max_positions(config, "talker_config", default=32768)
+        overhead = ENGINE_OVERHEAD
         return engine_estimate(
-            stage,
-            params,
-            talker,
-            source=source,
-            overhead_bytes=ENGINE_OVERHEAD,
-            max_positions=max_positions(config, "talker_config", default=32768),
+            stage, params, talker, source=source, overhead_bytes=overhead, max_positions=longest
         )
 
     return by_stage(
