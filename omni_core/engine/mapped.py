@@ -6,6 +6,8 @@ several processes, and keep the shared view instead of making a private copy.
 The runtime's weight sharing (:mod:`omni_core.runtime.weight_share`) records
 the address range of every mapping it makes; a tensor whose storage lies in
 one of them is a mapped weight. Addresses only, so no torch at import.
+CUDA storages opened from a leader's IPC handles are recorded too, under
+their device type: a host address and a device address never compare.
 """
 
 from __future__ import annotations
@@ -14,24 +16,27 @@ import threading
 from typing import Any
 
 _lock = threading.Lock()
-_ranges: dict[int, int] = {}  # start address -> end address (exclusive)
+#: (device type, start address) -> end address (exclusive)
+_ranges: dict[tuple[str, int], int] = {}
 
 
-def add_range(start: int, size: int) -> None:
-    """Record a read-only weight mapping of ``size`` bytes at ``start``."""
+def add_range(start: int, size: int, device: str = "cpu") -> None:
+    """Record a read-only weight mapping of ``size`` bytes at ``start`` on ``device``."""
     with _lock:
-        _ranges[start] = start + size
+        _ranges[(device, start)] = start + size
 
 
-def remove_range(start: int) -> None:
+def remove_range(start: int, device: str = "cpu") -> None:
     with _lock:
-        _ranges.pop(start, None)
+        _ranges.pop((device, start), None)
 
 
 def is_mapped(tensor: Any) -> bool:
     """Whether ``tensor``'s storage lies in a shared weight mapping of this process."""
-    if not _ranges or tensor.device.type != "cpu":
+    if not _ranges:
         return False
-    address = tensor.untyped_storage().data_ptr()
+    kind, address = tensor.device.type, tensor.untyped_storage().data_ptr()
     with _lock:
-        return any(start <= address < end for start, end in _ranges.items())
+        return any(
+            device == kind and start <= address < end for (device, start), end in _ranges.items()
+        )

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...engine import mapped
 from .host import check_same, describe, named_tensors
 
 
@@ -64,6 +65,8 @@ def attach(module: nn.Module, manifest: dict[str, Any], what: str) -> list[Any]:
         torch.UntypedStorage._new_shared_cuda(*[_decode(v) for v in handle])
         for handle in manifest["handles"]
     ]
+    for storage in storages:  # the leader's memory: never to be copied or repacked here
+        mapped.add_range(storage.data_ptr(), max(storage.nbytes(), 1), "cuda")
     with torch.no_grad():
         for name, tensor in named_tensors(module):
             entry = entries[name]

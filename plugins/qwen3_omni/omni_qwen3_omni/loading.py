@@ -90,6 +90,14 @@ def construct(factory: Callable[[], nn.Module], device: torch.device, dtype: tor
     for param in module.parameters():  # any set without registering (``param.data = ...``)
         if param.is_floating_point() and param.dtype != dtype:
             param.data = param.data.to(dtype)
+    # Mixtures' experts laid out stacked before they are filled (thinker/expert_stack.py):
+    # loading by name fills the stacks, and a weight-sharing leader publishes them stacked.
+    from .thinker.moe import stack_mixtures
+
+    if stack_mixtures(module, copy=False)[0] and torch.device(device).type == "cuda":
+        # the per-expert blocks just freed would stay reserved by torch's caching
+        # allocator (a layer's experts, 1.2 GB in the 30B's bf16) and shrink the KV cache
+        torch.cuda.empty_cache()
     return module.eval().requires_grad_(False)
 
 

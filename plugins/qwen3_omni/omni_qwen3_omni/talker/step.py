@@ -37,6 +37,7 @@ from omni_qwen3_tts.layers import causal_mask
 from omni_qwen3_tts.sampling import RowSampling, select_tokens
 from omni_qwen3_tts.talker import SlotStore, complete_frames
 
+from ..thinker.moe import mixtures_capturable
 from .config import TalkerConfig
 from .prompt import TalkerPrompt
 
@@ -156,9 +157,11 @@ class TalkerStepModel:
     def prepare_static(self, context: Any) -> None:
         """The static decode steps the engine compiles: the talker's and its code predictor's.
 
-        The talker's experts route on the host, so they run eagerly between
-        the compiled parts and its step is not captured as a CUDA graph; the
-        code predictor's (dense) is.
+        The talker's experts are stacked first and, where torch's grouped
+        kernel is fused (bf16 on Hopper or Blackwell), read nothing on the
+        host, so its step is captured as a CUDA graph there; elsewhere they
+        loop on the host between the compiled parts and the step is not
+        captured. The code predictor's (dense) is captured either way.
         """
         self._static = context.decoder(
             "talker",
@@ -166,7 +169,7 @@ class TalkerStepModel:
             hidden=self.config.text.hidden_size,
             dtype=self.dtype,
             rope_streams=3,
-            graph_safe=False,
+            graph_safe=mixtures_capturable(self.talker, self.device, self.dtype),
         )
         self.talker.code_predictor.prepare_static(context, self.dtype, self.device)
 

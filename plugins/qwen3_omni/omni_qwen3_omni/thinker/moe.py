@@ -6,42 +6,51 @@ are kept and, when ``norm_topk_prob`` is set, rescaled to sum to one, then cast
 back to the activation dtype. Each token's output is the weighted sum of its
 chosen experts' outputs. Experts stay one module each
 (``mlp.experts.E.{gate,up,down}_proj``), because that is how the release's
-checkpoint stores them, so tensors load by name without reshaping.
+checkpoint stores them, so tensors load by name without reshaping; their
+weights are views of two stacked tensors (:mod:`.expert_stack`).
 
-Why the computation is grouped by expert: every (token, expert) assignment is
-sorted by expert once per call; each expert that received tokens then runs
-once, on all of its tokens as one matrix, and scatters its weighted rows back
-with ``index_add_``. An expert's weights are read from memory once per call
-however many tokens chose it, and the Python loop runs over touched experts,
-never over tokens.
+Why the computation is grouped by expert: every (token, expert) pair is
+sorted by expert once per call, and each expert that received tokens runs
+once, on all of its tokens as one matrix. An expert's weights are read from
+memory once per call however many tokens chose it. Two ways run that:
 
-What that costs at decoding batch sizes (measured on the CPU, one torch
-thread, float32, hidden 2048, 128 experts, moe_intermediate 768, top-8, random
-router weights; milliseconds per MoE layer, median):
+* **stacked** (the default): ``torch.nn.functional.grouped_mm`` over the
+  stacked weights, with each expert's group delimited by offsets computed on
+  the device. Nothing is read on the host, so on a GPU whose grouped kernel
+  is fused a decode step holding these layers is captured as a CUDA graph
+  (``expert_stack.graph_capturable``); on the CPU torch loops over the
+  groups in C++, and results equal the loop's bit for bit, bfloat16 too:
+  outputs are summed in the release's order and roundings.
+* **looped**: a Python loop over touched experts, reading the per-expert
+  counts on the host (one device synchronisation per layer). It serves the
+  experts that are not plain layers (int8, and the CPU's bf16 ``RowLinear``,
+  faster at one row), widths whose rows are not a multiple of 16 bytes, a
+  leader's shared weights laid out unstacked, and a GPU dtype the grouped
+  kernel refuses.
 
-====== ======== =============== ======================
-tokens grouped  experts touched gather + bmm (see below)
-====== ======== =============== ======================
-1      15.6     8               115
-4      60.5     30              461
-8      94.7     51              995
-32     254      112             --
-====== ======== =============== ======================
+What they cost at decoding batch sizes (measured on the CPU, one torch
+thread, hidden 2048, 128 experts, moe_intermediate 768, top-8, random router
+weights; milliseconds per MoE layer, median of 7, both in one run; outputs
+equal bit for bit):
+
+====== =============== =============== ===============
+tokens float32 looped  bf16 looped     experts touched
+       / stacked       / stacked
+====== =============== =============== ===============
+1      11.5 / 10.5     8.9 / 8.2       8
+4      41.9 / 38.4     32.1 / 28.0     30
+8      75.2 / 68.0     57.9 / 50.8     51
+32     178.3 / 161.8   129.5 / 115.9   112
+====== =============== =============== ===============
 
 Decoding is bound by reading expert weights (8 experts x 3 matrices x 1.5 M
-values = 150 MB per layer per token at float32, ~10 GB/s here): the cost
-tracks the number of touched experts, which grows sub-linearly with the batch
-(a random router spreads 8 tokens over ~51 of 128 experts), so batching
-decodes still pays. The per-expert Python and small-op overhead is about
-0.1 ms per touched expert (measured with tiny experts), a few percent of the
-total.
+values = 150 MB per layer per token at float32): the cost tracks the number
+of touched experts, which grows sub-linearly with the batch (a random router
+spreads 8 tokens over ~51 of 128 experts), so batching decodes still pays.
 
-The alternative considered for tiny batches was to gather the k chosen
-experts' weight matrices per token (from stacked ``[E, I, H]`` tensors) and
-run one batched matmul. It is 7-10x slower on the CPU: gathering copies the
-same bytes the grouped path only reads, and the grouped path already reads
-each chosen matrix exactly once; it would also need the experts stored
-stacked, unlike the checkpoint. So the grouped path serves every batch size.
+Gathering each token's k expert matrices out of the stack and running one
+batched product was measured too and rejected: 7-10x slower on the CPU, as
+the gather copies the very bytes a grouped product only reads.
 """
 
 from __future__ import annotations
@@ -53,6 +62,16 @@ from torch import nn
 from omni_qwen3_tts.layers import SwiGLU
 
 from ..config import TextConfig
+from .expert_stack import (
+    STACK_CHECK,
+    ensure_stacked,
+    graph_capturable,
+    grouped_product_runs,
+    lies_stacked,
+    stack_experts,
+    stackable,
+    stacked_views,
+)
 
 
 class SparseMoE(nn.Module):
@@ -85,13 +104,65 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(x.dtype), experts
 
-    # Routing reads expert counts on the host: a compiled decode step runs it eagerly
-    # (one clean graph break) instead of recompiling for every count.
-    @torch.compiler.disable
+    def uses_stack(self) -> bool:
+        """Whether this call runs the grouped product over stacked experts (:mod:`.expert_stack`).
+
+        Outside a compiled trace this looks at the experts (two address reads
+        when nothing changed) and stacks them if they may be; inside one it
+        keeps the answer found before tracing (:func:`stack_mixtures`).
+        """
+        weight = self.experts[0].gate_proj.weight
+        tracing = torch.compiler.is_compiling()
+        if not grouped_product_runs(weight.device, weight.dtype, tracing):
+            return False
+        if tracing:
+            check = self.__dict__.get(STACK_CHECK)
+            return check is not None and check.stacked
+        return ensure_stacked(self, self.experts)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., H]`` -> same shape: the routed mixture of expert outputs."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
+        if self.uses_stack():
+            return self._stacked(flat).view(shape)
+        return self._looped(flat).view(shape)
+
+    def _stacked(self, flat: torch.Tensor) -> torch.Tensor:
+        """Every (token, expert) pair in three grouped products, with nothing read on the host.
+
+        Pairs are sorted by expert (stably, so each expert's tokens keep
+        their order) and each expert's group ends where ``searchsorted``
+        says, on the device; the outputs are summed as the release sums
+        them (:func:`sum_in_expert_order`), so on the CPU the results equal
+        :meth:`_looped`'s bit for bit wherever the elementwise kernels meet
+        no SIMD tail in either (expert widths such as the release's 768;
+        an odd tiny width differs in the last bit).
+        """
+        weights, experts = self.route(flat)
+        pairs = experts.reshape(-1)  # pair p = token * k + slot
+        by_expert, order = pairs.sort(stable=True)
+        ids = torch.arange(self.num_experts, device=flat.device, dtype=by_expert.dtype)
+        ends = torch.searchsorted(by_expert, ids, right=True).to(torch.int32)
+        tokens = order // self.top_k
+        gate_up, down = stacked_views(self.experts)
+        inner = down.shape[-1]
+        picked = flat.index_select(0, tokens)
+        # gate and up as two products, as the per-expert layers compute them: one
+        # product over both would pick other kernels and round float32 differently
+        gate = F.grouped_mm(picked, gate_up[:, :inner].transpose(1, 2), offs=ends)
+        up = F.grouped_mm(picked, gate_up[:, inner:].transpose(1, 2), offs=ends)
+        hidden = F.silu(gate) * up
+        outputs = F.grouped_mm(hidden, down.transpose(1, 2), offs=ends)
+        weighted = outputs * weights.reshape(-1).index_select(0, order)[:, None]
+        return sum_in_expert_order(weighted, order, experts)
+
+    # The loop reads expert counts on the host: a compiled decode step runs it eagerly
+    # (one clean graph break) instead of recompiling for every count.
+    @torch.compiler.disable
+    def _looped(self, flat: torch.Tensor) -> torch.Tensor:
+        """One product per touched expert: experts that cannot be stacked (int8 layers,
+        widths the grouped product refuses, a leader's unstacked shared weights)."""
         weights, experts = self.route(flat)
         out = torch.zeros_like(flat)
         assigned = experts.reshape(-1)  # pair p = token * k + slot
@@ -109,7 +180,57 @@ class SparseMoE(nn.Module):
             tokens = pairs // self.top_k
             rows = self.experts[expert](flat.index_select(0, tokens))
             out.index_add_(0, tokens, rows * pair_weights.index_select(0, pairs)[:, None])
-        return out.view(shape)
+        return out
+
+
+def sum_in_expert_order(
+    weighted: torch.Tensor, order: torch.Tensor, experts: torch.Tensor
+) -> torch.Tensor:
+    """Each token's ``k`` weighted expert outputs summed as the release sums them.
+
+    ``weighted`` ``[N * k, H]``: row ``i`` belongs to pair ``order[i]``
+    (token ``p // k``, slot ``p % k``); ``experts`` ``[N, k]``: each pair's
+    expert. The release adds a token's outputs one expert at a time in
+    ascending expert order, rounding after each add; a single ``index_add_``
+    over all pairs would not (in bfloat16 it accumulates duplicate rows more
+    precisely on the CPU, and by atomics in no fixed order on a GPU). So the
+    rows go back to pair order, each token's slots are put in expert order,
+    and ``k`` plain adds run: the same roundings in every dtype, the same
+    result every run, nothing read on the host.
+    """
+    top_k, width = experts.shape[-1], weighted.shape[-1]
+    by_pair = torch.empty_like(weighted).index_copy_(0, order, weighted).view(-1, top_k, width)
+    ranks = experts.argsort(dim=-1, stable=True)
+    ordered = by_pair.gather(1, ranks[..., None].expand(-1, -1, width))
+    total = ordered[:, 0]
+    for slot in range(1, top_k):
+        total = total + ordered[:, slot]
+    return total
+
+
+def stack_mixtures(module: nn.Module, *, copy: bool = True) -> tuple[int, int]:
+    """Stack the experts of every mixture in ``module`` that can be; (stacked, mixtures).
+
+    ``copy=False`` (a module just built, its weights not yet filled) lays
+    out the stacks without touching their memory. Step models call it
+    before compiling or capturing, so that a trace sees the stacked path.
+    """
+    stacked = total = 0
+    for sub in module.modules():
+        if not isinstance(sub, SparseMoE):
+            continue
+        total += 1
+        if not copy and stackable(sub.experts) and not lies_stacked(sub.experts):
+            stack_experts(sub.experts, copy=False)
+        stacked += sub.uses_stack()
+    return stacked, total
+
+
+def mixtures_capturable(module: nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether every mixture in ``module`` runs without a host read, so that a step
+    holding them can be captured as a CUDA graph (stacks them first)."""
+    stacked, total = stack_mixtures(module)
+    return stacked == total and (total == 0 or graph_capturable(device, dtype))
 
 
 def make_mlp(cfg: TextConfig, layer: int) -> nn.Module:

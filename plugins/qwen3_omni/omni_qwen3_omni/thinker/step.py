@@ -30,6 +30,7 @@ from omni_qwen3_tts.layers import causal_mask
 from omni_qwen3_tts.talker import SlotStore
 
 from ..config import TextConfig
+from .moe import mixtures_capturable
 
 
 class ThinkerStepModel:
@@ -153,12 +154,15 @@ class ThinkerStepModel:
         A batch with a spoken request also returns layer 0 and its
         ``accept_hidden_layer`` rows, a different graph; the layers the stage
         will ask for are in :attr:`expected_captures` (set before the engine
-        starts), so both are compiled at start-up. The sparse experts route on
-        the host, so they run eagerly between the compiled parts, and the
-        step is never captured as a CUDA graph.
+        starts), so both are compiled at start-up. The sparse experts are
+        stacked first (``moe.stack_mixtures``) and run as grouped products
+        that read nothing on the host, so on a GPU whose grouped kernel is
+        fused (bf16, Hopper or Blackwell) the step is captured as a CUDA
+        graph; elsewhere the experts loop on the host between the compiled
+        parts and the step is not captured.
         """
         cfg = self.config
-        dense = not any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+        graph_safe = mixtures_capturable(self.lm, self.device, self.dtype)
         self._static = {}
         for accept in (None, *self.expected_captures):
             layers = None if accept is None else frozenset({0, accept})
@@ -169,7 +173,7 @@ class ThinkerStepModel:
                 hidden=cfg.hidden_size,
                 dtype=self.dtype,
                 rope_streams=3,
-                graph_safe=dense,
+                graph_safe=graph_safe,
             )
 
     def _static_decode(

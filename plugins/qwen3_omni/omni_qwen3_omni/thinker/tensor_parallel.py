@@ -16,10 +16,10 @@ layer (the experts' partial outputs are summed locally, in the release's
 ascending expert order, and reduced once, see :class:`AllReduceOutput`), the
 router stays replicated (every rank routes the same tokens identically: the
 hidden states entering it are equal after the attention's all-reduce), and
-the checkpoint's per-expert layout loads unchanged. The cost: the per-expert
-Python overhead (about 0.1 ms per touched expert, see ``moe.py``) is paid on
-every rank, which matters only for tiny experts. ``moe_intermediate_size``
-must divide by ``tp_size``.
+the checkpoint's per-expert layout loads unchanged. Each rank's shards are
+stacked again at its first step (``expert_stack``), so every rank runs its
+experts as grouped products. ``moe_intermediate_size`` must divide by
+``tp_size``.
 
 Rank 0 keeps the embeddings and the language-model head (it embeds the
 prompt and samples); the other ranks drop them, since they only ever run the

@@ -1,0 +1,224 @@
+"""Stacked experts: one grouped product per mixture, equal to the per-expert loop, laid out
+where loading, weight sharing and the step models expect it (tiny sizes, CPU)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from omni_core.engine import mapped  # noqa: E402
+from omni_core.engine.quantize import quantize_linear_weights  # noqa: E402
+from omni_core.runtime.weight_share import host  # noqa: E402
+from omni_qwen3_omni.loading import construct  # noqa: E402
+from omni_qwen3_omni.thinker import expert_stack  # noqa: E402
+from omni_qwen3_omni.thinker.expert_stack import lies_stacked, stacked_views  # noqa: E402
+from omni_qwen3_omni.thinker.moe import (  # noqa: E402
+    SparseMoE,
+    mixtures_capturable,
+    stack_mixtures,
+    sum_in_expert_order,
+)
+
+torch.set_num_threads(1)
+
+HIDDEN, INNER, EXPERTS, TOP_K = 32, 32, 6, 2  # rows of 32 values: no SIMD tail
+
+
+def _moe(seed: int = 0, norm: bool = True, dtype: torch.dtype = torch.float32) -> SparseMoE:
+    moe = SparseMoE(HIDDEN, INNER, EXPERTS, TOP_K, norm).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in moe.named_parameters():
+            scale = 0.5 if name == "gate.weight" else 0.2
+            p.copy_(scale * torch.randn(p.shape, generator=gen))
+    return moe.to(dtype)
+
+
+def _tokens(count: int, dtype: torch.dtype = torch.float32, seed: int = 1) -> torch.Tensor:
+    return torch.randn(count, HIDDEN, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("count", [1, 3, 8, 17])
+def test_stacked_equals_the_loop_bit_for_bit_in_float32(norm, count):
+    moe = _moe(seed=count, norm=norm)
+    x = _tokens(count)
+    with torch.no_grad():
+        looped = moe._looped(x)
+        assert moe.uses_stack() and lies_stacked(moe.experts)
+        assert torch.equal(moe(x), looped)
+
+
+def test_stacked_is_close_to_the_loop_in_bfloat16():
+    moe = _moe(dtype=torch.bfloat16)
+    x = _tokens(9, torch.bfloat16)
+    with torch.no_grad():
+        looped = moe._looped(x)
+        assert moe.uses_stack()
+        torch.testing.assert_close(moe(x), looped, rtol=2e-2, atol=2e-2)
+
+
+def test_outputs_are_summed_in_ascending_expert_order_with_a_rounding_per_add():
+    """As the release sums: one bfloat16 rounding after each expert, lowest expert first
+    (one ``index_add_`` over every pair would round once on the CPU)."""
+    gen = torch.Generator().manual_seed(5)
+    tokens, width = 7, HIDDEN
+    experts = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(tokens)])
+    pairs = experts.reshape(-1)
+    order = pairs.argsort(stable=True)
+    weighted = (10 * torch.randn(tokens * TOP_K, width, generator=gen)).bfloat16()
+    want = torch.zeros(tokens, width, dtype=torch.bfloat16)
+    for row, pair in enumerate(order.tolist()):  # rows come in ascending expert order
+        want[pair // TOP_K] += weighted[row]
+    assert torch.equal(sum_in_expert_order(weighted, order, experts), want)
+
+
+def test_the_stacked_path_reads_nothing_on_the_host():
+    """On the meta device any host read (``.tolist()``, ``.item()``) raises: the loop
+    does, the stacked path, routing and offsets included, does not."""
+    moe = SparseMoE(HIDDEN, INNER, EXPERTS, TOP_K).to("meta", torch.bfloat16)
+    x = torch.empty(5, HIDDEN, device="meta", dtype=torch.bfloat16)
+    assert moe.uses_stack()
+    assert moe(x).shape == (5, HIDDEN)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        moe._looped(x)
+
+
+def test_construct_lays_out_the_stacks_and_loading_by_name_fills_them():
+    built = construct(lambda: SparseMoE(HIDDEN, INNER, EXPERTS, TOP_K), "cpu", torch.float32)
+    assert lies_stacked(built.experts)
+    source = _moe(seed=4)
+    state = {k: v.clone() for k, v in source.state_dict().items()}
+    assert set(built.state_dict()) == set(state)  # the release's names, nothing added
+    assert "experts.3.up_proj.weight" in state
+    built.load_state_dict(state)
+    gate_up, down = stacked_views(built.experts)
+    assert torch.equal(gate_up[3, INNER:], state["experts.3.up_proj.weight"])
+    assert torch.equal(down[5], state["experts.5.down_proj.weight"])
+    x = _tokens(4)
+    with torch.no_grad():
+        assert torch.equal(built(x), source._looped(x))
+
+
+def test_weights_replaced_after_stacking_are_stacked_again():
+    moe = _moe()
+    x = _tokens(6)
+    with torch.no_grad():
+        moe(x)
+        assert lies_stacked(moe.experts)
+        moe.to(torch.bfloat16)  # converts each weight on its own: the views are gone
+        assert not lies_stacked(moe.experts)
+        looped = moe._looped(x.bfloat16())
+        out = moe(x.bfloat16())
+    assert lies_stacked(moe.experts)
+    torch.testing.assert_close(out, looped, rtol=2e-2, atol=2e-2)
+
+
+def test_shared_stacked_weights_are_adopted_in_place():
+    """A weight-sharing leader publishes the stacks; its mapped views still lie stacked."""
+    leader = construct(lambda: SparseMoE(HIDDEN, INNER, EXPERTS, TOP_K), "cpu", torch.float32)
+    leader.load_state_dict(_moe(seed=2).state_dict())
+    x = _tokens(5)
+    with torch.no_grad():
+        want = leader._looped(x)
+    manifest, fd, mapping = host.publish(leader)
+    try:
+        follower = SparseMoE(HIDDEN, INNER, EXPERTS, TOP_K).eval()
+        follower_map = host.attach(follower, manifest, os.dup(fd), "test")
+        gate = follower.experts[0].gate_proj.weight
+        assert mapped.is_mapped(gate) and lies_stacked(follower.experts)
+        with torch.no_grad():
+            assert follower.uses_stack() and torch.equal(follower(x), want)
+        assert follower.experts[0].gate_proj.weight.data_ptr() == gate.data_ptr()  # no copy
+        mapped.remove_range(follower_map.address)  # its address may be reused by later tests
+    finally:
+        os.close(fd)
+        mapped.remove_range(mapping.address)
+
+
+def test_shared_unstacked_weights_are_never_copied():
+    """A copy per follower would undo weight sharing: such experts keep the loop."""
+    leader = _moe(seed=3)  # never run, so never stacked
+    x = _tokens(5)
+    with torch.no_grad():
+        want = leader._looped(x)
+    _, fd, mapping = host.publish(leader)
+    try:
+        assert not lies_stacked(leader.experts) and not expert_stack.may_copy(leader.experts)
+        with torch.no_grad():
+            assert not leader.uses_stack() and torch.equal(leader(x), want)
+        assert not lies_stacked(leader.experts)
+    finally:
+        os.close(fd)
+        mapped.remove_range(mapping.address)
+
+
+def test_int8_experts_and_unaligned_widths_keep_the_loop():
+    quantized = _moe(dtype=torch.bfloat16)
+    x = _tokens(4, torch.bfloat16)
+    with torch.no_grad():
+        want = quantized(x)
+    quantize_linear_weights(quantized)
+    assert not quantized.uses_stack()
+    with torch.no_grad():
+        torch.testing.assert_close(quantized(x), want, rtol=0.1, atol=0.1)
+    narrow = SparseMoE(HIDDEN, 12, EXPERTS, TOP_K).to(torch.bfloat16)  # rows of 24 bytes
+    assert not narrow.uses_stack() and not lies_stacked(narrow.experts)
+
+
+def test_graphs_are_planned_only_where_the_grouped_kernel_is_fused(monkeypatch):
+    moe = _moe(dtype=torch.bfloat16)
+    dense = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    cpu = torch.device("cpu")
+    assert mixtures_capturable(dense, cpu, torch.bfloat16)  # nothing routes on the host
+    assert not mixtures_capturable(moe, cpu, torch.bfloat16)  # torch loops over groups here
+    assert lies_stacked(moe.experts)  # stacked on the way, before any trace
+    assert not expert_stack.graph_capturable(cpu, torch.bfloat16)
+    assert stack_mixtures(dense) == (0, 0) and stack_mixtures(moe) == (1, 1)
+    from omni_qwen3_omni.thinker import moe as moe_module
+
+    # as on a Hopper GPU, where the grouped kernel reads its offsets on the device
+    monkeypatch.setattr(moe_module, "graph_capturable", lambda device, dtype: True)
+    assert mixtures_capturable(moe, cpu, torch.bfloat16)
+    quantize_linear_weights(moe)
+    assert not mixtures_capturable(moe, cpu, torch.bfloat16)  # int8 experts loop
+
+
+class _RecordingContext:
+    """Stands in for the engine's static context: records what each step asks for."""
+
+    def __init__(self):
+        self.graph_safe: dict[str, bool] = {}
+
+    def decoder(self, name, step, **options):
+        self.graph_safe[name] = options["graph_safe"]
+        return None
+
+
+@pytest.mark.parametrize("capturable", [False, True])
+def test_loaded_parts_lie_stacked_and_the_steps_plan_graphs_from_them(monkeypatch, capturable):
+    from omni_qwen3_omni.loading import load_part, read_raw_config
+    from omni_qwen3_omni.talker.config import TalkerConfig
+    from omni_qwen3_omni.talker.step import TalkerStepModel
+    from omni_qwen3_omni.thinker import moe as moe_module
+    from omni_qwen3_omni.thinker.step import ThinkerStepModel
+
+    monkeypatch.setattr(moe_module, "graph_capturable", lambda device, dtype: capturable)
+    cpu = torch.device("cpu")
+    lm, config, root = load_part("tiny", "thinker", "dummy", "float32", "cpu")
+    talker = load_part("tiny", "talker_ar", "dummy", "float32", "cpu")[0]
+    for part in (lm, talker):
+        mixtures = [m for m in part.modules() if isinstance(m, SparseMoE)]
+        assert mixtures and all(lies_stacked(m.experts) for m in mixtures)
+    context = _RecordingContext()
+    thinker = ThinkerStepModel(lm, config.text, eos_ids=set(), device=cpu, dtype=torch.float32)
+    thinker.prepare_static(context)
+    step = TalkerStepModel(
+        talker, TalkerConfig.from_dict(read_raw_config(root)), device=cpu, dtype=torch.float32
+    )
+    monkeypatch.setattr(talker.code_predictor, "prepare_static", lambda *args: None)
+    step.prepare_static(context)
+    assert context.graph_safe == {"thinker": capturable, "talker": capturable}
