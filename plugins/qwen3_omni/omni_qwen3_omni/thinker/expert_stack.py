@@ -25,6 +25,7 @@ frees the old stack instead of keeping it alive behind a cache.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -194,14 +195,19 @@ def ensure_stacked(holder: nn.Module, experts: nn.ModuleList) -> bool:
 
 
 def grouped_product_runs(device: torch.device, dtype: torch.dtype, tracing: bool) -> bool:
-    """Whether ``torch.nn.functional.grouped_mm`` takes these weights here.
+    """Whether the stacked path serves here, ``torch.nn.functional.grouped_mm`` taking
+    these weights and gaining over the loop.
 
-    On the CPU its loop over groups takes any float dtype; on CUDA (and in
-    a compiled trace, whose shape checks follow the CUDA kernel's) only
-    bfloat16.
+    On the CPU its loop over groups takes any float dtype (in a compiled
+    trace, whose shape checks follow the CUDA kernel's, bfloat16 only). On
+    CUDA only where its kernel is fused (:func:`graph_capturable`): elsewhere
+    it copies the offsets to the host at each of a layer's three products,
+    three waits where the loop has one.
     """
     if device.type == "cpu" and not tracing:
         return dtype.is_floating_point
+    if device.type == "cuda":
+        return graph_capturable(device, dtype)
     return dtype == torch.bfloat16
 
 
@@ -215,4 +221,10 @@ def graph_capturable(device: torch.device, dtype: torch.dtype) -> bool:
     """
     if device.type != "cuda" or dtype != torch.bfloat16:
         return False
-    return torch.cuda.get_device_capability(device)[0] in (9, 10)
+    index = torch.device(device).index
+    return _fused_kernel(torch.cuda.current_device() if index is None else index)
+
+
+@functools.cache
+def _fused_kernel(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] in (9, 10)

@@ -25,8 +25,8 @@ memory once per call however many tokens chose it. Two ways run that:
   counts on the host (one device synchronisation per layer). It serves the
   experts that are not plain layers (int8, and the CPU's bf16 ``RowLinear``,
   faster at one row), widths whose rows are not a multiple of 16 bytes, a
-  leader's shared weights laid out unstacked, and a GPU dtype the grouped
-  kernel refuses.
+  leader's shared weights laid out unstacked, and GPUs or dtypes where
+  torch's grouped kernel is not fused (it would read offsets on the host).
 
 What they cost at decoding batch sizes (measured on the CPU, one torch
 thread, hidden 2048, 128 experts, moe_intermediate 768, top-8, random router
