@@ -222,3 +222,16 @@ def test_loaded_parts_lie_stacked_and_the_steps_plan_graphs_from_them(monkeypatc
     monkeypatch.setattr(talker.code_predictor, "prepare_static", lambda *args: None)
     step.prepare_static(context)
     assert context.graph_safe == {"thinker": capturable, "talker": capturable}
+
+
+def test_a_stack_first_made_inside_a_step_still_takes_new_weights():
+    """Engines step in inference mode; a stack made there must not be an inference tensor,
+    which a later ``load_state_dict`` could not write."""
+    moe = _moe(seed=6)
+    state = {k: v.clone() for k, v in _moe(seed=7).state_dict().items()}
+    with torch.inference_mode():
+        moe(_tokens(3))
+    assert lies_stacked(moe.experts)
+    moe.load_state_dict(state)
+    gate_up, _ = stacked_views(moe.experts)
+    assert torch.equal(gate_up[2, :INNER], state["experts.2.gate_proj.weight"])

@@ -150,8 +150,11 @@ def stack_experts(experts: nn.ModuleList, *, copy: bool = True) -> None:
     gate = weights[0][0]
     inner, hidden = gate.shape
     count = len(experts)
-    gate_up = torch.empty(count, 2 * inner, hidden, dtype=gate.dtype, device=gate.device)
-    down = torch.empty(count, hidden, inner, dtype=gate.dtype, device=gate.device)
+    # Normal tensors even when first stacked inside a step's inference mode, so that a
+    # later load_state_dict may still write into them.
+    with torch.inference_mode(False):
+        gate_up = torch.empty(count, 2 * inner, hidden, dtype=gate.dtype, device=gate.device)
+        down = torch.empty(count, hidden, inner, dtype=gate.dtype, device=gate.device)
     for index, (expert, (g, u, d)) in enumerate(zip(experts, weights, strict=True)):
         if copy:
             gate_up[index, :inner].copy_(g)
