@@ -94,7 +94,8 @@ def construct(factory: Callable[[], nn.Module], device: torch.device, dtype: tor
     # loading by name fills the stacks, and a weight-sharing leader publishes them stacked.
     from .thinker.moe import stack_mixtures
 
-    if stack_mixtures(module, copy=False)[0] and torch.device(device).type == "cuda":
+    _, mixtures = stack_mixtures(module, copy=False)
+    if mixtures and torch.device(device).type == "cuda":
         # the per-expert blocks just freed would stay reserved by torch's caching
         # allocator (a layer's experts, 1.2 GB in the 30B's bf16) and shrink the KV cache
         torch.cuda.empty_cache()
