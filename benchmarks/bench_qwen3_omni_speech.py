@@ -403,6 +403,30 @@ def precision(args: argparse.Namespace) -> str:
     return said
 
 
+def whole_log(child: Any) -> str:
+    """A stage process's whole log (its startup lines are long gone from the tail)."""
+    try:
+        return Path(child.log_path).read_text(errors="replace")
+    except OSError:
+        return child.log_tail()  # a process another host runs: what it sends back
+
+
+def engine_lines(log: str) -> list[str]:
+    """What a stage process's engine said of its static steps: compiled or captured buckets,
+    how long they took, and why one was not captured (its ``engine:`` log lines)."""
+    return [line.strip() for line in log.splitlines() if line.startswith("engine:")]
+
+
+def engine_report(ours: dict[str, Any]) -> str | None:
+    """Each engine stage's static decode steps as its log told them, or None (all eager)."""
+    lines = [
+        f"  {name}: {line.removeprefix('engine: ')}"
+        for name, said in ours["engine"].items()
+        for line in said
+    ]
+    return "static decode steps, as each stage's log says:\n" + "\n".join(lines) if lines else None
+
+
 async def measure_ours(
     base: Path,
     args: argparse.Namespace,
@@ -461,6 +485,7 @@ async def measure_ours(
             if count == 1:
                 first = done[0]
         memory = {name: process_status(pid) for name, pid in pids.items()}
+        engine = {name: engine_lines(whole_log(child)) for name, child in runtime.children.items()}
     return {
         "up_s": up_s,
         "warmup_s": warm.wall_s,
@@ -468,6 +493,7 @@ async def measure_ours(
         "levels": levels,
         "cpu": cpu,
         "first": first,
+        "engine": {name: lines for name, lines in engine.items() if lines},
         "memory": memory,
         "resolved": resolved,
     }
@@ -503,6 +529,8 @@ def report_ours(args: argparse.Namespace, ours: dict[str, Any]) -> None:
         f"({ours['warmed']} untimed requests in all)"
     )
     print(resolved_line(ours))
+    if engine_report(ours):
+        print(engine_report(ours))
     print(f"{'c':>3} {'first audio s':>13} {'RTF':>6} {'audio s/s':>9} {'frames':>7}")
     for level in ours["levels"]:
         ttfa = statistics.mean(a.ttfa_s for a in level.answers)
@@ -535,6 +563,8 @@ def report(args: argparse.Namespace, reference: dict[str, Any], ours: dict[str, 
         f"counting the checkpoint pages each mapped while loading: {gib(peaks)})"
     )
     print(resolved_line(ours))
+    if engine_report(ours):
+        print(engine_report(ours))
     print(
         "\ntime to first audio (s, mean / max over the level's requests), real-time factor "
         "(wall / audio s, mean), throughput (audio s per wall s):"

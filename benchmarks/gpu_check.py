@@ -39,7 +39,10 @@ printed as skipped, never silently dropped:
    0.6B is also run once at c=8 under torch.profiler (``gpu_profile.py``):
    kernel launches, graph replays, host waits and copies per engine step,
    and the operators that took the most GPU time, printed above the table;
-   ``--budget-scale 2`` gives every phase twice the time.
+   Qwen3-Omni's row comes with what each engine stage's log said of its static
+   steps (which buckets were captured as CUDA graphs, how long that took, and
+   why a step was not captured). ``--budget-scale 2`` gives every phase twice
+   the time.
 
 The table is printed beside the peers' published figures and written as JSON
 to ``--out``, rewritten after each phase and each measured model (``"finished":
@@ -140,7 +143,9 @@ class Report:
     failed: list[str] = field(default_factory=list)
     out: Path | None = None  # --out: rewritten after each phase and each measured model
     finished: bool = False
-    profiles: dict[str, str] = field(default_factory=dict)  # model -> gpu_profile.summary
+    # model -> what its run said of itself: Qwen3-TTS's gpu_profile.summary, Qwen3-Omni's
+    # engine stages' static steps (captured as CUDA graphs or not, and why)
+    profiles: dict[str, str] = field(default_factory=dict)
 
     def skip(self, what: str) -> None:
         self.skipped.append(what)
@@ -375,7 +380,8 @@ def measure_qwen3_tts(
     where = None
     if profile:
         width = min(PROFILE_AT, max(levels))
-        where = f"at c={width}, {min(frames, 16)} frames a request:\n"
+        where = f"where the time goes (torch.profiler, gpu_profile.py) at c={width}, "
+        where += f"{min(frames, 16)} frames a request:\n"
         try:  # the rows above are the figures: a profiler that breaks must not lose them
             where += anyio.run(bench.profiled_level, model, min(frames, 16), width)
         except Exception as exc:
@@ -422,8 +428,9 @@ def torch_index(device: str) -> int:
     return int(device.split(":", 1)[1]) if ":" in device else 0
 
 
-def measure_qwen3_omni(device: str, levels: list[int], smoke: bool) -> list[Row]:
-    """Qwen3-Omni answering in speech through its whole graph, planned onto one device."""
+def measure_qwen3_omni(device: str, levels: list[int], smoke: bool) -> tuple[list[Row], str | None]:
+    """Qwen3-Omni answering in speech through its whole graph, planned onto one device;
+    with what its engine stages said of their static steps (CUDA graphs captured or not)."""
     import anyio
     import bench_qwen3_omni_speech as bench
 
@@ -468,7 +475,7 @@ def measure_qwen3_omni(device: str, levels: list[int], smoke: bool) -> list[Row]
                 rtf=statistics.mean(a.wall_s / a.audio_s for a in answers),
             )
         )
-    return rows
+    return rows, bench.engine_report(ours)
 
 
 def release_omni_checkpoint(bench: Any, root: Path) -> Path:
@@ -498,7 +505,7 @@ def measure(name: str, device: str, levels: list[int], smoke: bool) -> tuple[lis
     if name == "moss-tts-8b":
         return measure_moss(device, levels, frames, smoke), None
     if name == "qwen3-omni-30b-a3b":
-        return measure_qwen3_omni(device, levels, smoke), None
+        return measure_qwen3_omni(device, levels, smoke)
     raise SystemExit(f"gpu_check: no model {name!r}; known: {', '.join(RELEASE_MODELS)}")
 
 
@@ -543,7 +550,7 @@ def phase_throughput(
 
 def print_table(report: Report) -> None:
     for model, text in report.profiles.items():
-        print(f"\nwhere the time goes, {model} (torch.profiler, gpu_profile.py): {text}")
+        print(f"\n{model}, {text}")
     print(f"\nthroughput, first audio and RTF on {report.device} (dummy weights):")
     head = f"{'model':<20} {'c':>3} {'audio s/s':>10} {'first audio ms':>15} {'RTF':>7}  note"
     print(head)

@@ -44,7 +44,7 @@ def test_gpu_check_smoke_runs_every_phase_on_the_cpu(run_smoke, short_tmp):
     profile = doc["profiles"]["Qwen3-TTS tiny"]
     assert re.search(r"per engine step \(\d+ steps\): [\d.]+ kernel launches", profile)
     assert "Self CPU" in profile and "aten::" in profile, profile
-    assert "where the time goes, Qwen3-TTS tiny" in ran.stdout
+    assert "Qwen3-TTS tiny, where the time goes (torch.profiler" in ran.stdout
 
 
 def test_a_measuring_child_imports_no_pytest(run_smoke, short_tmp):
@@ -55,7 +55,10 @@ def test_a_measuring_child_imports_no_pytest(run_smoke, short_tmp):
     assert ran.returncode == 0, ran.stderr[-3000:]
     measured = json.loads(out.read_text())
     assert [r["concurrency"] for r in measured["rows"]] == [1, 2]
-    assert measured["profile"].startswith("at c=2, 4 frames a request:\nper engine step")
+    assert measured["profile"].startswith(
+        "where the time goes (torch.profiler, gpu_profile.py) at c=2, 4 frames a request:\n"
+        "per engine step"
+    )
 
 
 def _gpu_check(*args: str) -> subprocess.CompletedProcess[str]:

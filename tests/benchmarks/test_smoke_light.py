@@ -110,3 +110,40 @@ def test_prepacking_without_compiling_is_a_usage_error(run_smoke, script) -> Non
     ran = run_smoke(script, "--cpu-weight-prepack")
     assert ran.returncode == 2, ran.stderr
     assert "--cpu-weight-prepack packs weights into compiled steps: add --compile" in ran.stderr
+
+
+def test_the_speech_benchmark_reports_what_each_engine_stage_said_of_its_static_steps(
+    tmp_path, monkeypatch
+):
+    """The GPU check's Qwen3-Omni row says whether the thinker and talker were captured:
+    the ``engine:`` lines of each stage's whole log (the startup lines leave the tail)."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_qwen3_omni_speech as bench
+
+    log = tmp_path / "thinker.log"
+    startup = "engine: CUDA graphs for batch sizes 1, 2: thinker ready in 3.1 s"
+    log.write_text(f"loading\n{startup}\n" + "served a request\n" * 50)
+
+    class Child:
+        log_path = str(log)
+
+        def log_tail(self) -> str:
+            raise AssertionError("the whole log is there to read")
+
+    class Remote:
+        log_path = str(tmp_path / "absent.log")
+
+        def log_tail(self) -> str:
+            return "engine: eager decode (engine.disable_cuda_graph)\nother"
+
+    said = {"thinker": bench.engine_lines(bench.whole_log(Child()))}
+    said["talker_ar"] = bench.engine_lines(bench.whole_log(Remote()))
+    said["decode"] = bench.engine_lines("no engine here")
+    assert said["thinker"] == [startup]
+    assert said["talker_ar"] == ["engine: eager decode (engine.disable_cuda_graph)"]
+    text = bench.engine_report({"engine": {k: v for k, v in said.items() if v}})
+    assert text is not None
+    assert "  thinker: CUDA graphs for batch sizes 1, 2: thinker ready in 3.1 s" in text
+    assert bench.engine_report({"engine": {}}) is None
