@@ -235,3 +235,26 @@ def test_a_stack_first_made_inside_a_step_still_takes_new_weights():
     moe.load_state_dict(state)
     gate_up, _ = stacked_views(moe.experts)
     assert torch.equal(gate_up[2, :INNER], state["experts.2.gate_proj.weight"])
+
+
+def test_the_checkpoint_written_for_sglang_holds_each_stacked_expert_by_name():
+    """Dummy weights reach SGLang as a written checkpoint: views of one stack must be
+    saved as the release's separate tensors, each with its own values."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from omni_qwen3_omni.loading import load_part
+    from omni_qwen3_omni.thinker.sglang_adapter import write_checkpoint
+
+    lm, _, root = load_part("tiny", "thinker", "dummy", "float32", "cpu")
+    directory = write_checkpoint(lm, root)
+    try:
+        written = load_file(str(directory / "model.safetensors"))
+    finally:
+        shutil.rmtree(directory)
+    state = lm.state_dict()
+    assert set(written) == {f"thinker.{name}" for name in state}
+    assert all(torch.equal(written[f"thinker.{name}"], value) for name, value in state.items())
+    name = next(n for n in state if ".experts.1.up_proj." in n)
+    assert written[f"thinker.{name}"].shape == state[name].shape
