@@ -5,8 +5,8 @@ tokens each expert got (one device synchronisation per layer, 48 in a
 Qwen3-Omni thinker step) and launches a few kernels per touched expert, so
 on a GPU a decode step waits on the host and can never be captured as a CUDA
 graph. With the experts' weights stacked, ``torch.nn.functional.grouped_mm``
-multiplies every (token, expert) pair by its expert in one call from offsets
-that stay on the device (:mod:`.moe`).
+multiplies every (token, expert) pair by its expert, one call each for gate,
+up and down, from offsets that stay on the device (:mod:`.moe`).
 
 The layout: ``gate_up`` ``[E, 2I, H]`` (expert ``e``'s ``gate_proj`` rows,
 then its ``up_proj`` rows) and ``down`` ``[E, H, I]``. The experts keep their
