@@ -42,7 +42,9 @@ printed as skipped, never silently dropped:
    Qwen3-Omni's row comes with what each engine stage's log said of its static
    steps (which buckets were captured as CUDA graphs, how long that took, and
    why a step was not captured). ``--budget-scale 2`` gives every phase twice
-   the time.
+   the time; ``--models`` names the models to measure and their order (a lease
+   too short for all of them measures the one it is for first). A model killed
+   at the phase's deadline leaves the end of what it printed (how far it got).
 
 The table is printed beside the peers' published figures and written as JSON
 to ``--out``, rewritten after each phase and each measured model (``"finished":
@@ -510,11 +512,18 @@ def measure(name: str, device: str, levels: list[int], smoke: bool) -> tuple[lis
 
 
 def phase_throughput(
-    report: Report, clock: Clock, device: str, levels: list[int], smoke: bool
+    report: Report,
+    clock: Clock,
+    device: str,
+    levels: list[int],
+    smoke: bool,
+    models: tuple[str, ...] = RELEASE_MODELS,
 ) -> None:
-    models = RELEASE_MODELS
-    if smoke:  # each family once, tiny
-        models = tuple(m for m in RELEASE_MODELS if m != "qwen3-tts-1.7b")
+    for name in RELEASE_MODELS:
+        if name not in models:
+            report.skip(f"throughput: {LABELS[name]} (not asked for: --models)")
+    if smoke and "qwen3-tts-1.7b" in models:  # each family once, tiny
+        models = tuple(m for m in models if m != "qwen3-tts-1.7b")
         report.skip("throughput: Qwen3-TTS 1.7B (--smoke: each family once, tiny)")
     for name in models:
         if clock.left() < 15:
@@ -529,7 +538,9 @@ def phase_throughput(
                 done = subprocess.run(
                     argv, cwd=REPO, capture_output=True, text=True, timeout=clock.left()
                 )
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired as killed:
+                # what it printed before the kill says how far it got (loading, capture, a level)
+                print(said_before_kill(killed))
                 report.skip(f"throughput: {LABELS[name]} (killed: the phase's time ran out)")
                 continue
             if done.returncode != 0:
@@ -543,6 +554,16 @@ def phase_throughput(
             report.profiles[rows[0].model] = measured["profile"]
         report.save()
         print(f"  {LABELS[name]}: {len(rows)} levels in {time.monotonic() - started:.0f} s")
+
+
+def said_before_kill(killed: subprocess.TimeoutExpired, keep: int = 3000) -> str:
+    """The end of what a child killed at the phase's deadline wrote, indented."""
+    said = ""
+    for stream in (killed.stdout, killed.stderr):
+        if stream:
+            said += stream.decode(errors="replace") if isinstance(stream, bytes) else stream
+    tail = said[-keep:].strip() or "(nothing)"
+    return "  killed; its last output:\n" + "\n".join("    " + line for line in tail.splitlines())
 
 
 # -- the table ------------------------------------------------------------------------------
@@ -634,6 +655,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--budget-scale", type=float, default=1.0, help="multiply every phase's time budget"
     )
+    parser.add_argument(
+        "--models",
+        default=",".join(RELEASE_MODELS),
+        help="the throughput phase's models, measured in this order "
+        f"(default, cheapest first: {','.join(RELEASE_MODELS)})",
+    )
     parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)  # the child's job
     args = parser.parse_args()
     args.levels = [int(c) for c in (args.levels or ("1,2" if args.smoke else "1,8,32")).split(",")]
@@ -641,6 +668,11 @@ def parse_args() -> argparse.Namespace:
     unknown = sorted(set(args.phases) - set(PHASES))
     if unknown:
         parser.error(f"--phases: unknown {unknown}; choose from {', '.join(PHASES)}")
+    args.models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    unknown = sorted(set(args.models) - set(RELEASE_MODELS))
+    if unknown or not args.models:
+        said = f"unknown {', '.join(unknown)}" if unknown else "none named"
+        parser.error(f"--models: {said}; choose from {', '.join(RELEASE_MODELS)}")
     return args
 
 
@@ -672,7 +704,7 @@ def main() -> int:
         elif phase == "demos":
             phase_demos(report, clock, args.device, args.smoke)
         else:
-            phase_throughput(report, clock, args.device, args.levels, args.smoke)
+            phase_throughput(report, clock, args.device, args.levels, args.smoke, args.models)
         report.save()
     print_table(report)
     if report.skipped:

@@ -85,6 +85,8 @@ def test_without_a_cuda_device_it_fails_fast_with_exit_2():
         (("--device", "cpu"), "--device cpu runs only with --smoke"),
         (("--device", "tpu"), "use cuda, cuda:N, or cpu with --smoke"),
         (("--device", "cpu", "--smoke", "--phases", "tests,speed"), "--phases: unknown"),
+        (("--device", "cpu", "--smoke", "--models", "moss-tts-8b,gpt-4"), "unknown gpt-4"),
+        (("--device", "cpu", "--smoke", "--models", ","), "--models: none named"),
     ],
 )
 def test_usage_errors_exit_2_saying_what_to_do(args, said):
@@ -130,15 +132,9 @@ def _demos() -> list:
 def test_every_demo_plans_on_one_gpu_with_the_flags_the_check_serves_it_with(demo):
     """The demos phase puts each demo on GPU 0 in bf16: a demo whose config drifted from
     that would fail there, within a GPU lease; planned here against a declared H200."""
-    import importlib.util
     import shutil
 
-    script = demo.parents[1] / "benchmarks" / "gpu_check.py"
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", script)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    flags, api = module.demo_flags(demo, "cuda")
+    flags, api = _gpu_check_module().demo_flags(demo, "cuda")
     assert api and "--placement.policy" in flags
     omni = shutil.which("omni", path=str(Path(sys.executable).parent))
     assert omni is not None
@@ -151,3 +147,48 @@ def test_every_demo_plans_on_one_gpu_with_the_flags_the_check_serves_it_with(dem
     for stage in on_gpu:
         if f"--{stage}.factory.dtype" in flags:
             assert f"precision {stage}: bfloat16 (set)" in done.stdout
+
+
+def _gpu_check_module():
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_models_are_measured_in_the_order_asked_and_the_others_said_left_out():
+    """--models puts the model a short lease is for first; the phase's deadline (here spent
+    already) leaves each asked-for model out in that order, and the rest as not asked for."""
+    check = _gpu_check_module()
+    report = check.Report("cpu", smoke=False)
+    asked = ("qwen3-omni-30b-a3b", "moss-tts-8b")
+    check.phase_throughput(report, check.Clock(0), "cpu", [1], False, asked)
+    assert report.skipped == [
+        "throughput: Qwen3-TTS 0.6B (not asked for: --models)",
+        "throughput: Qwen3-TTS 1.7B (not asked for: --models)",
+        "throughput: Qwen3-Omni 30B-A3B (no time left in the phase)",
+        "throughput: MOSS-TTS 8B (no time left in the phase)",
+    ]
+    assert report.rows == [] and report.failed == []
+
+
+def test_a_model_killed_at_the_deadline_leaves_the_end_of_what_it_printed():
+    check = _gpu_check_module()
+    killed = subprocess.TimeoutExpired(
+        ["gpu_check.py", "--measure", "qwen3-omni-30b-a3b"],
+        60,
+        output=b"loading thinker\n" + b"x" * 5000 + b"\ncapturing bucket 8\n",
+        stderr=b"engine: capture of bs=8 took 3.1 s\n",
+    )
+    said = check.said_before_kill(killed, keep=200)
+    assert said.startswith("  killed; its last output:")
+    assert "capturing bucket 8" in said and "engine: capture of bs=8 took 3.1 s" in said
+    assert "loading thinker" not in said  # only the end is kept
+    assert all(line.startswith("    ") for line in said.splitlines()[1:])
+    nothing = subprocess.TimeoutExpired(["x"], 1, output=None, stderr=None)
+    assert check.said_before_kill(nothing).endswith("(nothing)")
