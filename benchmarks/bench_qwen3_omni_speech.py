@@ -441,6 +441,9 @@ async def measure_ours(
     from omni_core.harness import plan_on_cpu
     from omni_core.plugins import OmniPlugins
 
+    # every level's requests are in flight at once: the default admission limit (8) would
+    # refuse the rest of a wider level (the GPU check's c=32) as overloaded
+    flags = [*flags, "--runtime.max_inflight", str(max(8, *args.levels))]
     planned = plan_on_cpu(
         OmniPlugins(env={}), base, pipeline="qwen3-omni", deploy=deploy, flags=flags, policy=policy
     )

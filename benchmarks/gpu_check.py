@@ -45,6 +45,9 @@ printed as skipped, never silently dropped:
    the time; ``--models`` names the models to measure and their order (a lease
    too short for all of them measures the one it is for first). A model killed
    at the phase's deadline leaves the end of what it printed (how far it got).
+   With ``--out``, the tests' and each model's whole output is written beside it
+   (``gpu_check.tests.log``, ``gpu_check.<model>.log``): a lease returns files, and
+   a printed tail leaves off which tests failed and what an engine stage said.
 
 The table is printed beside the peers' published figures and written as JSON
 to ``--out``, rewritten after each phase and each measured model (``"finished":
@@ -153,6 +156,16 @@ class Report:
         self.skipped.append(what)
         print(f"  skipped: {what}", flush=True)
 
+    def keep_log(self, name: str, text: str) -> str:
+        """Write a phase's or a model's whole output beside ``--out`` (``gpu_check.NAME.log``),
+        so that what a printed tail leaves off (which tests failed, a child's engine lines)
+        still comes back from the lease; returns where, or "" without ``--out``."""
+        if self.out is None:
+            return ""
+        path = self.out.with_name(f"{self.out.stem}.{name}.log")
+        path.write_text(text)
+        return str(path)
+
     def save(self) -> None:
         """Write what is known so far: a run killed from outside (a lease's time limit)
         still leaves the phases and models it finished, marked ``"finished": false``."""
@@ -174,22 +187,31 @@ class Clock:
 
 
 def phase_tests(report: Report, clock: Clock, smoke: bool) -> None:
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m", "cuda"]
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", "-m", "cuda"]
+    argv += ["--tb=short"]
     # --smoke collects tests/cuda alone: the whole suite's collection takes longer than the rest
     argv += ["tests/cuda"] if smoke else ["tests", "plugins"]
     try:
         done = subprocess.run(
             argv, cwd=REPO, capture_output=True, text=True, timeout=max(clock.left(), 1.0)
         )
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as killed:
+        report.keep_log("tests", said_before_kill(killed, keep=10**7))
         report.skip(f"tests: pytest -m cuda did not finish in the phase's time ({argv[-1]})")
         report.phases["tests"] = {"status": "out of time"}
         return
+    kept = report.keep_log("tests", done.stdout + done.stderr)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", summary)}
     ok = done.returncode == 0 and counts.get("failed", 0) == 0 and counts.get("error", 0) == 0
-    print(f"  pytest -m cuda: {summary}")
+    print(f"  pytest -m cuda: {summary}" + (f" (whole output: {kept})" if kept else ""))
     if not ok:
+        # every failure's one line (-rfE), then the tail of the last one's traceback
+        print(
+            "\n".join(
+                line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))
+            )
+        )
         print(done.stdout[-4000:] + done.stderr[-2000:])
         report.failed.append("tests")
     report.phases["tests"] = {"status": "passed" if ok else "FAILED", "summary": summary, **counts}
@@ -541,8 +563,10 @@ def phase_throughput(
             except subprocess.TimeoutExpired as killed:
                 # what it printed before the kill says how far it got (loading, capture, a level)
                 print(said_before_kill(killed))
+                report.keep_log(name, said_before_kill(killed, keep=10**7))
                 report.skip(f"throughput: {LABELS[name]} (killed: the phase's time ran out)")
                 continue
+            report.keep_log(name, done.stdout + done.stderr)
             if done.returncode != 0:
                 print(done.stdout[-2000:] + done.stderr[-4000:])
                 report.failed.append(f"throughput: {LABELS[name]}")
@@ -684,6 +708,9 @@ def main() -> int:
         return 2
     if args.measure:  # a child of the throughput phase
         rows, profile = measure(args.measure, args.device, args.levels, args.smoke)
+        for row in rows:  # into the model's log beside --out, with what it said of itself
+            print(json.dumps(asdict(row)))
+        print(profile or "", flush=True)
         doc = {"rows": [asdict(row) for row in rows], "profile": profile}
         args.out.write_text(json.dumps(doc))
         return 0

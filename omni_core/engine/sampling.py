@@ -74,7 +74,9 @@ def apply_repetition_penalty(
         )
         at, which = pairs[0], pairs[1]
     seen = torch.zeros_like(logits, dtype=torch.bool)
-    seen[at, which] = True
+    # not ``seen[at, which] = True``: a Python scalar is copied over from pageable host
+    # memory, which waits for the device (caught by the GPU check's no-wait test)
+    seen.index_put_((at, which), torch.ones((), dtype=torch.bool, device=device))
     factor = to_device(torch.tensor(penalties, dtype=logits.dtype), device).unsqueeze(1)
     penalised = torch.where(logits > 0, logits / factor, logits * factor)
     return logits.copy_(torch.where(seen, penalised, logits))

@@ -45,6 +45,10 @@ def test_gpu_check_smoke_runs_every_phase_on_the_cpu(run_smoke, short_tmp):
     assert re.search(r"per engine step \(\d+ steps\): [\d.]+ kernel launches", profile)
     assert "Self CPU" in profile and "aten::" in profile, profile
     assert "Qwen3-TTS tiny, where the time goes (torch.profiler" in ran.stdout
+    # each phase's and model's whole output beside --out, for a lease to bring back
+    assert "cuda" in (short_tmp / "gpu_check.tests.log").read_text()
+    omni_log = (short_tmp / "gpu_check.qwen3-omni-30b-a3b.log").read_text()
+    assert '"model": "Qwen3-Omni tiny", "concurrency": 2' in omni_log, omni_log[-2000:]
 
 
 def test_a_measuring_child_imports_no_pytest(run_smoke, short_tmp):

@@ -151,7 +151,9 @@ def select_tokens(
     if banned is not None:
         pairs = _pairs(banned, [True] * batch, device)
         if pairs is not None:
-            scores[pairs[0], pairs[1]] = float("-inf")
+            # a device value: a Python scalar would be copied from pageable host memory
+            # (a wait for the device, which the GPU check's no-wait test catches)
+            scores.index_put_(pairs, torch.full((), float("-inf"), device=device))
     draws = [r.draws for r in rows]
     if not any(draws):
         return scores.argmax(-1)
@@ -167,7 +169,7 @@ def select_tokens(
         ascending, order = torch.sort(scores, dim=-1)
         mass = ascending.softmax(-1).cumsum(-1)
         remove = mass <= 1 - settings.top_p
-        remove[:, -1] = False
+        remove[:, -1].fill_(False)
         scores = scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
     cdf = scores.softmax(-1).cumsum(-1)
     target = _uniforms(generators, draws, device).unsqueeze(1) * cdf[:, -1:]
