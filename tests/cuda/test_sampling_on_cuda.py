@@ -59,7 +59,7 @@ def test_the_talkers_picks_never_wait_and_keep_their_rows_apart() -> None:
         for b in range(3)
     ]
     assert together.tolist() == alone
-    cpu = select_tokens(logits.cpu(), rows[:1], [None], histories[:1], banned[:1])
+    cpu = select_tokens(logits[:1].cpu(), rows[:1], [None], histories[:1], banned[:1])
     assert int(together[0]) == int(cpu)  # greedy: the CPU's argmax
 
 

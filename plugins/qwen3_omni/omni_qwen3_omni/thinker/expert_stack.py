@@ -132,8 +132,18 @@ def lies_stacked(experts: nn.ModuleList) -> bool:
 
 def may_copy(experts: nn.ModuleList) -> bool:
     """Whether the weights are this process's own: never copy a leader's shared weights
-    (a copy per follower would undo weight sharing)."""
-    return not any(mapped.is_mapped(t) or t.is_shared() for trio in _weights(experts) for t in trio)
+    (a copy per follower would undo weight sharing).
+
+    ``Tensor.is_shared()`` answers True for every CUDA tensor (any may be sent
+    to another process), so on a GPU only :mod:`omni_core.engine.mapped`'s
+    record of what was attached from a leader (CUDA IPC) says "not ours"; the
+    first GPU check found a mixture moved to the GPU never stacked for that.
+    """
+    return not any(
+        mapped.is_mapped(t) or (t.device.type == "cpu" and t.is_shared())
+        for trio in _weights(experts)
+        for t in trio
+    )
 
 
 @torch.no_grad()
