@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .interface import CacheLayout
+from .sampling import from_host
 
 
 class SlotKVCache:
@@ -71,7 +72,7 @@ class SlotKVCache:
         if slots and slots == list(range(first, first + len(slots))):
             rows = slice(first, first + len(slots))
             return self.k[layer, rows, :, :length], self.v[layer, rows, :, :length]
-        index = torch.tensor(slots, device=self.k.device)
+        index = from_host(slots, self.k.device)
         return self.k[layer, index, :, :length], self.v[layer, index, :, :length]
 
     def clear(self, slot: int) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence as Seq
+from typing import Any
 
 import torch
 
@@ -45,6 +46,20 @@ def to_device(values: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if device.type == "cuda" and values.device.type == "cpu":
         values = values.pin_memory()
     return values.to(device, non_blocking=True)
+
+
+def from_host(
+    values: Seq[Any], device: torch.device | str, dtype: torch.dtype = torch.long
+) -> torch.Tensor:
+    """``torch.tensor(values, dtype=dtype)`` on ``device``, copied without a wait.
+
+    A step's small host-side lists (slots, cache starts, positions, row
+    indices) go to the GPU this way: ``torch.tensor(list, device="cuda")``
+    waits for the whole queue each time (the GPU check counted 14.6 such
+    waits a Qwen3-TTS engine step), so the host can never run ahead of the
+    device.
+    """
+    return to_device(torch.tensor(values, dtype=dtype), device)
 
 
 def apply_repetition_penalty(

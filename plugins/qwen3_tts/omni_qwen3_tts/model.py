@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from omni_core.engine.sampling import make_generator
+from omni_core.engine.sampling import make_generator, to_device
 from omni_core.kit.weights import fill_shared
 
 from .config import GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
@@ -369,7 +369,7 @@ class Qwen3TTSModel:
 
     @torch.no_grad()
     def decode(self, sequences: list[Any], cache: Any) -> list[Any]:
-        codes = torch.stack([seq.state["last_codes"] for seq in sequences]).to(self.device)
+        codes = to_device(torch.stack([seq.state["last_codes"] for seq in sequences]), self.device)
         frame_embeds = self.talker.embed_frame(codes)
         embeds = []
         for row, seq in enumerate(sequences):

@@ -28,6 +28,7 @@ from omni_core.engine.backends import create_engine
 from omni_core.engine.compute import run_compute
 from omni_core.engine.interface import SamplingParams
 from omni_core.engine.quantize import apply_quantization
+from omni_core.engine.sampling import to_device
 from omni_core.kit.stages import (
     SPEECH_REQUEST_KEYS,
     EngineContext,
@@ -412,16 +413,20 @@ class Vocoder:
             # The decoder's own state type (this package's StreamState, or the MOSS
             # codec's): each offers stack / split / adopt for batching streams.
             batch = type(streams[0]).stack(streams)
-            rows = self.decoder.stream_rows(codes.to(self.device).clamp(min=0), batch)
+            rows = self.decoder.stream_rows(to_device(codes, self.device).clamp(min=0), batch)
         if len(streams) > 1:
             for stream, row in zip(streams, batch.split([1] * len(streams)), strict=True):
                 stream.adopt(row)
-        return [row[0].float().cpu().numpy() for row in rows]
+        # one copy to the host for the batch (a copy per row waits for the device each time);
+        # the rows' lengths are their shapes, known here without reading the device
+        flat = torch.cat([row[0].float().reshape(-1) for row in rows]).cpu()
+        parts = flat.split([row[0].numel() for row in rows])
+        return [part.view(row[0].shape).numpy() for part, row in zip(parts, rows, strict=True)]
 
     def decode_with_context(self, codes: torch.Tensor, contexts: list[int]) -> Any:
         """Codes ``[B, 16, T]`` -> float32 audio ``[B, N]`` of the frames after the context."""
         with torch.inference_mode():
-            wav = self.decoder.decode_chunk(codes.to(self.device).clamp(min=0), contexts[0])
+            wav = self.decoder.decode_chunk(to_device(codes, self.device).clamp(min=0), contexts[0])
         return wav[:, 0].float().cpu().numpy()
 
 

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_core.engine.sampling import from_host
+
 from .code_predictor import CodePredictor
 from .config import TalkerConfig
 from .layers import DecoderStack, mrope_cos_sin, rope_cos_sin
@@ -58,13 +60,13 @@ def forward_rows(
     for row, e in enumerate(embeds):
         x[row, : e.shape[0]] = e
     starts = [int(seq.cached) for seq in sequences]
-    starts_t = torch.tensor(starts, device=device)
-    lengths_t = torch.tensor(lengths, device=device)
+    starts_t = from_host(starts, device)
+    lengths_t = from_host(lengths, device)
     total = max(s + n for s, n in zip(starts, lengths, strict=True))
     positions = starts_t[:, None] + torch.arange(steps, device=device)[None]
     out = None
     if static is not None and steps == 1 and static.owns(cache.k) and static.fits(x):
-        slots = torch.tensor([int(seq.slot) for seq in sequences], device=device)
+        slots = from_host([int(seq.slot) for seq in sequences], device)
         out = static(x, positions, positions, slots, longest=total)
     if out is None:
         mask = causal_mask(starts_t, lengths_t, steps, total)
@@ -94,7 +96,7 @@ def complete_frames(
     go = [i for i, code in enumerate(ids) if code != eos]
     if not go:
         return ids, go, None
-    index = torch.tensor(go, device=hidden.device)
+    index = from_host(go, hidden.device)
     rest = talker.code_predictor.generate_frame(
         hidden[index],
         talker.embed_codec(code0[index]),

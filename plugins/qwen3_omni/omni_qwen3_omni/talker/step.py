@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from omni_core.engine.interface import CacheLayout, SequenceError, StepResult
-from omni_core.engine.sampling import make_generator
+from omni_core.engine.sampling import from_host, make_generator, to_device
 from omni_qwen3_tts.layers import causal_mask
 from omni_qwen3_tts.sampling import RowSampling, select_tokens
 from omni_qwen3_tts.talker import SlotStore, complete_frames
@@ -103,7 +103,7 @@ class TalkerStepModel:
             for row, (rows, where) in enumerate(inputs):
                 x[row, : rows.shape[0]] = rows
                 positions[:, row, : rows.shape[0]] = where
-            lengths_t = torch.tensor(lengths, device=self.device)
+            lengths_t = from_host(lengths, self.device)
             starts = torch.zeros(len(run), dtype=torch.long, device=self.device)
             mask = causal_mask(starts, lengths_t, steps, steps)
             store = SlotStore(cache, [int(s.slot) for s in batch], [0] * len(run), steps)
@@ -126,23 +126,23 @@ class TalkerStepModel:
         if waiting:
             raise SequenceError(waiting, "the thinker has not sent this step's text row yet")
         batch = len(sequences)
-        codes = torch.stack([s.state["last_codes"] for s in sequences]).to(self.device)
+        codes = to_device(torch.stack([s.state["last_codes"] for s in sequences]), self.device)
         text = torch.stack(
             [
-                p.text_row(s.state["step"]).to(self.device, self.dtype)
+                to_device(p.text_row(s.state["step"]), self.device).to(self.dtype)
                 for s, p in zip(sequences, prompts, strict=True)
             ]
         )
         x = self.talker.embed_frame(codes) + self.talker.text_projection(text)
         where = [p.next_position + s.state["step"] for s, p in zip(sequences, prompts, strict=True)]
-        positions = torch.tensor(where, device=self.device)[None, :, None].expand(3, batch, 1)
+        positions = from_host(where, self.device)[None, :, None].expand(3, batch, 1)
         starts = [int(s.cached) for s in sequences]
         total = max(starts) + 1
-        starts_t = torch.tensor(starts, device=self.device)
+        starts_t = from_host(starts, self.device)
         static = getattr(self, "_static", None)
         out = None
         if static is not None and static.owns(cache.k) and static.fits(x):
-            slots = torch.tensor([int(s.slot) for s in sequences], device=self.device)
+            slots = from_host([int(s.slot) for s in sequences], self.device)
             out = static(x[:, None], positions, starts_t[:, None], slots, longest=total)
         if out is None:
             ones = torch.ones(batch, dtype=torch.long, device=self.device)

@@ -25,7 +25,7 @@ import torch
 
 from omni_core.engine.interface import CacheLayout, StepResult
 from omni_core.engine.prompt import EmbeddedPrompt, splice_embeddings
-from omni_core.engine.sampling import sample_sequences
+from omni_core.engine.sampling import from_host, sample_sequences
 from omni_qwen3_tts.layers import causal_mask
 from omni_qwen3_tts.talker import SlotStore
 
@@ -92,7 +92,7 @@ class ThinkerStepModel:
                 positions[:, row, : len(prompt)] = torch.arange(len(prompt), device=self.device)
             else:
                 positions[:, row, : len(prompt)] = prompt.positions.to(self.device)
-        lengths_t = torch.tensor(lengths, device=self.device)
+        lengths_t = from_host(lengths, self.device)
         starts_t = torch.zeros(batch, dtype=torch.long, device=self.device)
         mask = causal_mask(starts_t, lengths_t, steps, steps)
         slots = [int(s.slot) for s in sequences]
@@ -113,12 +113,12 @@ class ThinkerStepModel:
     @torch.no_grad()
     def decode(self, sequences: list[Any], cache: Any) -> list[StepResult]:
         batch = len(sequences)
-        ids = torch.tensor([[s.state["last"]] for s in sequences], device=self.device)
-        where = torch.tensor([[s.state["position"]] for s in sequences], device=self.device)
+        ids = from_host([[s.state["last"]] for s in sequences], self.device)
+        where = from_host([[s.state["position"]] for s in sequences], self.device)
         positions = where[None].expand(3, batch, 1)
         starts = [int(s.cached) for s in sequences]
         total = max(starts) + 1
-        starts_t = torch.tensor(starts, device=self.device)
+        starts_t = from_host(starts, self.device)
         ones = torch.ones(batch, dtype=torch.long, device=self.device)
         mask = causal_mask(starts_t, ones, 1, total)
         slots = [int(s.slot) for s in sequences]
@@ -193,7 +193,7 @@ class ThinkerStepModel:
         static = variants.get(None if layers is None else frozenset(layers))
         if static is None or not static.owns(cache.k) or not static.fits(x):
             return None
-        slot_rows = torch.tensor(slots, device=self.device)
+        slot_rows = from_host(slots, self.device)
         return static(x, positions, starts[:, None], slot_rows, longest=longest)
 
     def _emit(
