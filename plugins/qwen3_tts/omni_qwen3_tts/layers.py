@@ -23,7 +23,17 @@ from .config import TransformerConfig
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in float32 (as the release does), scaled by ``weight``."""
+    """Root-mean-square norm computed in float32 (as the release does), scaled by ``weight``.
+
+    The release normalises in float32, rounds once to the activations' dtype,
+    then multiplies by the weight in that dtype. ``F.rms_norm`` without a
+    weight is that first part in one call: it accumulates in float32 and
+    rounds once, equal bit for bit to the spelled-out float32 ops on the CPU
+    in float32 and bfloat16 (``plugins/qwen3_tts/tests/test_layers.py``), a third faster
+    there, and one CUDA kernel where the spelled-out form launched seven (the
+    GPU check's profile: a Qwen3-TTS frame's 400-odd norms were most of its
+    ~5000 small kernels).
+    """
 
     def __init__(self, size: int, eps: float = 1e-6):
         super().__init__()
@@ -31,10 +41,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
 
 
 def inv_frequencies(

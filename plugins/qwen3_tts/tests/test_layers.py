@@ -34,3 +34,22 @@ def test_grouped_heads_equal_heads_given_repeated_keys_bit_for_bit(dtype, monkey
         expected = attn(x, cos, sin, mask)
     assert captured["grouped"] is True
     assert torch.equal(grouped, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 1, 1024), (8, 1, 2048), (2, 16, 3, 128), (4, 3, 100)])
+def test_the_norm_equals_the_releases_float32_ops_bit_for_bit(dtype, shape):
+    """One fused call (fewer kernels) must not move a bit on the CPU: the float32 parity
+    with the references rests on it."""
+    from omni_qwen3_tts.layers import RMSNorm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(shape[-1], eps=1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.1)
+    x = (torch.randn(*shape) * 3).to(dtype)
+    x32 = x.float()
+    spelled_out = norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(
+        dtype
+    )
+    assert torch.equal(norm(x), spelled_out)
