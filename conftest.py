@@ -34,6 +34,10 @@ atexit.register(shutil.rmtree, _STATE, ignore_errors=True)
 # fast): the suite, and the servers it starts, see a CPU without them, so auto is float32
 # on every machine; tests of the bf16 decision inject flags (omni_core.engine.precision).
 os.environ.setdefault("OMNI_CPU_FLAGS", "")
+# The CPU kernel routes are measured per machine and cached in the user's cache directory
+# (omni_core.engine.cpu_kernel_choice): the suite takes the shipped routes, so that no
+# number it checks depends on the machine and nothing is written to the user's cache.
+os.environ.setdefault("OMNI_CPU_KERNELS", "default")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_core.engine.cpu_kernel_choice import kernel_choice
 from omni_core.engine.cpu_linear import MKL_MAX_ROWS, RowLinear, packing_available
 from omni_core.engine.fused_linear import fuse_projections, project
 from omni_core.engine.quantize import Int8Linear
@@ -78,6 +79,13 @@ def main() -> None:
     seconds = time.perf_counter() - started
     print(f"memory read bandwidth (sum over {read_mb} MB): {read_mb / 1e3 / seconds:.1f} GB/s")
     print(f"PackedLinear (float32 stages): MKL up to {MKL_MAX_ROWS} rows, oneDNN beyond")
+    mine = kernel_choice()  # what a stage on this machine takes instead (measured, cached)
+    print(
+        f"this machine's routes ({mine.source}): MKL up to {mine.mkl_max_rows} float32 rows; "
+        f"a lone bf16 row through {'torch.mv' if mine.bf16_mv_one_row else 'F.linear'}; "
+        f"the bf16 transposed product up to {mine.bf16_transposed_max_rows} rows "
+        "(the RowLinear column below takes the shipped routes)"
+    )
     del big
     with torch.inference_mode():
         for label, (k, n) in SHAPES.items():

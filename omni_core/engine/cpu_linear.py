@@ -23,6 +23,12 @@ up to :data:`TRANSPOSED_MAX_ROWS` rows to the transposed product
 ``mm(weight, x.T)``, 1.1-1.7x faster than ``F.linear`` there, and more rows
 (a prompt's prefill) to ``F.linear``, which wins from about 128 rows on.
 
+Those figures are one Intel machine's; an AMD EPYC measured every route the
+other way round. So the routes in force (:func:`routes`) are this machine's,
+timed once by :mod:`.cpu_kernel_choice` when a process first packs weights
+and cached for later starts; ``MKL_MAX_ROWS`` and ``TRANSPOSED_MAX_ROWS``
+are the shipped defaults (``OMNI_CPU_KERNELS=default``).
+
 Only float32 weights on the CPU with at least ``min_elements`` elements are
 routed: small ones live in cache, where MKL is as fast. Inference only: a
 routed layer refuses inputs that need a gradient, and its weight leaves
@@ -40,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cpu_kernel_choice import KernelChoice, kernel_choice
 from .fused_linear import fuse_sibling_projections
 
 DEFAULT_MIN_ELEMENTS = 1 << 20  # 4 MiB of float32: beyond the per-core caches
@@ -47,9 +54,26 @@ DEFAULT_MIN_ELEMENTS = 1 << 20  # 4 MiB of float32: beyond the per-core caches
 
 MKL_MAX_ROWS = 3  # up to this many rows MKL's kernel is the faster (see the module docstring)
 
+#: The routes in force: the shipped ones (MKL_MAX_ROWS, TRANSPOSED_MAX_ROWS) until
+#: :func:`pack_linear_weights` takes this machine's (:mod:`.cpu_kernel_choice`).
+_routes = KernelChoice()
+
+
+def routes() -> KernelChoice:
+    """The kernel routes this process's routed layers take."""
+    return _routes
+
+
+def use_routes(choice: KernelChoice) -> None:
+    """Route the products from now on as ``choice`` says (already packed float32 layers
+    keep the MKL row limit they were built with)."""
+    global _routes
+    _routes = choice
+
 
 class PackedLinear(nn.Module):
-    """``nn.Linear`` on MKL for one to three rows, on oneDNN beyond; same inputs, same outputs."""
+    """``nn.Linear`` on MKL for a few rows (``MKL_MAX_ROWS``, or as measured on this
+    machine), on oneDNN beyond; same inputs, same outputs."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -58,6 +82,7 @@ class PackedLinear(nn.Module):
         # (weight sharing) stays the shared view, and either kernel reads it in place.
         self.packed = linear.weight.detach()
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), False)
+        self.mkl_rows = _routes.mkl_max_rows
 
     @property
     def weight(self) -> torch.Tensor:
@@ -71,14 +96,14 @@ class PackedLinear(nn.Module):
             )
         if x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError("a packed linear layer is for inference: it has no gradient")
-        if x.numel() <= MKL_MAX_ROWS * self.in_features:
+        if x.numel() <= self.mkl_rows * self.in_features:
             return F.linear(x, self.packed, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"rows<={MKL_MAX_ROWS}: MKL, more: oneDNN"
+            f"rows<={self.mkl_rows}: MKL, more: oneDNN"
         )
 
 
@@ -128,9 +153,9 @@ def row_linear(
         # the product: measured here (2 threads, ten SwiGLU blocks of 3072x1024
         # bf16 weights one after another) 19 GB/s against 24 through this op.
         out = torch.ops.omni.row_product(x.reshape(-1, in_features), weight)
-    elif x.numel() == in_features:
+    elif x.numel() == in_features and _routes.bf16_mv_one_row:
         out = torch.mv(weight, x.reshape(-1))
-    elif x.numel() <= TRANSPOSED_MAX_ROWS * in_features:
+    elif in_features < x.numel() <= _routes.bf16_transposed_max_rows * in_features:
         out = _transposed_product(x.reshape(-1, in_features), weight)
     else:
         return F.linear(x, weight, bias)
@@ -145,9 +170,9 @@ def row_product(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     An operator of its own (``omni::row_product``) so that a compiled step
     calls these kernels as they are.
     """
-    if rows.shape[0] == 1:
+    if rows.shape[0] == 1 and _routes.bf16_mv_one_row:
         return torch.mv(weight, rows[0])[None]
-    if rows.shape[0] > TRANSPOSED_MAX_ROWS:
+    if rows.shape[0] == 1 or rows.shape[0] > _routes.bf16_transposed_max_rows:
         return F.linear(rows, weight)
     return _transposed_product(rows, weight)
 
@@ -216,6 +241,8 @@ def pack_linear_weights(
     """
     if min_elements is None:
         min_elements = DEFAULT_MIN_ELEMENTS
+    # this machine's fastest routes (measured once, then cached; see cpu_kernel_choice)
+    use_routes(kernel_choice(onednn=packing_available()))
     rows = _route_single_rows(module)
     # Routed bf16 projections that read one input become one product each
     # (q/k/v, gate/up; see fused_linear).

@@ -1,0 +1,180 @@
+"""Which CPU kernel runs a decode-shaped linear layer fastest on this machine, measured once.
+
+Why: the routes in :mod:`.cpu_linear` were measured on one Intel machine
+(MKL's float32 kernel faster up to three rows, ``torch.mv`` and the
+transposed product faster than ``F.linear`` for bf16 rows), and they do not
+hold elsewhere. On an AMD EPYC (Zen 4, 2 threads) ``bench_cpu_linear.py``
+measured the opposite for every one of them: oneDNN twice MKL's speed at one
+float32 row (28 against 14 GB/s), ``F.linear`` 1.1-1.8x the bf16 routes. A
+user's machine is neither, so the first stage process that packs weights
+times each pair of kernels on a 1024x3072 layer (about half a second) and
+keeps the answer in ``$XDG_CACHE_HOME/omni/cpu_kernels.json``, keyed by the
+processor, torch's version and the thread count, so later starts read it.
+
+``OMNI_CPU_KERNELS``: ``measure`` (the default) as above; ``default`` takes
+the shipped routes without measuring (the test suite, for numbers that do
+not depend on the machine); ``remeasure`` measures again and rewrites the
+entry. Only speed depends on the answer; the products' values differ by
+float rounding at most (another summation order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+MODE_VAR = "OMNI_CPU_KERNELS"
+MODES = ("measure", "default", "remeasure")
+#: Rows timed for each choice: a lone request, small batches, a decode batch's widths.
+FLOAT32_ROWS = (1, 2, 3, 4, 8, 16)
+BF16_ROWS = (2, 4, 8, 16, 32, 64)
+SHAPE = (3072, 1024)  # a gate/up projection of a 0.6B talker: 12.6 MB of float32
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The routes :mod:`.cpu_linear` takes; the defaults are the shipped (Intel) ones."""
+
+    mkl_max_rows: int = 3  # float32: MKL up to this many rows, oneDNN beyond (0: oneDNN always)
+    bf16_mv_one_row: bool = True  # bfloat16: a lone row through torch.mv, else F.linear
+    bf16_transposed_max_rows: int = 64  # bfloat16: mm(weight, x.T) up to this many rows
+    source: str = "default"  # default, measured, or the cache file it came from
+
+
+Timer = Callable[[Callable[[], object]], float]
+
+
+def best_time(call: Callable[[], object], repeats: int = 5, calls: int = 3) -> float:
+    """The fastest of ``repeats`` timings of ``calls`` calls (seconds per call): the least
+    disturbed by the rest of the machine."""
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(calls):
+            call()
+        best = min(best, (time.perf_counter() - started) / calls)
+    return best
+
+
+def leading_wins(rows: tuple[int, ...], faster: Callable[[int], bool]) -> int:
+    """The most rows up to which ``faster(rows)`` held from the first count on (0: not even
+    the first): a route is taken for a prefix of row counts, never with holes."""
+    won = 0
+    for count in rows:
+        if not faster(count):
+            break
+        won = count
+    return won
+
+
+@torch.inference_mode()
+def measure(timer: Timer = best_time, onednn: bool = True) -> KernelChoice:
+    """Time each route against ``F.linear`` on a :data:`SHAPE` layer in this process."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(SHAPE, generator=generator) * SHAPE[1] ** -0.5
+    mkl_max_rows = FLOAT32_ROWS[-1]
+    if onednn:
+
+        def mkl_faster(count: int) -> bool:
+            x = torch.randn(count, SHAPE[1], generator=generator)
+            mkl = timer(lambda: F.linear(x, weight))
+            dnn = timer(lambda: torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], ""))
+            return mkl < dnn
+
+        mkl_max_rows = leading_wins(FLOAT32_ROWS, mkl_faster)
+    half = weight.to(torch.bfloat16)
+    row = torch.randn(SHAPE[1], generator=generator).to(torch.bfloat16)
+    mv_faster = timer(lambda: torch.mv(half, row)) < timer(lambda: F.linear(row[None], half))
+
+    def transposed_faster(count: int) -> bool:
+        x = torch.randn(count, SHAPE[1], generator=generator).to(torch.bfloat16)
+        transposed = timer(lambda: torch.mm(half, x.t()).t().contiguous())
+        return transposed < timer(lambda: F.linear(x, half))
+
+    transposed_max_rows = leading_wins(BF16_ROWS, transposed_faster)
+    return KernelChoice(mkl_max_rows, mv_faster, transposed_max_rows, "measured")
+
+
+def cache_path() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "omni" / "cpu_kernels.json"
+
+
+def machine_key() -> str:
+    """What the answer depends on: the processor, torch's build and its thread count."""
+    return f"{processor_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def processor_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def read_cached(path: Path, key: str) -> KernelChoice | None:
+    try:
+        entry = json.loads(path.read_text()).get(key)
+        if entry is None:
+            return None
+        return KernelChoice(**{**entry, "source": str(path)})
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None  # unreadable or from another version: measure again
+
+
+def write_cached(path: Path, key: str, choice: KernelChoice) -> None:
+    """Add ``choice`` under ``key``, atomically (a reader never sees half a file); a cache
+    that cannot be written only costs the next start its half second."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            entries = json.loads(path.read_text())
+            if not isinstance(entries, dict):
+                entries = {}
+        except (OSError, ValueError):
+            entries = {}
+        entries[key] = {k: v for k, v in asdict(choice).items() if k != "source"}
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def mode() -> str:
+    value = os.environ.get(MODE_VAR, "measure").strip().lower() or "measure"
+    if value not in MODES:
+        raise ValueError(f"{MODE_VAR}={value!r}: use one of {', '.join(MODES)}")
+    return value
+
+
+_chosen: KernelChoice | None = None
+
+
+def kernel_choice(onednn: bool = True) -> KernelChoice:
+    """This process's routes: the shipped ones, the cached ones, or measured now."""
+    global _chosen
+    if _chosen is None:
+        how = mode()
+        if how == "default":
+            _chosen = KernelChoice()
+        else:
+            path, key = cache_path(), machine_key()
+            cached = read_cached(path, key) if how == "measure" else None
+            if cached is None:
+                cached = measure(onednn=onednn)
+                write_cached(path, key, cached)
+            _chosen = cached
+    return _chosen

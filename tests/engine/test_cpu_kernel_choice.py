@@ -1,0 +1,151 @@
+"""``omni_core.engine.cpu_kernel_choice``: this machine's CPU kernel routes, measured once, cached.
+
+The timings are injected (no test depends on this machine's speed); the
+kernels themselves run, and each pair timed must compute the same product.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from omni_core.engine import cpu_kernel_choice as choice_module  # noqa: E402
+from omni_core.engine import cpu_linear  # noqa: E402
+from omni_core.engine.cpu_kernel_choice import (  # noqa: E402
+    KernelChoice,
+    kernel_choice,
+    leading_wins,
+    measure,
+    read_cached,
+    write_cached,
+)
+
+
+def test_a_route_is_taken_for_the_row_counts_it_wins_from_the_first_on():
+    assert leading_wins((1, 2, 4, 8), lambda rows: rows <= 2) == 2
+    assert leading_wins((1, 2, 4, 8), lambda rows: rows != 2) == 1  # no holes: 4, 8 lost
+    assert leading_wins((1, 2, 4, 8), lambda rows: False) == 0
+    assert leading_wins((1, 2, 4, 8), lambda rows: True) == 8
+
+
+def test_measuring_times_each_pair_of_kernels_on_the_same_product():
+    """Scripted seconds, in the order the pairs are timed: MKL wins float32 at 1 and 2 rows
+    and loses at 3; mv loses to F.linear; the transposed product wins up to 8 rows."""
+    script = iter(
+        [
+            *(1, 2, 1, 2, 2, 1),  # float32: (MKL, oneDNN) at 1, 2, 3 rows
+            *(2, 1),  # bf16 one row: (mv, F.linear)
+            *(1, 2, 1, 2, 1, 2, 2, 1),  # bf16: (transposed, F.linear) at 2, 4, 8, 16 rows
+        ]
+    )
+    results = []
+
+    def timer(call):
+        results.append(call())
+        return next(script)
+
+    chosen = measure(timer)
+    assert chosen == KernelChoice(2, False, 8, "measured")
+    assert next(script, None) is None  # every pair timed, none after a loss
+    for fast, slow in zip(results[::2], results[1::2], strict=True):
+        assert fast.shape[-1] == slow.shape[-1] == choice_module.SHAPE[0]
+        torch.testing.assert_close(
+            fast.float().reshape(slow.shape), slow.float(), atol=0.05, rtol=0.02
+        )
+
+
+def test_without_onednn_every_float32_row_stays_on_mkl():
+    seconds = iter([1.0, 2.0] + [1.0, 2.0] * len(choice_module.BF16_ROWS))
+    chosen = measure(lambda call: next(seconds), onednn=False)
+    assert chosen.mkl_max_rows == choice_module.FLOAT32_ROWS[-1]
+    assert chosen.bf16_mv_one_row and chosen.bf16_transposed_max_rows == 64
+
+
+def test_the_cache_keeps_one_answer_per_machine_key_and_survives_a_bad_file(tmp_path):
+    path = tmp_path / "omni" / "cpu_kernels.json"
+    assert read_cached(path, "cpu A") is None
+    write_cached(path, "cpu A", KernelChoice(0, False, 0, "measured"))
+    write_cached(path, "cpu B", KernelChoice(3, True, 64, "measured"))
+    assert read_cached(path, "cpu A") == KernelChoice(0, False, 0, str(path))
+    assert read_cached(path, "cpu B").mkl_max_rows == 3
+    assert set(json.loads(path.read_text())) == {"cpu A", "cpu B"}
+    assert not list(path.parent.glob("*.tmp"))  # written atomically, nothing left behind
+    path.write_text("{not json")
+    assert read_cached(path, "cpu A") is None
+    write_cached(path, "cpu A", KernelChoice(1, True, 2, "measured"))  # replaces the bad file
+    assert read_cached(path, "cpu A").bf16_transposed_max_rows == 2
+    path.write_text(json.dumps({"cpu A": {"mkl_max_rows": 1, "renamed_field": 2}}))
+    assert read_cached(path, "cpu A") is None  # another version's entry: measured again
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    monkeypatch.setattr(choice_module, "_chosen", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path / "omni" / "cpu_kernels.json"
+
+
+def test_a_process_measures_once_then_later_starts_read_the_cache(fresh, monkeypatch):
+    monkeypatch.setenv("OMNI_CPU_KERNELS", "measure")
+    measured = KernelChoice(0, False, 0, "measured")
+    calls = []
+    monkeypatch.setattr(choice_module, "measure", lambda **kw: calls.append(kw) or measured)
+    assert kernel_choice() == measured and kernel_choice() == measured
+    assert len(calls) == 1 and fresh.exists()
+    monkeypatch.setattr(choice_module, "_chosen", None)  # the next process
+    assert kernel_choice() == KernelChoice(0, False, 0, str(fresh))
+    assert len(calls) == 1
+    monkeypatch.setattr(choice_module, "_chosen", None)
+    monkeypatch.setenv("OMNI_CPU_KERNELS", "remeasure")
+    kernel_choice()
+    assert len(calls) == 2
+
+
+def test_default_takes_the_shipped_routes_and_a_wrong_mode_says_what_to_use(fresh, monkeypatch):
+    monkeypatch.setenv("OMNI_CPU_KERNELS", "default")
+    monkeypatch.setattr(choice_module, "measure", lambda **kw: pytest.fail("measured"))
+    assert kernel_choice() == KernelChoice()
+    assert not fresh.exists()
+    monkeypatch.setattr(choice_module, "_chosen", None)
+    monkeypatch.setenv("OMNI_CPU_KERNELS", "fastest")
+    with pytest.raises(ValueError, match="OMNI_CPU_KERNELS='fastest': use one of measure"):
+        kernel_choice()
+
+
+def test_layers_follow_the_routes_in_force_with_the_same_values(monkeypatch):
+    """The AMD routes (every product on F.linear or oneDNN) give what the shipped ones give."""
+    monkeypatch.setattr(cpu_linear, "_routes", cpu_linear.routes())
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(256, 512, bias=False).to(torch.bfloat16)
+    rows = {n: torch.randn(n, 256).to(torch.bfloat16) for n in (1, 4)}
+    shipped = {n: cpu_linear.row_linear(x, layer.weight) for n, x in rows.items()}
+    cpu_linear.use_routes(KernelChoice(0, False, 0, "measured"))
+
+    def no_mv(*args):
+        raise AssertionError("torch.mv taken against the routes")
+
+    monkeypatch.setattr(torch, "mv", no_mv)
+    for n, x in rows.items():
+        routed = cpu_linear.row_linear(x, layer.weight)
+        torch.testing.assert_close(
+            routed, torch.nn.functional.linear(x, layer.weight), rtol=0, atol=0
+        )
+        torch.testing.assert_close(routed.float(), shipped[n].float(), atol=0.05, rtol=0.02)
+        assert cpu_linear.row_product(x, layer.weight).shape == (n, 512)
+    if cpu_linear.packing_available():
+        dense = torch.nn.Linear(256, 512)
+        packed = cpu_linear.PackedLinear(dense)
+        assert "rows<=0: MKL" in packed.extra_repr()
+        x = torch.randn(1, 256)
+        torch.testing.assert_close(packed(x), dense(x), atol=1e-5, rtol=1e-5)
+
+
+def test_packing_takes_this_machines_routes(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "_routes", cpu_linear.routes())
+    mine = KernelChoice(1, False, 16, "measured")
+    monkeypatch.setattr(cpu_linear, "kernel_choice", lambda onednn: mine)
+    cpu_linear.pack_linear_weights(torch.nn.Sequential(torch.nn.Linear(8, 8)))
+    assert cpu_linear.routes() == mine
