@@ -139,6 +139,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def rope_both(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rope` on queries and keys ``[B, heads, T, D]`` as one tensor.
+
+    The same element-wise ops on the same values (so the same bits), launched
+    once instead of twice: five kernels a layer fewer on a GPU, where a
+    decode step's layers are hundreds of kernels of a few microseconds each.
+    """
+    both = apply_rope(torch.cat((q, k), dim=1), cos, sin)
+    return both[:, : q.shape[1]], both[:, q.shape[1] :]
+
+
 class KVStore(Protocol):
     """Where an attention layer keeps keys/values: returns all keys/values to attend to."""
 
@@ -206,7 +219,7 @@ class Attention(nn.Module):
         k = self.k_norm(k.view(batch, steps, self.kv_heads, self.head_dim))
         v = v.view(batch, steps, self.kv_heads, self.head_dim)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = rope_both(q, k, cos, sin)
         if store is not None:
             k, v = store.update(self.layer, k, v)
         # Grouped heads read their shared keys/values in place: bit-for-bit what

@@ -53,3 +53,17 @@ def test_the_norm_equals_the_releases_float32_ops_bit_for_bit(dtype, shape):
         dtype
     )
     assert torch.equal(norm(x), spelled_out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotating_queries_and_keys_together_changes_no_bit(dtype):
+    from omni_qwen3_tts.layers import apply_rope, rope_both
+
+    torch.manual_seed(0)
+    q = torch.randn(3, 5, 16, 8, dtype=dtype).transpose(1, 2)  # [B, heads, T, D], a view
+    k = torch.randn(3, 5, 2, 8, dtype=dtype).transpose(1, 2)
+    positions = torch.arange(5)[None].expand(3, 5) + torch.tensor([[0], [7], [30]])
+    cos, sin = rope_cos_sin(positions, 1.0 / (10000 ** (torch.arange(0, 8, 2) / 8)), dtype)
+    q_both, k_both = rope_both(q, k, cos, sin)
+    assert torch.equal(q_both, apply_rope(q, cos, sin))
+    assert torch.equal(k_both, apply_rope(k, cos, sin))
