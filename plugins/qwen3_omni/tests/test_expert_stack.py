@@ -258,3 +258,26 @@ def test_the_checkpoint_written_for_sglang_holds_each_stacked_expert_by_name():
     assert all(torch.equal(written[f"thinker.{name}"], value) for name, value in state.items())
     name = next(n for n in state if ".experts.1.up_proj." in n)
     assert written[f"thinker.{name}"].shape == state[name].shape
+
+
+def test_row_routed_experts_stack_where_their_one_row_route_is_not_this_machines(monkeypatch):
+    """RowLinear experts keep the loop only where its one-row mv is the faster kernel (the
+    shipped routes); where this machine's routes send that row to F.linear, the grouped
+    product serves them, with the loop's numbers."""
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.cpu_kernel_choice import KernelChoice
+
+    monkeypatch.setattr(cpu_linear, "_routes", KernelChoice())
+    moe = _moe(dtype=torch.bfloat16)
+    for layer in moe.modules():
+        if type(layer) is torch.nn.Linear and layer is not moe.gate:
+            layer.__class__ = cpu_linear.RowLinear
+    x = _tokens(4, torch.bfloat16)
+    assert not moe.uses_stack()
+    with torch.no_grad():
+        looped = moe(x)
+    cpu_linear.use_routes(KernelChoice(0, False, 0, "measured"))
+    moe.__dict__.pop(expert_stack.STACK_CHECK, None)  # look again under the new routes
+    assert moe.uses_stack() and lies_stacked(moe.experts)
+    with torch.no_grad():
+        torch.testing.assert_close(moe(x), looped, rtol=2e-2, atol=2e-2)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from omni_core.engine import mapped
+from omni_core.engine import cpu_linear, mapped
 
 #: Where a mixture keeps its :class:`StackCheck` (a plain attribute: no state dict entry).
 STACK_CHECK = "_omni_expert_stack"
@@ -60,22 +60,29 @@ def _anchors(experts: nn.ModuleList) -> tuple[int, int]:
 
 
 def plain_experts(experts: nn.ModuleList) -> bool:
-    """Whether every expert is three bias-free float ``nn.Linear`` layers of one shape,
-    dtype and device.
+    """Whether every expert is three bias-free float linear layers of one shape, dtype and
+    device, of a kind the grouped product serves at least as fast.
 
     Other kinds keep the per-expert loop: int8 layers, and the CPU's bf16
-    ``RowLinear`` (``omni_core.engine.cpu_linear``), whose one-row kernel
-    beats the grouped product's at a decode step's row or two per expert
-    (measured at the release's width, one thread: 6.8 against 9.0 ms a layer
-    for one token; equal within noise from two tokens or two threads).
+    ``RowLinear`` (``omni_core.engine.cpu_linear``) where its one-row ``mv``
+    route is this machine's faster kernel, as on the Intel machine that
+    measured it beating the grouped product at a decode step's row or two
+    per expert (release width, one thread: 6.8 against 9.0 ms a layer for
+    one token; equal within noise from two tokens or two threads). Where
+    that route is not taken (an AMD EPYC: ``cpu_kernel_choice``), a
+    ``RowLinear`` is ``F.linear`` and the grouped product is faster: 54
+    against 64 ms a layer for 8 tokens, one thread, equal at one token.
     """
+    kinds: tuple[type, ...] = (nn.Linear,)
+    if not cpu_linear.routes().bf16_mv_one_row:
+        kinds = (nn.Linear, cpu_linear.RowLinear)
     first = experts[0]
     layers = ("gate_proj", "up_proj", "down_proj")
     shapes = [tuple(getattr(first, n).weight.shape) for n in layers]
     for expert in experts:
         for name, shape in zip(layers, shapes, strict=True):
             layer = getattr(expert, name, None)
-            if type(layer) is not nn.Linear or layer.bias is not None:
+            if type(layer) not in kinds or layer.bias is not None:
                 return False
             weight = layer.weight
             if (

@@ -23,9 +23,10 @@ memory once per call however many tokens chose it. Two ways run that:
   outputs are summed in the release's order and roundings.
 * **looped**: a Python loop over touched experts, reading the per-expert
   counts on the host (one device synchronisation per layer). It serves the
-  experts that are not plain layers (int8, and the CPU's bf16 ``RowLinear``,
-  faster at one row), widths whose rows are not a multiple of 16 bytes, a
-  leader's shared weights laid out unstacked, and GPUs or dtypes where
+  experts that are not plain layers (int8, and the CPU's bf16 ``RowLinear``
+  where its one-row route is this machine's faster kernel), widths whose
+  rows are not a multiple of 16 bytes, a leader's shared weights laid out
+  unstacked, and GPUs or dtypes where
   torch's grouped kernel is not fused (it would read offsets on the host).
 
 What they cost at decoding batch sizes (measured on the CPU, one torch
