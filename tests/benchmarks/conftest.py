@@ -65,6 +65,9 @@ FIGURES = {
 # Scripts that need a program this machine may lack: their smoke run skips, saying
 # which, as the tests that need it do (the README names the apt packages).
 NEEDS = {"bench_realtime.py": "espeak-ng"}
+# Smoke runs left to ``make test-all`` (--slow): a local Ray cluster's start is most of
+# bench_ray_transport's 25 s here, and tests/serve/test_ray_launcher.py starts one already.
+SLOW = {"bench_ray_transport.py"}
 BLOCKED = "pytest is blocked here: a benchmark must not import pytest (tests/benchmarks)"
 
 
@@ -141,9 +144,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _needs(name: str) -> list[pytest.MarkDecorator]:
+    marks = [pytest.mark.slow] if name in SLOW else []
     program = NEEDS.get(name)
     if program is None:
-        return []
+        return marks
     missing = shutil.which(program) is None
     reason = f"{name} needs {program}, which is not installed (apt-get install {program})"
-    return [pytest.mark.skipif(missing, reason=reason)]
+    return [*marks, pytest.mark.skipif(missing, reason=reason)]
