@@ -7,7 +7,8 @@ hold elsewhere. On an AMD EPYC (Zen 4, 2 threads) ``bench_cpu_linear.py``
 measured the opposite for every one of them: oneDNN twice MKL's speed at one
 float32 row (28 against 14 GB/s), ``F.linear`` 1.1-1.8x the bf16 routes. A
 user's machine is neither, so the first stage process that packs weights
-times each pair of kernels on a 1024x3072 layer (about half a second) and
+times each pair of kernels on 1024x3072 layers, as many as four times the
+last-level cache holds so that they stream from memory (about a second), and
 keeps the answer in ``$XDG_CACHE_HOME/omni/cpu_kernels.json``, keyed by the
 processor, torch's version and the thread count, so later starts read it.
 
@@ -52,9 +53,9 @@ class KernelChoice:
 Timer = Callable[[Callable[[], object]], float]
 
 
-def best_time(call: Callable[[], object], repeats: int = 5, calls: int = 3) -> float:
-    """The fastest of ``repeats`` timings of ``calls`` calls (seconds per call): the least
-    disturbed by the rest of the machine."""
+def best_time(call: Callable[[], object], repeats: int = 3, calls: int = 1) -> float:
+    """The fastest of ``repeats`` timings of ``calls`` calls (seconds per call), after one
+    untimed call: the least disturbed by the rest of the machine."""
     call()
     best = float("inf")
     for _ in range(repeats):
@@ -76,29 +77,51 @@ def leading_wins(rows: tuple[int, ...], faster: Callable[[int], bool]) -> int:
     return won
 
 
+def layer_count(cache_bytes: int | None, layer_bytes: int) -> int:
+    """How many distinct layers one timed pass reads: four times the last-level cache (at
+    least 64 MB), so that every pass streams its weights from memory as a decode step
+    does, rather than finding them in the cache (one 12.6 MB layer fits a 32 MB L3)."""
+    target = max(4 * (cache_bytes or 0), 64 << 20)
+    return max(1, -(-target // layer_bytes))
+
+
 @torch.inference_mode()
 def measure(timer: Timer = best_time, onednn: bool = True) -> KernelChoice:
-    """Time each route against ``F.linear`` on a :data:`SHAPE` layer in this process."""
+    """Time each route against ``F.linear`` on :data:`SHAPE` layers in this process."""
+    from .prepack import last_level_cache_bytes
+
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(SHAPE, generator=generator) * SHAPE[1] ** -0.5
+    count = layer_count(last_level_cache_bytes(), SHAPE[0] * SHAPE[1] * 4)
+    # a constant fill: the kernels' speed does not depend on the values, and drawing
+    # hundreds of MB of random numbers would cost more than the timing
+    weights = [torch.full(SHAPE, SHAPE[1] ** -0.5) for _ in range(count)]
+
+    def over(
+        layers: list[torch.Tensor], product: Callable[[torch.Tensor], object]
+    ) -> Callable[[], object]:
+        return lambda: [product(w) for w in layers]
+
     mkl_max_rows = FLOAT32_ROWS[-1]
     if onednn:
+        pointwise = torch.ops.mkldnn._linear_pointwise
 
-        def mkl_faster(count: int) -> bool:
-            x = torch.randn(count, SHAPE[1], generator=generator)
-            mkl = timer(lambda: F.linear(x, weight))
-            dnn = timer(lambda: torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], ""))
+        def mkl_faster(rows: int) -> bool:
+            x = torch.randn(rows, SHAPE[1], generator=generator)
+            mkl = timer(over(weights, lambda w: F.linear(x, w)))
+            dnn = timer(over(weights, lambda w: pointwise(x, w, None, "none", [], "")))
             return mkl < dnn
 
         mkl_max_rows = leading_wins(FLOAT32_ROWS, mkl_faster)
-    half = weight.to(torch.bfloat16)
+    halves = [w.to(torch.bfloat16) for w in weights]
+    weights.clear()  # the float32 layers are done with: free them before the bf16 timings
     row = torch.randn(SHAPE[1], generator=generator).to(torch.bfloat16)
-    mv_faster = timer(lambda: torch.mv(half, row)) < timer(lambda: F.linear(row[None], half))
+    mv = timer(over(halves, lambda w: torch.mv(w, row)))
+    mv_faster = mv < timer(over(halves, lambda w: F.linear(row[None], w)))
 
-    def transposed_faster(count: int) -> bool:
-        x = torch.randn(count, SHAPE[1], generator=generator).to(torch.bfloat16)
-        transposed = timer(lambda: torch.mm(half, x.t()).t().contiguous())
-        return transposed < timer(lambda: F.linear(x, half))
+    def transposed_faster(rows: int) -> bool:
+        x = torch.randn(rows, SHAPE[1], generator=generator).to(torch.bfloat16)
+        transposed = timer(over(halves, lambda w: torch.mm(w, x.t()).t().contiguous()))
+        return transposed < timer(over(halves, lambda w: F.linear(x, w)))
 
     transposed_max_rows = leading_wins(BF16_ROWS, transposed_faster)
     return KernelChoice(mkl_max_rows, mv_faster, transposed_max_rows, "measured")

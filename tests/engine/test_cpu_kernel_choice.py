@@ -50,7 +50,9 @@ def test_measuring_times_each_pair_of_kernels_on_the_same_product():
     chosen = measure(timer)
     assert chosen == KernelChoice(2, False, 8, "measured")
     assert next(script, None) is None  # every pair timed, none after a loss
-    for fast, slow in zip(results[::2], results[1::2], strict=True):
+    for fast_layers, slow_layers in zip(results[::2], results[1::2], strict=True):
+        assert len(fast_layers) == len(slow_layers) >= 1  # every layer of a pass
+        fast, slow = fast_layers[0], slow_layers[0]
         assert fast.shape[-1] == slow.shape[-1] == choice_module.SHAPE[0]
         torch.testing.assert_close(
             fast.float().reshape(slow.shape), slow.float(), atol=0.05, rtol=0.02
@@ -149,3 +151,10 @@ def test_packing_takes_this_machines_routes(monkeypatch):
     monkeypatch.setattr(cpu_linear, "kernel_choice", lambda onednn: mine)
     cpu_linear.pack_linear_weights(torch.nn.Sequential(torch.nn.Linear(8, 8)))
     assert cpu_linear.routes() == mine
+
+
+def test_a_timed_pass_reads_more_than_the_cache_holds():
+    layer = 12_582_912  # a 1024x3072 float32 layer
+    assert choice_module.layer_count(32 << 20, layer) == 11  # 128 MB past a 32 MB L3
+    assert choice_module.layer_count(None, layer) == 6  # 64 MB where sysfs does not say
+    assert choice_module.layer_count(1 << 10, 1 << 30) == 1
