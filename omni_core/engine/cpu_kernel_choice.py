@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .cpu_cache import last_level_cache_bytes
+
 MODE_VAR = "OMNI_CPU_KERNELS"
 MODES = ("measure", "default", "remeasure")
 #: Rows timed for each choice: a lone request, small batches, a decode batch's widths.
@@ -88,8 +90,6 @@ def layer_count(cache_bytes: int | None, layer_bytes: int) -> int:
 @torch.inference_mode()
 def measure(timer: Timer = best_time, onednn: bool = True) -> KernelChoice:
     """Time each route against ``F.linear`` on :data:`SHAPE` layers in this process."""
-    from .prepack import last_level_cache_bytes
-
     generator = torch.Generator().manual_seed(0)
     count = layer_count(last_level_cache_bytes(), SHAPE[0] * SHAPE[1] * 4)
     # a constant fill: the kernels' speed does not depend on the values, and drawing

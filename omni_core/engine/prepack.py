@@ -39,45 +39,20 @@ Only bf16 activations on a CPU with AMX tiles, where it was measured.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cpu_cache import last_level_cache_bytes
 from .cpu_linear import RowLinear
 
 #: Inductor options of a prepacked step: GEMMs chosen among the C++ template
 #: and ATen by timing (ATen stays a choice, so that a product the template
 #: cannot take still compiles).
 PREPACK_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
-
-_CACHE_ROOT = Path("/sys/devices/system/cpu/cpu0/cache")
-
-
-@functools.cache
-def last_level_cache_bytes() -> int | None:
-    """The largest CPU cache's size in bytes (sysfs); None where the system does not say."""
-    best: tuple[int, int] | None = None
-    for entry in _CACHE_ROOT.glob("index*"):
-        try:
-            level = int((entry / "level").read_text())
-            size = _size_bytes((entry / "size").read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if best is None or (level, size) > best:
-            best = (level, size)
-    return None if best is None else best[1]
-
-
-def _size_bytes(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if text and text[-1].upper() in units:
-        return int(text[:-1]) * units[text[-1].upper()]
-    return int(text)
 
 
 def amx_available() -> bool:

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-from omni_core.engine import prepack  # noqa: E402
+from omni_core.engine import cpu_cache, prepack  # noqa: E402
 from omni_core.engine.backends import EngineSettingsError, validate_engine_settings  # noqa: E402
 from omni_core.engine.buckets import StaticPlan, static_plan  # noqa: E402
 from omni_core.engine.compiled import StaticContext  # noqa: E402
@@ -55,15 +55,15 @@ def test_the_last_level_cache_is_the_largest_level(tmp_path, monkeypatch):
         entry.mkdir()
         (entry / "level").write_text(f"{level}\n")
         (entry / "size").write_text(f"{size}\n")
-    monkeypatch.setattr(prepack, "_CACHE_ROOT", tmp_path)
-    prepack.last_level_cache_bytes.cache_clear()
+    monkeypatch.setattr(cpu_cache, "_CACHE_ROOT", tmp_path)
+    cpu_cache.last_level_cache_bytes.cache_clear()
     try:
-        assert prepack.last_level_cache_bytes() == 491520 * 1024
-        monkeypatch.setattr(prepack, "_CACHE_ROOT", tmp_path / "absent")
-        prepack.last_level_cache_bytes.cache_clear()
+        assert prepack.last_level_cache_bytes() == 491520 * 1024  # what prepack reads
+        monkeypatch.setattr(cpu_cache, "_CACHE_ROOT", tmp_path / "absent")
+        cpu_cache.last_level_cache_bytes.cache_clear()
         assert prepack.last_level_cache_bytes() is None
     finally:
-        prepack.last_level_cache_bytes.cache_clear()
+        cpu_cache.last_level_cache_bytes.cache_clear()
 
 
 def test_only_bf16_cpu_steps_that_fit_the_cache_are_prepacked(monkeypatch):
