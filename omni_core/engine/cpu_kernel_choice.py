@@ -8,9 +8,11 @@ measured the opposite for every one of them: oneDNN twice MKL's speed at one
 float32 row (28 against 14 GB/s), ``F.linear`` 1.1-1.8x the bf16 routes. A
 user's machine is neither, so the first stage process that packs weights
 times each pair of kernels on 1024x3072 layers, as many as four times the
-last-level cache holds so that they stream from memory (about a second), and
-keeps the answer in ``$XDG_CACHE_HOME/omni/cpu_kernels.json``, keyed by the
-processor, torch's version and the thread count, so later starts read it.
+last-level cache holds so that they stream from memory (0.3 s on a 2-core
+AMD EPYC), and keeps the answer in ``$XDG_CACHE_HOME/omni/cpu_kernels.json``,
+keyed by the processor, torch's version and the thread count, so later
+starts read it (stages that start together may each measure once; the file
+keeps the last answer, written whole).
 
 ``OMNI_CPU_KERNELS``: ``measure`` (the default) as above; ``default`` takes
 the shipped routes without measuring (the test suite, for numbers that do
