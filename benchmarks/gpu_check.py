@@ -430,7 +430,10 @@ def measure_moss(device: str, levels: list[int], frames: int, smoke: bool) -> li
                 # The codec's released config.json is not in this repository: the tiny
                 # preset's codec stands in (the backbone, which dominates, is at 8B).
                 write_moss_configs_with_tiny_codec(bench, root)
-                note = "codec: tiny preset's (release config not found)"
+                note = (
+                    "codec: tiny preset's (its release config.json not found: set "
+                    "MOSS_TTS_REF_SRC to a folder holding MOSS-Audio-Tokenizer/config.json)"
+                )
             model = root / "model"
         runs, _, _ = anyio.run(bench.ours, model, frames, levels, 0, None, "dummy", gpu_id, dtype)
     label = "MOSS-TTS tiny" if smoke else "MOSS-TTS 8B"
