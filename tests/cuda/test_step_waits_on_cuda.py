@@ -42,8 +42,11 @@ def _waits(call: Any) -> list[tuple[str, str]]:
     for w in caught:
         if "synchroniz" not in str(w.message):
             continue
-        lines = Path(w.filename).read_text().splitlines()
-        places.append((Path(w.filename).name, lines[w.lineno - 1].strip()))
+        try:
+            text = Path(w.filename).read_text().splitlines()[w.lineno - 1].strip()
+        except (OSError, IndexError):
+            text = f"line {w.lineno}"  # no source to show (a frozen or generated module)
+        places.append((Path(w.filename).name, text))
     return places
 
 
