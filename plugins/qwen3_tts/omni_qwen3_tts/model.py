@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from omni_core.engine.sampling import make_generator, to_device
+from omni_core.engine.sampling import from_host, make_generator, to_device
 from omni_core.kit.weights import fill_shared
 
 from .config import GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
@@ -161,7 +161,8 @@ class Qwen3TTSModel:
     # -- prompt -> embeddings -----------------------------------------------------------
 
     def _ids(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+        # from_host: a plain torch.tensor(list, device="cuda") waits for the whole queue
+        return from_host(values, self.device)
 
     @torch.no_grad()
     def embed_prompt(self, prompt: TTSPrompt | dict) -> tuple[torch.Tensor, torch.Tensor]:
