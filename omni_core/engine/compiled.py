@@ -357,12 +357,22 @@ class StaticContext:
     ``cache`` is the engine's :class:`~.kv_cache.SlotKVCache`, allocated with
     one spare slot for padding rows. ``decoder`` builds a decoder over it;
     ``scratch_decoder`` one over a cache of the model's own (a code
-    predictor's per-frame positions).
+    predictor's per-frame positions). ``after_warm_up`` takes what a model
+    captures around its decoders' steps once they are captured (a code
+    predictor's whole frame, sampling included).
     """
 
     def __init__(self, plan: StaticPlan, cache: Any):
         self.plan, self.cache = plan, cache
         self.decoders: list[StaticDecoder] = []
+        self._after: list[Callable[[], str | None]] = []
+        #: What the after-warm-up callbacks said (the start-up log prints them).
+        self.notes: list[str] = []
+
+    def after_warm_up(self, callback: Callable[[], str | None]) -> None:
+        """Run ``callback`` on the compute thread once every decoder is compiled and
+        captured, before the process says ready; what it returns goes to the log."""
+        self._after.append(callback)
 
     def decoder(self, name: str, forward: Forward, **kwargs: Any) -> StaticDecoder:
         """A static decoder over the engine's slot cache."""
@@ -426,3 +436,7 @@ class StaticContext:
         with torch.inference_mode():
             for decoder in self.decoders:
                 decoder.warm_up()
+            for callback in self._after:
+                note = callback()
+                if note:
+                    self.notes.append(note)

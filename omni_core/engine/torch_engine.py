@@ -482,9 +482,9 @@ def _prepare_static(model: Any, plan: StaticPlan, cache: SlotKVCache) -> float:
     seconds = context.warm_up()
     names = ", ".join(d.name for d in context.decoders) or "nothing"
     print(f"engine: {plan.reason}: {names} ready in {seconds:.1f} s", flush=True)
-    for decoder in context.decoders:
-        if decoder.note:
-            print(f"engine: {decoder.note}", flush=True)
+    notes = [d.note for d in context.decoders if d.note] + context.notes
+    for note in notes:
+        print(f"engine: {note}", flush=True)
     return seconds
 
 

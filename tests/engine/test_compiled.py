@@ -437,3 +437,29 @@ def test_a_failed_capture_says_so_and_falls_back_to_what_the_plan_allows(monkeyp
     assert "CUDA graph capture failed (RuntimeError: operation not permitted" in static.note
     assert (static.use_graphs, static.enabled, static.warm) == (False, False, False)
     assert static.spans == attention_spans(32, graphs=False)  # eager spans, not the captured
+
+
+def test_after_warm_up_runs_once_the_decoders_are_warm_and_its_note_is_kept():
+    """A model captures what surrounds its steps (a whole frame) after they are captured."""
+    import threading
+
+    from omni_core.engine.compute import compute_thread
+
+    model = TinyDecoder(num_layers=1, seed=9)
+    cache = SlotKVCache(model.cache_layout(), 2, 16, spare=True)
+    context = StaticContext(StaticPlan(False, False, (1,), "test"), cache)
+    decoder = context.decoder("toy", model.stack, hidden=model.dim, dtype=torch.float32)
+    order: list[tuple[str, threading.Thread]] = []
+    warm_up = decoder.warm_up
+    decoder.warm_up = lambda: (warm_up(), order.append(("decoder", threading.current_thread())))
+
+    def capture_more() -> str:
+        order.append(("after", threading.current_thread()))
+        return "toy: frame captured"
+
+    context.after_warm_up(capture_more)
+    context.after_warm_up(lambda: None)  # nothing to say: no note
+    context.warm_up()
+    worker = compute_thread().thread
+    assert order == [("decoder", worker), ("after", worker)]
+    assert context.notes == ["toy: frame captured"]

@@ -10,14 +10,26 @@ and need no padding.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from omni_core.engine.buckets import bucket_for
 
 from .config import TransformerConfig
 from .layers import DecoderStack, rope_cos_sin
-from .sampling import RowSampling, select_tokens
+from .sampling import (
+    RowSampling,
+    RowSettings,
+    draw_tokens,
+    frame_settings,
+    frame_uniforms,
+    select_tokens,
+)
 
 
 class ScratchKV:
@@ -112,23 +124,31 @@ class CodePredictor(nn.Module):
 
         ``talker_hidden`` ``[B, H]``: the talker's final hidden state that
         produced codebook 0; ``code0_embedding`` ``[B, H]``: that code's
-        talker embedding.
+        talker embedding. A drawing row takes its frame's G-1 numbers from
+        its generator before the first pick (:func:`frame_uniforms`), so
+        the eager, static and captured frames pick the same codes.
         """
         cfg = self.cfg
         groups = cfg.num_code_groups
         x = torch.stack((talker_hidden, code0_embedding), dim=1)
         x = self.small_to_mtp_projection(x)
+        draws = [r.draws for r in rows]
+        uniforms = frame_uniforms(generators, draws, groups - 1, x.device) if any(draws) else None
+
+        def pick(i: int, logits: torch.Tensor) -> torch.Tensor:
+            column = None if uniforms is None else uniforms[:, i]
+            return select_tokens(logits, rows, generators, uniforms=column)
+
         static = getattr(self, "static", None)
         if static is not None and static.fits(x):
-            return self._static_frame(static, x, rows, generators)
+            return self._static_frame(static, x, rows, uniforms, pick)
         store = ScratchKV(
             cfg.num_hidden_layers, x.shape[0], cfg.num_key_value_heads, groups, cfg.head_dim, x
         )
         hidden = self.model(x, 0, store)
         codes = []
         for i in range(groups - 1):
-            logits = self.lm_head[i](hidden[:, -1])
-            code = select_tokens(logits, rows, generators)
+            code = pick(i, self.lm_head[i](hidden[:, -1]))
             codes.append(code)
             if i == groups - 2:
                 break
@@ -139,7 +159,10 @@ class CodePredictor(nn.Module):
     def prepare_static(self, context: Any, dtype: torch.dtype, device: torch.device) -> None:
         """Build the static-shape step the engine compiles (see ``omni_core.engine.compiled``).
 
-        Its cache is its own: one row per bucket row, ``num_code_groups`` positions.
+        Its cache is its own: one row per bucket row, ``num_code_groups``
+        positions. Where the step is captured as CUDA graphs, each bucket's
+        whole frame (G-1 steps and picks) is captured too, once the engine's
+        warm-up has captured the step (:meth:`_capture_frames`).
         """
         cfg = self.cfg
         self.static = context.scratch_decoder(
@@ -154,26 +177,124 @@ class CodePredictor(nn.Module):
             hidden=cfg.hidden_size,
             steps=(1, 2),
         )
+        self.frame_graphs: dict[int, Any] = {}
+        context.after_warm_up(self._capture_frames)
 
     def _static_frame(
         self,
         static: Any,
         x: torch.Tensor,
         rows: list[RowSampling],
-        generators: list[torch.Generator | None],
+        uniforms: torch.Tensor | None,
+        pick: Callable[[int, torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
-        """:meth:`generate_frame` through the static step: the same codes, static shapes."""
+        """:meth:`generate_frame` through the static step: the same codes, static shapes.
+
+        A bucket whose frame was captured replays it: one launch for the
+        frame's 15 steps and picks, where stepping them from Python
+        launched ~60 small kernels a pick (the GPU check's profile of
+        Qwen3-TTS at c=8: 936 launches an engine step).
+        """
+        batch = x.shape[0]
+        bucket = bucket_for(batch, static.buckets)
+        captured = self.frame_graphs.get(bucket) if bucket is not None else None
+        if captured is None:
+            return self._frame_codes(static, x, pick)
+        groups = self.cfg.num_code_groups
+        settings = frame_settings(tuple(rows), bucket, self.cfg.vocab_size, x.device)
+        if uniforms is None:
+            uniforms = x.new_zeros((batch, groups - 1), dtype=torch.float32)
+        extra = bucket - batch
+        codes = captured(
+            F.pad(x, (0, 0, 0, 0, 0, extra)),
+            settings.greedy,
+            settings.temperature,
+            settings.kth,
+            settings.top_p,
+            F.pad(uniforms, (0, 0, 0, extra)),
+        )
+        return codes[:batch].clone()  # the graph's output buffer: the next replay rewrites it
+
+    def _frame_codes(
+        self,
+        step: Callable[..., torch.Tensor],
+        x: torch.Tensor,
+        pick: Callable[[int, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """A frame's codes with ``step(x, positions, cache_pos, slots)`` as the decoder and
+        ``pick(i, logits)`` choosing codebook ``i + 1``: static shapes throughout."""
         batch, groups = x.shape[0], self.cfg.num_code_groups
         slots = torch.arange(batch, device=x.device)
-        where = torch.arange(2, device=x.device)[None].expand(batch, 2)
-        hidden = static(x, where, where, slots)
+        # contiguous: a compiled step guards on strides (see StaticDecoder._padded)
+        where = torch.arange(2, device=x.device).repeat(batch, 1)
+        hidden = step(x, where, where, slots)
         codes = []
         for i in range(groups - 1):
-            code = select_tokens(self.lm_head[i](hidden[:, -1]), rows, generators)
+            code = pick(i, self.lm_head[i](hidden[:, -1]))
             codes.append(code)
             if i == groups - 2:
                 break
             nxt = self.small_to_mtp_projection(self.model.codec_embedding[i](code))[:, None]
             where = torch.full((batch, 1), i + 2, dtype=torch.long, device=x.device)
-            hidden = static(nxt, where, where, slots)
+            hidden = step(nxt, where, where, slots)
         return torch.stack(codes, dim=1)
+
+    def capturable_frame(self, static: Any) -> Callable[..., torch.Tensor]:
+        """The function a bucket's frame graph holds: every input a tensor of fixed shape.
+
+        ``frame(x, greedy, temperature, kth, top_p, uniforms)`` -> codes
+        ``[bucket, G-1]``; the settings are :func:`frame_settings`' tensors,
+        ``uniforms`` :func:`frame_uniforms`'. The picks widen top-k to the
+        whole vocabulary and always apply top-p, which picks the same codes
+        as each batch's own settings would (:func:`draw_tokens`) with one
+        graph for every batch.
+        """
+        vocab = self.cfg.vocab_size
+        step = functools.partial(static._step, span=static.spans[-1])
+
+        def frame(
+            x: torch.Tensor,
+            greedy: torch.Tensor,
+            temperature: torch.Tensor,
+            kth: torch.Tensor,
+            top_p: torch.Tensor,
+            uniforms: torch.Tensor,
+        ) -> torch.Tensor:
+            settings = RowSettings(greedy, temperature, top_p, kth, widest=vocab, nucleus=True)
+
+            def pick(i: int, logits: torch.Tensor) -> torch.Tensor:
+                return draw_tokens(logits.float(), settings, uniforms[:, i])
+
+            return self._frame_codes(step, x, pick)
+
+        return frame
+
+    def frame_example(self, static: Any, bucket: int) -> tuple[torch.Tensor, ...]:
+        """Inputs of a bucket's frame made of greedy padding rows (to capture it)."""
+        device, groups = static.device, self.cfg.num_code_groups
+        settings = frame_settings((), bucket, self.cfg.vocab_size, device)
+        x = torch.zeros(bucket, 2, static.hidden, dtype=static.dtype, device=device)
+        uniforms = torch.zeros(bucket, groups - 1, device=device)
+        return x, settings.greedy, settings.temperature, settings.kth, settings.top_p, uniforms
+
+    def _capture_frames(self) -> str | None:
+        """Capture each bucket's whole frame where the step itself was captured; a note."""
+        static = self.static
+        if not (static.enabled and static.use_graphs):
+            return None
+        from omni_core.engine.cuda_graphs import CapturedStep, graph_pool
+
+        pool = graph_pool(static.device)
+        frame = self.capturable_frame(static)
+        try:
+            for bucket in sorted(static.buckets, reverse=True):
+                example = self.frame_example(static, bucket)
+                self.frame_graphs[bucket] = CapturedStep(frame, example, pool=pool)
+        except RuntimeError as exc:  # fail soft: the per-pick path still runs captured steps
+            self.frame_graphs.clear()
+            return (
+                f"code predictor: frames not captured whole ({type(exc).__name__}: {exc}); "
+                "each pick runs eagerly between captured steps"
+            )
+        picks = self.cfg.num_code_groups - 1
+        return f"code predictor: each frame's {picks} steps and picks captured as one CUDA graph"

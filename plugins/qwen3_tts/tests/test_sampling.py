@@ -94,3 +94,71 @@ def test_a_code_predictor_frame_never_reads_the_device(tiny_model) -> None:
     seeded = [torch.Generator().manual_seed(1), None]  # a host generator: drawn, sent over
     codes = predictor.generate_frame(hidden, torch.empty(2, width, device="meta"), rows, seeded)
     assert codes.shape == (2, tiny_model.config.talker.transformer.num_code_groups - 1)
+
+
+def test_widening_top_k_to_the_vocabulary_and_always_applying_top_p_picks_the_same() -> None:
+    # a captured frame holds one graph for every batch's settings (draw_tokens' promise)
+    from omni_qwen3_tts.sampling import draw_tokens, frame_settings
+
+    rows = [r for r in MIXED] + [RowSampling(temperature=0.8, top_k=3), RowSampling(greedy=True)]
+    settings = frame_settings(tuple(rows), len(rows) + 2, 64, torch.device("cpu"))
+    assert settings.greedy.tolist()[-2:] == [True, True]  # padding rows pick greedily
+    for seed in range(30):
+        scores = _logits(len(rows) + 2, seed=seed)
+        uniforms = torch.rand(len(rows) + 2, generator=torch.Generator().manual_seed(seed))
+        own = draw_tokens(scores, settings, uniforms)
+        wide = draw_tokens(scores, settings, uniforms, widest=64, nucleus=True)
+        assert torch.equal(own, wide), seed
+
+
+def test_a_frame_draws_its_numbers_once_per_row() -> None:
+    from omni_qwen3_tts.sampling import frame_uniforms
+
+    gens = [torch.Generator().manual_seed(3), None, torch.Generator().manual_seed(4)]
+    table = frame_uniforms(gens, [True, False, True], 15, torch.device("cpu"))
+    assert table.shape == (3, 15) and not table[1].any()
+    assert torch.equal(table[0], torch.rand(15, generator=torch.Generator().manual_seed(3)))
+    assert gens[0].initial_seed() == 3 and len(set(table[2].tolist())) == 15
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_frame_a_cuda_graph_captures_picks_the_eager_frames_codes(batch) -> None:
+    # On the CPU the capturable function runs as plain code: it must equal the eager
+    # frame for seeded, greedy and filtered rows padded up to the bucket.
+    from omni_core.engine.buckets import StaticPlan
+    from omni_core.engine.compiled import StaticContext
+    from omni_qwen3_tts.model import Qwen3TTSModel
+    from omni_qwen3_tts.sampling import frame_settings, frame_uniforms
+
+    model = Qwen3TTSModel.from_pretrained("tiny", load_format="dummy", seed=0)
+    predictor = model.talker.code_predictor
+    width = model.config.talker.transformer.hidden_size
+    rows = [RowSampling(temperature=0.9, top_k=50), RowSampling(greedy=True)]
+    rows += [RowSampling(temperature=1.1, top_p=0.7)]
+    rows = rows[:batch]
+    draw = torch.Generator().manual_seed(5)
+    hidden, code0 = torch.randn(2, batch, width, generator=draw)
+    eager = predictor.generate_frame(
+        hidden, code0, rows, [torch.Generator().manual_seed(20 + b) for b in range(batch)]
+    )
+    predictor.prepare_static(StaticContext(StaticPlan(False, False, (4,), "t"), None), *_cpu())
+    x = predictor.small_to_mtp_projection(torch.stack((hidden, code0), dim=1))
+    gens = [torch.Generator().manual_seed(20 + b) for b in range(batch)]
+    uniforms = frame_uniforms(gens, [r.draws for r in rows], 15, x.device)
+    vocab = model.config.talker.code_predictor.vocab_size
+    settings = frame_settings(tuple(rows), 4, vocab, x.device)
+    pad = 4 - batch
+    frame = predictor.capturable_frame(predictor.static)
+    codes = frame(
+        torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)),
+        settings.greedy,
+        settings.temperature,
+        settings.kth,
+        settings.top_p,
+        torch.nn.functional.pad(uniforms, (0, 0, 0, pad)),
+    )
+    assert codes.shape == (4, 15) and torch.equal(codes[:batch], eager)
+
+
+def _cpu() -> tuple[torch.dtype, torch.device]:
+    return torch.float32, torch.device("cpu")
