@@ -14,8 +14,11 @@ returns None and the model runs its eager step. All buckets and spans are
 compiled at start-up (:meth:`StaticContext.warm_up`), before the process
 says ready.
 
-The sampling around the step stays eager: it is per-request Python (seeded
-generators, repetition penalties) and reads little memory.
+The sampling around a step stays eager where it is per-request Python
+(seeded generators, repetition penalties). A model may capture more around
+its steps once they are captured (:meth:`StaticContext.after_warm_up`): the
+Qwen3-TTS / Qwen3-Omni code predictor captures a whole frame, its picks
+included, with each row's random numbers drawn before the frame.
 """
 
 from __future__ import annotations

@@ -57,7 +57,9 @@ class CapturedStep:
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         """Copy ``inputs`` (the captured shapes) into the graph's buffers and replay it."""
-        with torch.cuda.device(self.device):
+        # Inference mode: buffers made under it (the engine's warm-up) refuse an in-place
+        # copy outside it, and a caller may step under no_grad only (model.generate).
+        with torch.cuda.device(self.device), torch.inference_mode():
             for buffer, value in zip(self.inputs, inputs, strict=True):
                 buffer.copy_(value, non_blocking=True)
             self.graph.replay()

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.cuda
 DEVICE = os.environ.get("OMNI_CUDA_DEVICE", "cuda")
 
 
-def test_a_captured_frame_picks_the_per_pick_paths_codes_without_waiting() -> None:
+@pytest.mark.parametrize("filtered", ["top-k as usual", "top-p too"])
+def test_a_captured_frame_picks_the_per_pick_paths_codes_without_waiting(filtered: str) -> None:
     from omni_core.engine.buckets import StaticPlan
     from omni_core.engine.compiled import StaticContext
     from omni_qwen3_tts.model import Qwen3TTSModel
@@ -32,17 +33,20 @@ def test_a_captured_frame_picks_the_per_pick_paths_codes_without_waiting() -> No
         "tiny", load_format="dummy", seed=0, dtype="bfloat16", device=DEVICE
     )
     predictor = model.talker.code_predictor
+    usual = RowSampling(temperature=0.9, top_k=50)
     context = StaticContext(StaticPlan(False, True, (1, 2, 4), "test"), None)
-    predictor.prepare_static(context, model.dtype, model.device)
+    predictor.prepare_static(context, model.dtype, model.device, usual)
     context.warm_up()
-    assert sorted(predictor.frame_graphs) == [1, 2, 4], context.notes
+    vocab = model.config.talker.code_predictor.vocab_size
+    shapes = [(50, False), (vocab, True)]
+    assert sorted(predictor.frame_graphs) == sorted(
+        (b, w, n) for b in (1, 2, 4) for w, n in shapes
+    ), context.notes
     assert any("captured as one CUDA graph" in note for note in context.notes)
 
-    rows = [
-        RowSampling(temperature=0.9, top_k=50),
-        RowSampling(greedy=True),
-        RowSampling(temperature=1.2, top_p=0.6),
-    ]
+    rows = [usual, RowSampling(greedy=True), RowSampling(temperature=1.2, top_k=9)]
+    if filtered == "top-p too":
+        rows[2] = RowSampling(temperature=1.2, top_p=0.6)
     width = model.config.talker.transformer.hidden_size
     draw = torch.Generator(device=model.device).manual_seed(3)
     hidden, code0 = torch.randn(2, 3, width, generator=draw, device=model.device)
@@ -51,12 +55,13 @@ def test_a_captured_frame_picks_the_per_pick_paths_codes_without_waiting() -> No
     def generators() -> list[torch.Generator]:
         return [torch.Generator(device=model.device).manual_seed(30 + b) for b in range(3)]
 
-    predictor.generate_frame(hidden, code0, rows, generators())  # settings cached
+    with torch.inference_mode():  # as the engine steps
+        predictor.generate_frame(hidden, code0, rows, generators())  # settings cached
     static_calls = predictor.static.calls
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        captured = predictor.generate_frame(hidden, code0, rows, generators())
+        captured = predictor.generate_frame(hidden, code0, rows, generators())  # no_grad only
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert predictor.static.calls == static_calls  # the frame graph ran, not the per-pick path

@@ -156,13 +156,23 @@ class CodePredictor(nn.Module):
             hidden = self.model(nxt, store.length, store)
         return torch.stack(codes, dim=1)
 
-    def prepare_static(self, context: Any, dtype: torch.dtype, device: torch.device) -> None:
+    def prepare_static(
+        self,
+        context: Any,
+        dtype: torch.dtype,
+        device: torch.device,
+        usual: RowSampling | None = None,
+    ) -> None:
         """Build the static-shape step the engine compiles (see ``omni_core.engine.compiled``).
 
         Its cache is its own: one row per bucket row, ``num_code_groups``
         positions. Where the step is captured as CUDA graphs, each bucket's
         whole frame (G-1 steps and picks) is captured too, once the engine's
-        warm-up has captured the step (:meth:`_capture_frames`).
+        warm-up has captured the step (:meth:`_capture_frames`): one graph
+        that serves any settings (top-k over the whole vocabulary, top-p
+        always applied: two sorts a pick) and, for ``usual`` (the settings
+        most requests keep, the release's predictor defaults), one that
+        filters only as wide as they ask.
         """
         cfg = self.cfg
         self.static = context.scratch_decoder(
@@ -177,7 +187,12 @@ class CodePredictor(nn.Module):
             hidden=cfg.hidden_size,
             steps=(1, 2),
         )
-        self.frame_graphs: dict[int, Any] = {}
+        self.frame_graphs: dict[tuple[int, int, bool], Any] = {}  # (bucket, widest, nucleus)
+        self.frame_shapes = [(cfg.vocab_size, True)]
+        if usual is not None and usual.draws:
+            narrow = (min(usual.top_k, cfg.vocab_size), usual.top_p < 1.0)
+            if narrow != self.frame_shapes[0] and narrow[0] > 0:
+                self.frame_shapes.insert(0, narrow)
         context.after_warm_up(self._capture_frames)
 
     def _static_frame(
@@ -197,11 +212,16 @@ class CodePredictor(nn.Module):
         """
         batch = x.shape[0]
         bucket = bucket_for(batch, static.buckets)
-        captured = self.frame_graphs.get(bucket) if bucket is not None else None
-        if captured is None:
+        if bucket is None or not self.frame_graphs:
             return self._frame_codes(static, x, pick)
         groups = self.cfg.num_code_groups
         settings = frame_settings(tuple(rows), bucket, self.cfg.vocab_size, x.device)
+        # the narrowest graph whose filters hold every row's (draw_tokens: same picks)
+        captured = next(
+            self.frame_graphs[(bucket, widest, nucleus)]
+            for widest, nucleus in self.frame_shapes
+            if widest >= settings.widest and (nucleus or not settings.nucleus)
+        )
         if uniforms is None:
             uniforms = x.new_zeros((batch, groups - 1), dtype=torch.float32)
         extra = bucket - batch
@@ -239,17 +259,18 @@ class CodePredictor(nn.Module):
             hidden = step(nxt, where, where, slots)
         return torch.stack(codes, dim=1)
 
-    def capturable_frame(self, static: Any) -> Callable[..., torch.Tensor]:
+    def capturable_frame(
+        self, static: Any, widest: int, nucleus: bool
+    ) -> Callable[..., torch.Tensor]:
         """The function a bucket's frame graph holds: every input a tensor of fixed shape.
 
         ``frame(x, greedy, temperature, kth, top_p, uniforms)`` -> codes
         ``[bucket, G-1]``; the settings are :func:`frame_settings`' tensors,
-        ``uniforms`` :func:`frame_uniforms`'. The picks widen top-k to the
-        whole vocabulary and always apply top-p, which picks the same codes
-        as each batch's own settings would (:func:`draw_tokens`) with one
-        graph for every batch.
+        ``uniforms`` :func:`frame_uniforms`'. The picks filter top-k over
+        ``widest`` scores and apply top-p where ``nucleus``: for every batch
+        whose rows ask for no wider top-k and (without ``nucleus``) no top-p,
+        the same codes as the batch's own settings (:func:`draw_tokens`).
         """
-        vocab = self.cfg.vocab_size
         step = functools.partial(static._step, span=static.spans[-1])
 
         def frame(
@@ -260,7 +281,7 @@ class CodePredictor(nn.Module):
             top_p: torch.Tensor,
             uniforms: torch.Tensor,
         ) -> torch.Tensor:
-            settings = RowSettings(greedy, temperature, top_p, kth, widest=vocab, nucleus=True)
+            settings = RowSettings(greedy, temperature, top_p, kth, widest, nucleus)
 
             def pick(i: int, logits: torch.Tensor) -> torch.Tensor:
                 return draw_tokens(logits.float(), settings, uniforms[:, i])
@@ -285,11 +306,13 @@ class CodePredictor(nn.Module):
         from omni_core.engine.cuda_graphs import CapturedStep, graph_pool
 
         pool = graph_pool(static.device)
-        frame = self.capturable_frame(static)
         try:
-            for bucket in sorted(static.buckets, reverse=True):
-                example = self.frame_example(static, bucket)
-                self.frame_graphs[bucket] = CapturedStep(frame, example, pool=pool)
+            for widest, nucleus in self.frame_shapes:
+                frame = self.capturable_frame(static, widest, nucleus)
+                for bucket in sorted(static.buckets, reverse=True):
+                    example = self.frame_example(static, bucket)
+                    graph = CapturedStep(frame, example, pool=pool)
+                    self.frame_graphs[(bucket, widest, nucleus)] = graph
         except RuntimeError as exc:  # fail soft: the per-pick path still runs captured steps
             self.frame_graphs.clear()
             return (
@@ -297,4 +320,10 @@ class CodePredictor(nn.Module):
                 "each pick runs eagerly between captured steps"
             )
         picks = self.cfg.num_code_groups - 1
-        return f"code predictor: each frame's {picks} steps and picks captured as one CUDA graph"
+        shapes = ", ".join(
+            f"top-k over {w}" + (" and top-p" if n else "") for w, n in self.frame_shapes
+        )
+        return (
+            f"code predictor: each frame's {picks} steps and picks captured as one CUDA graph "
+            f"per batch size ({shapes})"
+        )

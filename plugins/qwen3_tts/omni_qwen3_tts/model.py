@@ -16,6 +16,7 @@ to feed, one per frame), ``last_hidden``, ``last_codes``, ``history``
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -264,28 +265,32 @@ class Qwen3TTSModel:
         self._static_talker = context.decoder(
             "talker", self.talker.model, hidden=t.hidden_size, dtype=self.dtype
         )
-        self.talker.code_predictor.prepare_static(context, self.dtype, self.device)
+        self.talker.code_predictor.prepare_static(
+            context, self.dtype, self.device, self._predictor_sampling()
+        )
 
     def _rows(self, sequences: list[Any]) -> tuple[list[RowSampling], list[RowSampling]]:
-        gen = self.generation
+        usual = self._predictor_sampling()
         main, sub = [], []
         for seq in sequences:
             row = RowSampling.of(seq.sampling)
-            greedy = row.greedy
             main.append(row)
             override = seq.state.get("subtalker")
             if override is not None:
                 sub.append(override)
             else:
-                sub.append(
-                    RowSampling(
-                        greedy=greedy or not gen.subtalker_dosample,
-                        temperature=gen.subtalker_temperature,
-                        top_k=gen.subtalker_top_k,
-                        top_p=gen.subtalker_top_p,
-                    )
-                )
+                sub.append(dataclasses.replace(usual, greedy=True) if row.greedy else usual)
         return main, sub
+
+    def _predictor_sampling(self) -> RowSampling:
+        """How the code predictor picks for a sampled request: the release's subtalker settings."""
+        gen = self.generation
+        return RowSampling(
+            greedy=not gen.subtalker_dosample,
+            temperature=gen.subtalker_temperature,
+            top_k=gen.subtalker_top_k,
+            top_p=gen.subtalker_top_p,
+        )
 
     def _generator(self, seq: Any) -> torch.Generator | None:
         """A seeded request's generator, on the model's device (no host copy to draw)."""

@@ -121,8 +121,12 @@ def test_a_frame_draws_its_numbers_once_per_row() -> None:
     assert gens[0].initial_seed() == 3 and len(set(table[2].tolist())) == 15
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_the_frame_a_cuda_graph_captures_picks_the_eager_frames_codes(batch) -> None:
+@pytest.mark.parametrize(
+    ("batch", "widest", "nucleus"), [(1, None, True), (3, None, True), (2, 50, False)]
+)
+def test_the_frame_a_cuda_graph_captures_picks_the_eager_frames_codes(
+    batch, widest, nucleus
+) -> None:
     # On the CPU the capturable function runs as plain code: it must equal the eager
     # frame for seeded, greedy and filtered rows padded up to the bucket.
     from omni_core.engine.buckets import StaticPlan
@@ -133,6 +137,7 @@ def test_the_frame_a_cuda_graph_captures_picks_the_eager_frames_codes(batch) -> 
     model = Qwen3TTSModel.from_pretrained("tiny", load_format="dummy", seed=0)
     predictor = model.talker.code_predictor
     width = model.config.talker.transformer.hidden_size
+    # the rows the narrow frame (top-k over 50, no top-p) serves come first
     rows = [RowSampling(temperature=0.9, top_k=50), RowSampling(greedy=True)]
     rows += [RowSampling(temperature=1.1, top_p=0.7)]
     rows = rows[:batch]
@@ -148,7 +153,7 @@ def test_the_frame_a_cuda_graph_captures_picks_the_eager_frames_codes(batch) -> 
     vocab = model.config.talker.code_predictor.vocab_size
     settings = frame_settings(tuple(rows), 4, vocab, x.device)
     pad = 4 - batch
-    frame = predictor.capturable_frame(predictor.static)
+    frame = predictor.capturable_frame(predictor.static, widest or vocab, nucleus)
     codes = frame(
         torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)),
         settings.greedy,
@@ -162,3 +167,42 @@ def test_the_frame_a_cuda_graph_captures_picks_the_eager_frames_codes(batch) -> 
 
 def _cpu() -> tuple[torch.dtype, torch.device]:
     return torch.float32, torch.device("cpu")
+
+
+def test_a_batch_replays_the_narrowest_frame_graph_that_holds_its_settings() -> None:
+    # CUDA graphs cannot exist here: each "graph" is its capturable frame run as plain
+    # code, recording which one a batch replays (what _static_frame picks and pads).
+    from omni_core.engine.buckets import StaticPlan
+    from omni_core.engine.compiled import StaticContext
+    from omni_qwen3_tts.model import Qwen3TTSModel
+
+    model = Qwen3TTSModel.from_pretrained("tiny", load_format="dummy", seed=0)
+    predictor = model.talker.code_predictor
+    vocab = model.config.talker.code_predictor.vocab_size
+    usual = RowSampling(temperature=0.9, top_k=50)
+    context = StaticContext(StaticPlan(False, False, (4,), "t"), None)
+    predictor.prepare_static(context, *_cpu(), usual)
+    assert predictor.frame_shapes == [(50, False), (vocab, True)]
+    replayed: list[tuple[int, int, bool]] = []
+
+    def stand_in(key: tuple[int, int, bool]):
+        frame = predictor.capturable_frame(predictor.static, key[1], key[2])
+        return lambda *inputs: (replayed.append(key), frame(*inputs))[1]
+
+    width = model.config.talker.transformer.hidden_size
+    hidden, code0 = torch.randn(2, 3, width, generator=torch.Generator().manual_seed(8))
+    batches = {
+        (4, 50, False): [usual, RowSampling(greedy=True), RowSampling(temperature=1.0, top_k=7)],
+        (4, vocab, True): [usual, RowSampling(temperature=1.0, top_p=0.5), usual],
+    }
+    for key, rows in batches.items():
+        predictor.frame_graphs = {}  # the per-pick static path
+        want = predictor.generate_frame(hidden, code0, rows, _seeded(3))
+        predictor.frame_graphs = {(4, w, n): stand_in((4, w, n)) for w, n in predictor.frame_shapes}
+        replayed.clear()
+        got = predictor.generate_frame(hidden, code0, rows, _seeded(3))
+        assert replayed == [key] and torch.equal(got, want)
+
+
+def _seeded(rows: int) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(60 + b) for b in range(rows)]

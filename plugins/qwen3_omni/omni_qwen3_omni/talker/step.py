@@ -171,7 +171,9 @@ class TalkerStepModel:
             rope_streams=3,
             graph_safe=mixtures_capturable(self.talker, self.device, self.dtype),
         )
-        self.talker.code_predictor.prepare_static(context, self.dtype, self.device)
+        self.talker.code_predictor.prepare_static(
+            context, self.dtype, self.device, self.predictor_sampling
+        )
 
     def _emit(self, sequences: list[Any], hidden: torch.Tensor) -> list[StepResult]:
         """Codebook 0 for every row, then the predictor's codebooks for the rows that go on."""
