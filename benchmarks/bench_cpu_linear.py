@@ -16,9 +16,11 @@ Beside float32 (MKL's ``F.linear`` and oneDNN's inner product, between
 which the CPU stages' ``PackedLinear`` picks by row count: MKL up to
 ``MKL_MAX_ROWS``, printed below) it times the two cheaper layouts ``factory.dtype`` and
 ``factory.quantization`` choose: bfloat16 ``F.linear`` (oneDNN, AMX where
-the CPU has it; a oneDNN-packed bf16 weight measured the same, so there is
-no bf16 packed layer), ``RowLinear`` (the bf16 layer the CPU stages use: a
-lone row through ``torch.mv``) and ``Int8Linear`` (int8 weights, bf16 activations,
+the CPU has it), ``RowLinear`` (the bf16 layer the CPU stages use: a
+lone row through ``torch.mv``), ``BlockedLinear`` (the bf16 weight reordered
+to oneDNN's blocked layout: the same speed as ``F.linear`` on the Intel
+machine, 1.9x it on an AMD EPYC, so the stages take it where this machine's
+routes say so) and ``Int8Linear`` (int8 weights, bf16 activations,
 ``aten._weight_int8pack_mm``). GB/s counts each layout's own bytes; the
 speed-up columns are against float32 MKL.
 
@@ -37,7 +39,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_core.engine.cpu_kernel_choice import kernel_choice
-from omni_core.engine.cpu_linear import MKL_MAX_ROWS, RowLinear, packing_available
+from omni_core.engine.cpu_linear import (
+    MKL_MAX_ROWS,
+    BlockedLinear,
+    RowLinear,
+    blocking_available,
+    packing_available,
+)
 from omni_core.engine.fused_linear import fuse_projections, project
 from omni_core.engine.quantize import Int8Linear
 
@@ -83,7 +91,8 @@ def main() -> None:
     print(
         f"this machine's routes ({mine.source}): MKL up to {mine.mkl_max_rows} float32 rows; "
         f"a lone bf16 row through {'torch.mv' if mine.bf16_mv_one_row else 'F.linear'}; "
-        f"the bf16 transposed product up to {mine.bf16_transposed_max_rows} rows "
+        f"the bf16 transposed product up to {mine.bf16_transposed_max_rows} rows; "
+        f"bf16 weights {'blocked for oneDNN' if mine.bf16_blocked else 'dense'} "
         "(the RowLinear column below takes the shipped routes)"
     )
     del big
@@ -96,12 +105,17 @@ def main() -> None:
             for layer in routed:
                 layer.__class__ = RowLinear  # what pack_linear_weights makes of a bf16 layer
             int8 = [Int8Linear(nn.Linear(k, n, bias=False).to(torch.bfloat16)) for _ in dense]
+            blocked = (
+                [BlockedLinear(nn.Linear(k, n, bias=False).to(torch.bfloat16)) for _ in dense]
+                if blocking_available()
+                else routed  # no oneDNN bf16 here: the column repeats RowLinear's
+            )
             elements = k * n / 1e9  # GB per byte of element size
             print(f"\n{label} ({elements * 4e3:.1f} MB per float32 weight), ms per layer (GB/s):")
             print(
                 f"{'rows':>5} {'fp32 MKL':>17} {'fp32 oneDNN':>17} {'bf16 F.linear':>17}"
-                f" {'bf16 RowLinear':>17} {'int8 (bf16 x)':>17}"
-                "   speed-up oneDNN / bf16 / bf16 row / int8"
+                f" {'bf16 RowLinear':>17} {'bf16 blocked':>17} {'int8 (bf16 x)':>17}"
+                "   speed-up oneDNN / bf16 / bf16 row / bf16 blocked / int8"
             )
             weights = [d.weight for d in dense]
             for row_count in rows:
@@ -112,6 +126,7 @@ def main() -> None:
                     (x, lambda x, w: ONEDNN(x, w, None, "none", [], ""), packed),
                     (xb, lambda x, w: F.linear(x, w), half),
                     (xb, lambda x, r: r(x), routed),
+                    (xb, lambda x, b: b(x), blocked),
                     (xb, lambda x, q: q(x), int8),
                 ]
                 times = [
@@ -122,7 +137,7 @@ def main() -> None:
                     )
                     for x, call, items in runs
                 ]
-                sizes = (4, 4, 2, 2, 1)
+                sizes = (4, 4, 2, 2, 2, 1)
                 cells = [
                     f"{t * 1e3:>8.3f} ({elements * b / t:>5.1f})"
                     for t, b in zip(times, sizes, strict=True)

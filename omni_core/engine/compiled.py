@@ -332,7 +332,7 @@ def dense_linears(model: Any) -> int:
     """
     from torch import nn
 
-    from .cpu_linear import PackedLinear
+    from .cpu_linear import BlockedLinear, PackedLinear, RowLinear
 
     roots = [model] if isinstance(model, nn.Module) else []
     roots += [v for v in vars(model).values() if isinstance(v, nn.Module)]
@@ -340,8 +340,10 @@ def dense_linears(model: Any) -> int:
     for root in roots:
         for parent in list(root.modules()):
             for name, child in list(parent.named_children()):
-                if isinstance(child, PackedLinear):
-                    linear = nn.Linear(child.in_features, child.out_features, bias=False)
+                if isinstance(child, (PackedLinear, BlockedLinear)):
+                    # a bf16 layer goes back to the routes it had (omni::row_product)
+                    kind = RowLinear if isinstance(child, BlockedLinear) else nn.Linear
+                    linear = kind(child.in_features, child.out_features, bias=False)
                     linear.weight = nn.Parameter(child.packed.to_dense(), requires_grad=False)
                     linear.bias = child.bias
                     setattr(parent, name, linear)

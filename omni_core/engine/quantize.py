@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_linear import RowLinear
+from .cpu_linear import BlockedLinear, RowLinear
 from .heap import return_freed_memory
 
 DEFAULT_MIN_ELEMENTS = 1 << 20  # 2 MiB of bf16: beyond the per-core caches
@@ -151,12 +151,12 @@ def quantize_linear_weights(
     # Sizes, not the layers: a list holding every layer would keep each one's
     # weight alive until the last is converted, the whole model twice over.
     candidates = [
-        (parent, name, child.weight.numel())
+        (parent, name, _stored(child).numel())
         for prefix, parent in module.named_modules()
         for name, child in parent.named_children()
-        if type(child) in (nn.Linear, RowLinear)
-        and child.weight.dtype in (torch.bfloat16, torch.float16)
-        and child.weight.device.type == "cpu"
+        if type(child) in (nn.Linear, RowLinear, BlockedLinear)
+        and _stored(child).dtype in (torch.bfloat16, torch.float16)
+        and _stored(child).device.type == "cpu"
         and not is_head(f"{prefix}.{name}" if prefix else name)
         and not (skip and skip(f"{prefix}.{name}" if prefix else name))
     ]
@@ -174,6 +174,11 @@ def quantize_linear_weights(
     if done:
         return_freed_memory()
     return len(done)
+
+
+def _stored(layer: nn.Module) -> torch.Tensor:
+    """The weight as the layer stores it: a blocked layer's ``weight`` is a dense copy."""
+    return layer.packed if isinstance(layer, BlockedLinear) else layer.weight
 
 
 def apply_quantization(

@@ -33,12 +33,14 @@ def test_a_route_is_taken_for_the_row_counts_it_wins_from_the_first_on():
 
 def test_measuring_times_each_pair_of_kernels_on_the_same_product():
     """Scripted seconds, in the order the pairs are timed: MKL wins float32 at 1 and 2 rows
-    and loses at 3; mv loses to F.linear; the transposed product wins up to 8 rows."""
+    and loses at 3; mv loses to F.linear; the transposed product wins up to 8 rows; the
+    blocked bf16 weight beats both dense routes (F.linear at 1 row, transposed at 8)."""
     script = iter(
         [
             *(1, 2, 1, 2, 2, 1),  # float32: (MKL, oneDNN) at 1, 2, 3 rows
             *(2, 1),  # bf16 one row: (mv, F.linear)
             *(1, 2, 1, 2, 1, 2, 2, 1),  # bf16: (transposed, F.linear) at 2, 4, 8, 16 rows
+            *(1, 2, 1, 2),  # bf16: (blocked, the dense route) at 1 and 8 rows
         ]
     )
     results = []
@@ -48,7 +50,7 @@ def test_measuring_times_each_pair_of_kernels_on_the_same_product():
         return next(script)
 
     chosen = measure(timer)
-    assert chosen == KernelChoice(2, False, 8, "measured")
+    assert chosen == KernelChoice(2, False, 8, bf16_blocked=True, source="measured")
     assert next(script, None) is None  # every pair timed, none after a loss
     for fast_layers, slow_layers in zip(results[::2], results[1::2], strict=True):
         assert len(fast_layers) == len(slow_layers) >= 1  # every layer of a pass
@@ -69,18 +71,22 @@ def test_without_onednn_every_float32_row_stays_on_mkl():
 def test_the_cache_keeps_one_answer_per_machine_key_and_survives_a_bad_file(tmp_path):
     path = tmp_path / "omni" / "cpu_kernels.json"
     assert read_cached(path, "cpu A") is None
-    write_cached(path, "cpu A", KernelChoice(0, False, 0, "measured"))
-    write_cached(path, "cpu B", KernelChoice(3, True, 64, "measured"))
-    assert read_cached(path, "cpu A") == KernelChoice(0, False, 0, str(path))
+    write_cached(path, "cpu A", KernelChoice(0, False, 0, source="measured"))
+    write_cached(path, "cpu B", KernelChoice(3, True, 64, source="measured"))
+    assert read_cached(path, "cpu A") == KernelChoice(0, False, 0, source=str(path))
     assert read_cached(path, "cpu B").mkl_max_rows == 3
     assert set(json.loads(path.read_text())) == {"cpu A", "cpu B"}
     assert not list(path.parent.glob("*.tmp"))  # written atomically, nothing left behind
     path.write_text("{not json")
     assert read_cached(path, "cpu A") is None
-    write_cached(path, "cpu A", KernelChoice(1, True, 2, "measured"))  # replaces the bad file
+    # replaces the bad file
+    write_cached(path, "cpu A", KernelChoice(1, True, 2, source="measured"))
     assert read_cached(path, "cpu A").bf16_transposed_max_rows == 2
     path.write_text(json.dumps({"cpu A": {"mkl_max_rows": 1, "renamed_field": 2}}))
     assert read_cached(path, "cpu A") is None  # another version's entry: measured again
+    before_blocked = {"mkl_max_rows": 0, "bf16_mv_one_row": False, "bf16_transposed_max_rows": 0}
+    path.write_text(json.dumps({"cpu A": before_blocked}))
+    assert read_cached(path, "cpu A") is None  # written before a route existed: measured
 
 
 @pytest.fixture
@@ -92,13 +98,13 @@ def fresh(monkeypatch, tmp_path):
 
 def test_a_process_measures_once_then_later_starts_read_the_cache(fresh, monkeypatch):
     monkeypatch.setenv("OMNI_CPU_KERNELS", "measure")
-    measured = KernelChoice(0, False, 0, "measured")
+    measured = KernelChoice(0, False, 0, source="measured")
     calls = []
     monkeypatch.setattr(choice_module, "measure", lambda **kw: calls.append(kw) or measured)
     assert kernel_choice() == measured and kernel_choice() == measured
     assert len(calls) == 1 and fresh.exists()
     monkeypatch.setattr(choice_module, "_chosen", None)  # the next process
-    assert kernel_choice() == KernelChoice(0, False, 0, str(fresh))
+    assert kernel_choice() == KernelChoice(0, False, 0, source=str(fresh))
     assert len(calls) == 1
     monkeypatch.setattr(choice_module, "_chosen", None)
     monkeypatch.setenv("OMNI_CPU_KERNELS", "remeasure")
@@ -124,7 +130,7 @@ def test_layers_follow_the_routes_in_force_with_the_same_values(monkeypatch):
     layer = torch.nn.Linear(256, 512, bias=False).to(torch.bfloat16)
     rows = {n: torch.randn(n, 256).to(torch.bfloat16) for n in (1, 4)}
     shipped = {n: cpu_linear.row_linear(x, layer.weight) for n, x in rows.items()}
-    cpu_linear.use_routes(KernelChoice(0, False, 0, "measured"))
+    cpu_linear.use_routes(KernelChoice(0, False, 0, source="measured"))
 
     def no_mv(*args):
         raise AssertionError("torch.mv taken against the routes")
@@ -147,7 +153,7 @@ def test_layers_follow_the_routes_in_force_with_the_same_values(monkeypatch):
 
 def test_packing_takes_this_machines_routes(monkeypatch):
     monkeypatch.setattr(cpu_linear, "_routes", cpu_linear.routes())
-    mine = KernelChoice(1, False, 16, "measured")
+    mine = KernelChoice(1, False, 16, source="measured")
     monkeypatch.setattr(cpu_linear, "kernel_choice", lambda onednn: mine)
     cpu_linear.pack_linear_weights(torch.nn.Sequential(torch.nn.Linear(8, 8)))
     assert cpu_linear.routes() == mine

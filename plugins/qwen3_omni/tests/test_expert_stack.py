@@ -276,7 +276,7 @@ def test_row_routed_experts_stack_where_their_one_row_route_is_not_this_machines
     assert not moe.uses_stack()
     with torch.no_grad():
         looped = moe(x)
-    cpu_linear.use_routes(KernelChoice(0, False, 0, "measured"))
+    cpu_linear.use_routes(KernelChoice(0, False, 0, source="measured"))
     moe.__dict__.pop(expert_stack.STACK_CHECK, None)  # look again under the new routes
     assert moe.uses_stack() and lies_stacked(moe.experts)
     with torch.no_grad():

@@ -248,6 +248,45 @@ def test_bf16_projections_fused_by_packing_generate_what_separate_ones_do(
         assert torch.equal(got, want)
 
 
+def test_bf16_weights_blocked_for_onednn_generate_what_dense_ones_do(
+    checkpoint_factory, monkeypatch
+):
+    """The bf16_blocked route (every bf16 layer's weight reordered for oneDNN): same codes as
+    the dense weights through F.linear, the product it replaces."""
+    import torch.nn.functional as F
+
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.cpu_kernel_choice import KernelChoice
+
+    if not cpu_linear.blocking_available():
+        pytest.skip("this torch build or CPU has no oneDNN bf16 inner product")
+    probe = torch.randn(5, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    weight = torch.randn(96, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    blocked_probe = torch.ops.mkldnn._linear_pointwise(
+        probe, cpu_linear.block_weight(weight), None, "none", [], ""
+    )
+    if not torch.equal(blocked_probe, F.linear(probe, weight)):
+        pytest.skip("here the blocked and dense kernels round differently (covered per layer)")
+    monkeypatch.setattr(cpu_linear, "ROW_MIN_ELEMENTS", 0)  # the tiny layers get routed too
+    monkeypatch.setattr(cpu_linear, "_routes", cpu_linear.routes())  # restored afterwards
+    root = checkpoint_factory("custom_voice")
+    models = {}
+    for blocked in (True, False):
+        chosen = KernelChoice(0, False, 0, bf16_blocked=blocked, source="test")
+        monkeypatch.setattr(cpu_linear, "kernel_choice", lambda onednn=True, c=chosen: c)
+        monkeypatch.setattr(cpu_linear, "fuse_sibling_projections", lambda module, kinds: 0)
+        models[blocked] = Qwen3TTSModel.from_pretrained(root, dtype="bfloat16")
+        cpu_linear.pack_linear_weights(models[blocked].network)
+    kinds = {type(m).__name__ for m in models[True].network.modules()}
+    assert "BlockedLinear" in kinds and "RowLinear" not in kinds
+    # the dense model's RowLinear layers: F.linear at every row count under these routes
+    for seed in (None, 3):  # greedy, then sampled with the same seed
+        temperature = 0.0 if seed is None else 0.9
+        want = models[False].generate(_prompt(models[False]), 6, temperature=temperature, seed=seed)
+        got = models[True].generate(_prompt(models[True]), 6, temperature=temperature, seed=seed)
+        assert torch.equal(got, want)
+
+
 def test_empty_models_are_allocated_once_in_their_dtype() -> None:
     # Allocated in float32 and cast afterwards, MOSS-TTS 8B in bf16 first took 32 GB.
     from torch.utils._python_dispatch import TorchDispatchMode

@@ -1,0 +1,136 @@
+"""bf16 layers with their weight in oneDNN's blocked layout (the ``bf16_blocked`` route).
+
+Which machines take the route is measured (``cpu_kernel_choice``); here the
+route is switched on by hand, so the tests do not depend on this machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from omni_core.engine import cpu_linear  # noqa: E402
+from omni_core.engine.cpu_kernel_choice import KernelChoice  # noqa: E402
+from omni_core.engine.cpu_linear import (  # noqa: E402
+    BlockedLinear,
+    RowLinear,
+    blocking_available,
+    pack_linear_weights,
+)
+
+pytestmark = pytest.mark.skipif(
+    not blocking_available(), reason="this torch build or CPU has no oneDNN bf16 inner product"
+)
+
+#: bf16 products accumulate in float32 on both sides; the results may differ by a bf16
+#: rounding where the kernels sum in another order (equal on the machine measured).
+CLOSE = dict(atol=2e-2, rtol=1e-2)
+
+
+@pytest.fixture
+def blocked_routes(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "_routes", cpu_linear.routes())
+    chosen = KernelChoice(0, False, 0, bf16_blocked=True, source="measured")
+    # pack_linear_weights takes this machine's routes: make them the blocked ones
+    monkeypatch.setattr(cpu_linear, "kernel_choice", lambda onednn=True: chosen)
+    return chosen
+
+
+class Block(nn.Module):
+    """Attention-like projections that read one input (fused on the dense routes)."""
+
+    sibling_projections = (("q", "k"),)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(256, 512, bias=True)
+        self.k = nn.Linear(256, 256, bias=False)
+        self.out = nn.Linear(768, 256, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.cat([self.q(x), self.k(x)], dim=-1))
+
+
+def _net(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(Block(), nn.SiLU(), nn.Linear(256, 8)).to(torch.bfloat16)
+
+
+def test_blocked_layers_compute_what_the_dense_ones_did(blocked_routes):
+    plain, blocked = _net(), _net()
+    pack_linear_weights(blocked)
+    kinds = [type(m).__name__ for m in (blocked[0].q, blocked[0].k, blocked[0].out, blocked[2])]
+    assert kinds == ["BlockedLinear", "BlockedLinear", "BlockedLinear", "Linear"]  # 2048: small
+    assert not hasattr(blocked[0].q, "_omni_fusion")  # not fused: a fused copy would stay too
+    with torch.no_grad():
+        for shape in [(1, 256), (8, 256), (2, 3, 256), (300, 256), (0, 256)]:
+            x = torch.randn(*shape).to(torch.bfloat16)
+            out = blocked(x)
+            assert out.shape == plain(x).shape and out.dtype == torch.bfloat16
+            torch.testing.assert_close(out, plain(x), **CLOSE)
+    q = blocked[0].q
+    assert torch.equal(q.weight, plain[0].q.weight)  # a dense copy for inspection
+    assert torch.equal(q.bias, plain[0].q.bias)
+    assert "q.weight" not in blocked.state_dict() and "0.q.bias" in blocked.state_dict()
+    assert pack_linear_weights(blocked) == 0  # idempotent
+
+
+def test_a_layer_whose_weight_is_held_elsewhere_stays_dense(blocked_routes):
+    net = _net()
+    tied = nn.Embedding(512, 256).to(torch.bfloat16)
+    tied.weight = net[0].q.weight  # a head tied to an embedding
+    holder = nn.ModuleDict({"net": net, "embedding": tied})
+    net[0].k.weight.share_memory_()  # shared with other processes (weight sharing)
+    pack_linear_weights(holder, skip=lambda name: name.endswith(".out"))
+    assert type(net[0].q) is RowLinear and net[0].q.weight is tied.weight
+    assert type(net[0].k) is RowLinear and net[0].k.weight.is_shared()
+    assert type(net[0].out) is RowLinear  # named by skip
+
+
+def test_a_layer_reached_through_two_parents_is_blocked_once(blocked_routes):
+    torch.manual_seed(1)
+    shared = nn.Linear(256, 512).to(torch.bfloat16)
+    holder = nn.ModuleDict({"a": nn.Sequential(shared), "b": nn.Sequential(shared)})
+    pack_linear_weights(holder)
+    assert isinstance(holder["a"][0], BlockedLinear) and holder["a"][0] is holder["b"][0]
+
+
+def test_a_blocked_layer_refuses_what_it_cannot_take(blocked_routes):
+    net = _net()
+    pack_linear_weights(net)
+    layer = net[0].q
+    with pytest.raises(TypeError, match=r"bfloat16 CPU inputs, got torch\.float32"):
+        layer(torch.randn(1, 256))
+    x = torch.randn(1, 256).to(torch.bfloat16).requires_grad_()
+    with pytest.raises(RuntimeError, match="for inference"):
+        layer(x)
+
+
+def test_compiling_and_int8_take_blocked_layers_back(blocked_routes):
+    from omni_core.engine.compiled import dense_linears
+    from omni_core.engine.quantize import Int8Linear, quantize_linear_weights
+
+    plain, net = _net(), _net()
+    pack_linear_weights(net)
+    assert dense_linears(net) == 3
+    assert type(net[0].q) is RowLinear and torch.equal(net[0].q.weight, plain[0].q.weight)
+    assert net[0].q.bias is not None and net[0].k.bias is None
+    net = _net()
+    pack_linear_weights(net)
+    assert quantize_linear_weights(net, min_elements=4096) == 3
+    assert isinstance(net[0].q, Int8Linear)
+    torch.testing.assert_close(net[0].q.weight, plain[0].q.weight, atol=0.05, rtol=0.05)
+
+
+def test_the_blocked_product_is_f_linear_at_every_row_count():
+    torch.manual_seed(2)
+    weight = torch.randn(384, 256).to(torch.bfloat16)
+    blocked = cpu_linear.block_weight(weight)
+    for rows in (1, 7, 64, 513):
+        x = torch.randn(rows, 256).to(torch.bfloat16)
+        got = torch.ops.mkldnn._linear_pointwise(x, blocked, None, "none", [], "")
+        torch.testing.assert_close(got, F.linear(x, weight), **CLOSE)
