@@ -271,10 +271,9 @@ def create_thinker(
             tts_rows = lm.embed(ids).float().cpu()
         speech = Speech(talker_stage, talker.accept_hidden_layer, tts_rows)
     if pack_weights and device == "cpu":
-        from omni_core.engine.cpu_linear import pack_linear_weights
+        from .thinker.cpu_weights import pack_thinker_weights
 
-        # Not the experts: each sees a row or two per step, where MKL beats oneDNN.
-        pack_linear_weights(lm, skip=lambda name: ".experts." in name)
+        pack_thinker_weights(lm)
     # int8 weight-only layers, experts included (bf16 models only; lm_head stays)
     apply_quantization(lm, quantization, stage="thinker")
     eos = ChatPrompter.from_dir(root).eos_token_ids
@@ -310,9 +309,9 @@ def _thinker_follower(
     from .thinker.tensor_parallel import follower_forward
 
     if pack_weights and device == "cpu":
-        from omni_core.engine.cpu_linear import pack_linear_weights
+        from .thinker.cpu_weights import pack_thinker_weights
 
-        pack_linear_weights(lm, skip=lambda name: ".experts." in name)
+        pack_thinker_weights(lm)
     layout = CacheLayout.of(text, dtype, torch.device(device), group.size)
     return FollowerStage(group, layout, follower_forward(lm), stage="thinker")
 

@@ -281,3 +281,35 @@ def test_row_routed_experts_stack_where_their_one_row_route_is_not_this_machines
     assert moe.uses_stack() and lies_stacked(moe.experts)
     with torch.no_grad():
         torch.testing.assert_close(moe(x), looped, rtol=2e-2, atol=2e-2)
+
+
+def test_bf16_experts_are_blocked_for_onednn_where_this_machines_routes_say_so(monkeypatch):
+    """block_mixtures: each expert's three layers become BlockedLinear copies (the loop runs
+    them, with the stack's numbers within a bf16 rounding), the stack is let go, and
+    shared or float32 experts, or routes that keep dense weights, are left as they were."""
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.cpu_kernel_choice import KernelChoice
+    from omni_qwen3_omni.thinker.moe import block_mixtures
+
+    if not cpu_linear.blocking_available():
+        pytest.skip("this torch build or CPU has no oneDNN bf16 inner product")
+    monkeypatch.setattr(cpu_linear, "_routes", KernelChoice(0, False, 0, source="measured"))
+    moe = _moe(dtype=torch.bfloat16)
+    x = _tokens(5, torch.bfloat16)
+    with torch.no_grad():
+        stacked = moe(x)
+    assert moe.uses_stack()
+    assert block_mixtures(moe) == 0  # dense routes: nothing to do
+    cpu_linear.use_routes(KernelChoice(0, False, 0, bf16_blocked=True, source="measured"))
+    holder = torch.nn.ModuleDict({"moe": moe, "f32": _moe(seed=3), "shared": _moe(seed=4)})
+    holder["shared"].to(torch.bfloat16)
+    for param in holder["shared"].parameters():
+        param.share_memory_()  # a weight-sharing leader's
+    assert block_mixtures(holder) == 3 * EXPERTS  # layers
+    kinds = {type(layer).__name__ for expert in moe.experts for layer in expert.children()}
+    assert kinds == {"BlockedLinear"} and not moe.uses_stack()
+    assert type(holder["f32"].experts[0].gate_proj) is torch.nn.Linear
+    assert type(holder["shared"].experts[0].gate_proj) is torch.nn.Linear
+    with torch.no_grad():
+        torch.testing.assert_close(moe(x), stacked, rtol=2e-2, atol=2e-2)
+    assert block_mixtures(holder) == 0  # idempotent
