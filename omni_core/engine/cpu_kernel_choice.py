@@ -5,7 +5,9 @@ Why: the routes in :mod:`.cpu_linear` were measured on one Intel machine
 transposed product faster than ``F.linear`` for bf16 rows), and they do not
 hold elsewhere. On an AMD EPYC (Zen 4, 2 threads) ``bench_cpu_linear.py``
 measured the opposite for every one of them: oneDNN twice MKL's speed at one
-float32 row (28 against 14 GB/s), ``F.linear`` 1.1-1.8x the bf16 routes. A
+float32 row (28 against 14 GB/s), ``F.linear`` 1.1-1.8x the bf16 routes, and
+bf16 weights reordered to oneDNN's blocked layout 1.9x ``F.linear`` (a fourth
+route, :func:`blocked_faster`, which the Intel machine did not gain from). A
 user's machine is neither, so the first stage process that packs weights
 times each pair of kernels on 1024x3072 layers, as many as four times the
 last-level cache holds so that they stream from memory (0.3 s on a 2-core

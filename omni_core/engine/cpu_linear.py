@@ -24,12 +24,13 @@ up to :data:`TRANSPOSED_MAX_ROWS` rows to the transposed product
 
 Those figures are one Intel machine's; an AMD EPYC measured every route the
 other way round, and there a bf16 weight reordered once to oneDNN's blocked
-layout (:class:`BlockedLinear`) streams 1.9x ``F.linear``'s dense one at 1 to
-16 rows (26.5 against 14.0 GB/s at one row) and is no slower at 2048, where
-on the Intel machine it read no faster. So the routes in force (:func:`routes`) are this machine's,
-timed once by :mod:`.cpu_kernel_choice` when a process first packs weights
-and cached for later starts; ``MKL_MAX_ROWS`` and ``TRANSPOSED_MAX_ROWS``
-are the shipped defaults (``OMNI_CPU_KERNELS=default``).
+layout (:class:`BlockedLinear`) streams 1.9x ``F.linear``'s dense one at 1
+to 16 rows (26.5 against 14.0 GB/s at one row) and is no slower at 2048,
+where on the Intel machine it read no faster. So the routes in force
+(:func:`routes`) are this machine's, timed once by :mod:`.cpu_kernel_choice`
+when a process first packs weights and cached for later starts;
+``MKL_MAX_ROWS`` and ``TRANSPOSED_MAX_ROWS`` are the shipped defaults
+(``OMNI_CPU_KERNELS=default``).
 
 Only float32 weights on the CPU with at least ``min_elements`` elements are
 routed: small ones live in cache, where MKL is as fast. Inference only: a
@@ -166,9 +167,12 @@ def block_weight(weight: torch.Tensor) -> torch.Tensor:
 @functools.cache
 def blocking_available() -> bool:
     """Whether this torch build and CPU run :class:`BlockedLinear` (checked once, tiny layer)."""
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+    if not torch.backends.mkldnn.is_available():
         return False
-    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+    ops = torch.ops.mkldnn
+    if not all(hasattr(ops, op) for op in ("_reorder_linear_weight", "_is_mkldnn_bf16_supported")):
+        return False
+    if not ops._is_mkldnn_bf16_supported():
         return False
     try:
         probe = nn.Linear(8, 3).to(torch.bfloat16)
@@ -307,7 +311,9 @@ def pack_linear_weights(
     not named (``layers.0.mlp.experts.3.up_proj``) by ``skip``.
     bfloat16 layers on the CPU become :class:`RowLinear` instead (counted too),
     and those that a module names in ``sibling_projections`` are fused into one
-    product per group (:mod:`.fused_linear`; not counted again).
+    product per group (:mod:`.fused_linear`; not counted again); where this
+    machine's routes say ``bf16_blocked``, they become :class:`BlockedLinear`
+    instead of being fused (not named by ``skip``, not shared or tied).
     Nothing happens (0) where the torch build cannot run packed layers;
     packing twice packs nothing new. ``skip`` keeps named layers plain
     ``nn.Linear`` (a mixture's experts, which see a row or two per call,
