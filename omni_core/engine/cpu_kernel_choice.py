@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .cpu_blocked_weight import block_weight, blocked_product, blocking_available
 from .cpu_cache import last_level_cache_bytes
 
 MODE_VAR = "OMNI_CPU_KERNELS"
@@ -153,11 +154,8 @@ def blocked_faster(
     24.4 against 12.5 at eight, 32.0 against 31.9 ms at 2048 rows; the Intel
     machine the shipped routes come from read them no faster.
     """
-    from .cpu_linear import block_weight, blocking_available
-
     if not blocking_available():
         return False
-    pointwise = torch.ops.mkldnn._linear_pointwise
     blocked = [block_weight(w) for w in halves]
 
     def wins(rows: int) -> bool:
@@ -169,7 +167,7 @@ def blocked_faster(
             dense = over(halves, lambda w: torch.mm(w, x.t()).t().contiguous())
         else:
             dense = over(halves, lambda w: F.linear(x, w))
-        return timer(over(blocked, lambda w: pointwise(x, w, None, "none", [], ""))) < timer(dense)
+        return timer(over(blocked, lambda w: blocked_product(x, w))) < timer(dense)
 
     return wins(1) and wins(8)
 

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import mapped
+from .cpu_blocked_weight import block_weight, blocked_product, blocking_available
 from .cpu_kernel_choice import KernelChoice, kernel_choice
 from .fused_linear import fuse_sibling_projections
 from .heap import return_freed_memory
@@ -150,39 +151,13 @@ class BlockedLinear(nn.Module):
             raise RuntimeError("a blocked linear layer is for inference: it has no gradient")
         if x.numel() == 0:
             return x.new_empty((*x.shape[:-1], self.out_features))
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return blocked_product(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             "bf16 in oneDNN's blocked layout"
         )
-
-
-def block_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` ``[out, in]`` (bf16, CPU) reordered to oneDNN's blocked layout: a copy."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
-
-
-@functools.cache
-def blocking_available() -> bool:
-    """Whether this torch build and CPU run :class:`BlockedLinear` (checked once, tiny layer)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    ops = torch.ops.mkldnn
-    if not all(hasattr(ops, op) for op in ("_reorder_linear_weight", "_is_mkldnn_bf16_supported")):
-        return False
-    if not ops._is_mkldnn_bf16_supported():
-        return False
-    try:
-        probe = nn.Linear(8, 3).to(torch.bfloat16)
-        with torch.no_grad():
-            x = torch.arange(16.0).reshape(2, 8).to(torch.bfloat16) / 16
-            return torch.allclose(
-                BlockedLinear(probe)(x).float(), probe(x).float(), atol=2e-2, rtol=2e-2
-            )
-    except (RuntimeError, NotImplementedError):  # a build without the kernel
-        return False
 
 
 class RowLinear(nn.Linear):
