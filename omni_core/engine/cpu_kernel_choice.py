@@ -151,7 +151,7 @@ def blocked_faster(
     at one row and at eight (a lone request's step, a batch's): they must win both.
 
     Measured on a 2-core AMD EPYC (Zen 4): 26.5 against 14.0 GB/s at one row,
-    24.4 against 12.5 at eight, 32.0 against 31.9 ms at 2048 rows; the Intel
+    24.4 against 12.5 at eight, 32.0 against 34.1 ms at 2048 rows; the Intel
     machine the shipped routes come from read them no faster.
     """
     if not blocking_available():
