@@ -14,10 +14,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from omni_core.engine.cpu_blocked_weight import blocked_product
 from omni_core.engine.cpu_linear import row_linear
 from omni_qwen3_tts.layers import DecoderStack
 
 from .config import MossTTSConfig
+
+#: Where the audio heads' blocked weights are kept once blocked (a plain attribute,
+#: read at every step without going through the module list).
+BLOCKED_HEADS = "_blocked_audio_heads"
 
 
 class Backbone(DecoderStack):
@@ -72,15 +77,56 @@ class MossNetwork(nn.Module):
         the heads are read from memory at every step, so scoring only the due
         ones saves what they would cost (about a third of a step at 8B width).
         """
-        weights = self._audio_head_weights()  # [Q, 1025, H]
-        books = books if books is not None else range(weights.shape[0])
-        rows = weights[books.start : books.stop].flatten(0, 1)  # a view: no copy
-        # one [B, H] x [H, n * 1025] product: a single GEMM streams the heads once for
-        # the whole batch (32 small products cost ~4x more at 8 rows), through the
-        # faster bf16 kernels on the CPU (row_linear, RowLinear's routes)
-        logits = row_linear(hidden, rows).view(hidden.shape[0], len(books), -1)
+        blocked = self.__dict__.get(BLOCKED_HEADS)
+        if blocked is not None:  # block_audio_heads: one blocked product per due head
+            books = books if books is not None else range(len(blocked))
+            logits = torch.stack([blocked_product(hidden, blocked[b]) for b in books], dim=1)
+        else:
+            weights = self._audio_head_weights()  # [Q, 1025, H]
+            books = books if books is not None else range(weights.shape[0])
+            rows = weights[books.start : books.stop].flatten(0, 1)  # a view: no copy
+            # one [B, H] x [H, n * 1025] product: a single GEMM streams the heads once for
+            # the whole batch (32 small products cost ~4x more at 8 rows), through the
+            # faster bf16 kernels on the CPU (row_linear, RowLinear's routes)
+            logits = row_linear(hidden, rows).view(hidden.shape[0], len(books), -1)
         logits[..., self.cfg.audio_pad_code] = float("-inf")
         return logits
+
+    def block_audio_heads(self) -> int:
+        """Hold the audio heads blocked for oneDNN where this machine's routes say so; how many.
+
+        Why: the heads (268 MB of bf16 at 8B width) are read at every step.
+        Measured on a 2-core AMD EPYC whose routes take blocked weights: the
+        32 heads as one dense product 17.4 ms at one row and 18.0 at eight,
+        one blocked product per head 11.5 and 14.1, and a step scores only
+        its due heads (at a segment's start and drain, a few), which one
+        product per head keeps. Each head becomes a ``BlockedLinear`` copy
+        (the dense stack is freed; the heads leave ``state_dict``); never
+        heads shared with or mapped from another process (a copy each would
+        undo weight sharing), never float32 ones.
+        """
+        from omni_core.engine import cpu_linear, mapped
+
+        heads = list(self.lm_heads[1:]) if self.lm_heads is not None else []
+        if not heads or BLOCKED_HEADS in self.__dict__:
+            return 0
+        if not (cpu_linear.routes().bf16_blocked and cpu_linear.blocking_available()):
+            return 0
+        weights = [head.weight for head in heads if type(head) is nn.Linear]
+        if len(weights) != len(heads) or any(
+            w.dtype != torch.bfloat16
+            or w.device.type != "cpu"
+            or w.is_shared()
+            or mapped.is_mapped(w)
+            for w in weights
+        ):
+            return 0
+        del weights
+        for index in range(1, len(self.lm_heads)):
+            self.lm_heads[index] = cpu_linear.BlockedLinear(self.lm_heads[index])
+        self.__dict__.pop("_stacked_heads", None)
+        self.__dict__[BLOCKED_HEADS] = [head.packed for head in self.lm_heads[1:]]
+        return len(heads)
 
     def _audio_head_weights(self) -> torch.Tensor:
         """The 32 audio heads as one ``[Q, 1025, H]`` tensor, for one batched matmul per step.

@@ -304,8 +304,10 @@ def create_tts_engine(
     if pack_weights and engine.device == "cpu":
         from omni_core.engine.cpu_linear import pack_linear_weights
 
-        # the backbone's layers only: the heads are read as raw weights (model.network)
+        # the backbone's layers only: the heads are read as raw weights (model.network),
+        # blocked for oneDNN where this machine's routes say so
         pack_linear_weights(model.network.language_model)
+        model.network.block_audio_heads()
     # int8 weight-only backbone layers (bf16 models only; the heads stay as they are)
     apply_quantization(model.network.language_model, quantization, stage="tts_engine")
     backend = create_engine(model, engine.settings, device=engine.device)

@@ -229,3 +229,41 @@ def test_bf16_heads_on_the_cpu_stream_through_the_row_kernels(model: MossTTSMode
         want = torch.nn.functional.linear(dense, head)
         want[:, model.network.cfg.audio_pad_code] = float("-inf")
         assert torch.equal(got[:, 0], want)
+
+
+def test_bf16_audio_heads_blocked_for_onednn_score_what_the_dense_ones_do(monkeypatch) -> None:
+    """Where this machine's routes take blocked bf16 weights, each audio head becomes a
+    blocked copy (the dense stack is let go) and scores the due books as before."""
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.cpu_kernel_choice import KernelChoice
+
+    if not cpu_linear.blocking_available():
+        pytest.skip("this torch build or CPU has no oneDNN bf16 inner product")
+    monkeypatch.setattr(cpu_linear, "_routes", KernelChoice(0, False, 0, source="test"))
+
+    def network():
+        return MossTTSModel.from_pretrained(
+            "tiny", load_format="dummy", dtype="bfloat16", with_codec=False
+        ).network
+
+    net, f32 = network(), MossTTSModel.from_pretrained("tiny", load_format="dummy").network
+    hidden = torch.randn(3, net.cfg.backbone.hidden_size).to(torch.bfloat16)
+    with torch.no_grad():
+        dense = {books: net.audio_logits(hidden, books) for books in (None, range(2, 5))}
+    assert net.block_audio_heads() == 0  # dense routes: nothing to do
+    cpu_linear.use_routes(KernelChoice(0, False, 0, bf16_blocked=True, source="test"))
+    assert f32.block_audio_heads() == 0  # float32 heads stay
+    shared = network()
+    shared.lm_heads[1].weight.share_memory_()  # a weight-sharing leader's
+    assert shared.block_audio_heads() == 0
+    heads = len(net.lm_heads) - 1
+    assert net.block_audio_heads() == heads and net.block_audio_heads() == 0
+    assert all(type(h).__name__ == "BlockedLinear" for h in net.lm_heads[1:])
+    assert type(net.lm_heads[0]) is torch.nn.Linear  # the text head is read by rows
+    assert "_stacked_heads" not in net.__dict__
+    with torch.no_grad():
+        for books, want in dense.items():
+            got = net.audio_logits(hidden, books)
+            assert got.shape == want.shape
+            assert torch.isneginf(got[..., net.cfg.audio_pad_code]).all()
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=1e-2)
