@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_core.engine.cpu_attention import attention
 from omni_core.engine.fused_linear import project
 
 from .config import TransformerConfig
@@ -225,8 +226,8 @@ class Attention(nn.Module):
         # Grouped heads read their shared keys/values in place: bit-for-bit what
         # repeating them per head gave (checked in float32 and bf16), without the
         # copy, which a compiled step makes of its whole cache capacity at every layer.
-        grouped = self.heads != self.kv_heads
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
+        # A bf16 decode step on the CPU takes two batched products instead (cpu_attention).
+        out = attention(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
 
 

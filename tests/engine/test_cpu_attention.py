@@ -1,0 +1,82 @@
+"""Decode attention on the CPU in bf16 as two batched products (``cpu_attention``)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+from omni_core.engine.cpu_attention import (  # noqa: E402
+    GROUPED_MIN_KEYS,
+    attention,
+    grouped_single_query,
+)
+
+
+def _inputs(batch, heads, kv_heads, steps, keys, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, steps, 64, generator=generator).to(dtype)
+    k = torch.randn(batch, kv_heads, keys, 64, generator=generator).to(dtype)
+    v = torch.randn(batch, kv_heads, keys, 64, generator=generator).to(dtype)
+    return q, k, v
+
+
+def _exact(q, k, v, mask):
+    """The same attention in float64: what both forms approximate."""
+    return F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(8, 2), (4, 4)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_grouped_form_is_attention_within_bf16_rounding(heads, kv_heads, masked):
+    q, k, v = _inputs(3, heads, kv_heads, 1, 40, torch.bfloat16)
+    mask = None
+    if masked:
+        mask = torch.rand(3, 1, 1, 40, generator=torch.Generator().manual_seed(1)) > 0.4
+        mask[..., 0] = True  # every query sees a key, as the engines' masks guarantee
+    got = grouped_single_query(q, k, v, mask)
+    exact = _exact(q, k, v, mask)
+    fused = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv_heads)
+    assert got.shape == q.shape and got.dtype == torch.bfloat16
+    # bf16 scores: a few times the fused kernel's error, far below the outputs' size
+    fused_error = (fused.double() - exact).abs().max().item()
+    error = (got.double() - exact).abs().max().item()
+    assert error < 0.02 and error < 6 * fused_error + 4e-3
+
+
+def test_hidden_keys_weigh_nothing():
+    q, k, v = _inputs(2, 4, 2, 1, 48, torch.bfloat16)
+    mask = torch.ones(2, 1, 1, 48, dtype=torch.bool)
+    mask[0, ..., 20:] = False
+    mask[1, ..., :5] = False
+    poisoned = v.clone()
+    poisoned[0, :, 20:] = 1e4  # what row 0 must not see
+    poisoned[1, :, :5] = -1e4
+    torch.testing.assert_close(
+        grouped_single_query(q, k, poisoned, mask), grouped_single_query(q, k, v, mask)
+    )
+
+
+def test_bf16_decode_steps_take_the_grouped_form():
+    q, k, v = _inputs(2, 8, 2, 1, GROUPED_MIN_KEYS, torch.bfloat16)
+    mask = torch.ones(2, 1, 1, GROUPED_MIN_KEYS, dtype=torch.bool)
+    assert torch.equal(attention(q, k, v, mask), grouped_single_query(q, k, v, mask))
+
+
+@pytest.mark.parametrize(
+    "dtype, steps, keys",
+    [
+        (torch.float32, 1, 64),  # float32 stays the fused kernel: exact as before
+        (torch.bfloat16, 4, 64),  # a prompt's several positions
+        (torch.bfloat16, 1, GROUPED_MIN_KEYS // 2 - 1),  # too few keys to gain
+    ],
+)
+def test_other_shapes_keep_the_fused_kernel(dtype, steps, keys):
+    q, k, v = _inputs(2, 8, 2, steps, keys, dtype)
+    mask = torch.ones(2, 1, steps, keys, dtype=torch.bool).tril(keys - steps)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert torch.equal(attention(q, k, v, mask), expected)
