@@ -332,22 +332,28 @@ def dense_linears(model: Any) -> int:
     """
     from torch import nn
 
-    from .cpu_linear import BlockedLinear, PackedLinear, RowLinear
+    from .cpu_linear import BlockedLinear, BlockedRows, PackedLinear, RowLinear
+    from .fused_linear import fuse_sibling_projections
 
     roots = [model] if isinstance(model, nn.Module) else []
     roots += [v for v in vars(model).values() if isinstance(v, nn.Module)]
     count = 0
     for root in roots:
+        rows = 0
         for parent in list(root.modules()):
             for name, child in list(parent.named_children()):
-                if isinstance(child, (PackedLinear, BlockedLinear)):
+                if isinstance(child, (PackedLinear, BlockedLinear, BlockedRows)):
                     # a bf16 layer goes back to the routes it had (omni::row_product)
-                    kind = RowLinear if isinstance(child, BlockedLinear) else nn.Linear
-                    linear = kind(child.in_features, child.out_features, bias=False)
-                    linear.weight = nn.Parameter(child.packed.to_dense(), requires_grad=False)
+                    kind = nn.Linear if isinstance(child, PackedLinear) else RowLinear
+                    linear = kind(child.in_features, child.out_features, bias=False, device="meta")
+                    dense = child.packed.to_dense() if hasattr(child, "packed") else child.weight
+                    linear.weight = nn.Parameter(dense, requires_grad=False)
                     linear.bias = child.bias
                     setattr(parent, name, linear)
                     count += 1
+                    rows += isinstance(child, BlockedRows)
+        if rows:  # a blocked group's layers: one dense product again, as packing fuses them
+            fuse_sibling_projections(root, kinds=(RowLinear,))
     return count
 
 

@@ -3,33 +3,52 @@
 Why: a decode step asks attention for one query per sequence, and torch's
 fused CPU kernel (``scaled_dot_product_attention``'s flash path) runs that
 shape slowly in bf16, slower the more sequences and keys there are
-(measured here, 2 threads, 16 query / 8 KV heads of 128: 59 us at one
-sequence of 16 keys, 387 us at one of 200, 2994 us at eight of 200 and
-14.9 ms at eight of 1000; float32 takes 58 and 482 us for the 200-key
-shapes). Grouping each KV head's query heads into one matrix and
-multiplying by the keys, then by the values, takes 68, 94, 307 and 2139 us
-for the same four: at eight sequences the Qwen3-TTS talker's 28 layers
-spent more time in this kernel than in reading their weights.
+(measured here, 2 threads, 16 query / 8 KV heads of 128: 389 us at one
+sequence of 200 keys, 3011 us at eight of 200 and 15.2 ms at eight of
+1000). Grouping each KV head's query heads into one matrix and multiplying
+by the keys, then by the values, takes 117, 583 and 7127 us for the same
+three: at eight sequences the Qwen3-TTS talker's 28 layers spent more time
+in the fused kernel than in reading their weights.
 
-Numerics are those of transformers' ``eager`` attention, the other form
-the references run: scores are a bf16 product (float32 accumulation,
-rounded once), softmax in float32 with the scale applied there, the
-weights rounded to bf16 for the product with the values. The fused kernel
-keeps scores in float32; the two differ by bf16 rounding (largest
-difference from a float32 computation, 200 keys: 0.004 against 0.0014 in
-outputs of about 0.07), which the bf16 fidelity tests against the
-references allow for. Float32, other devices and several query positions
-(a prompt) keep the fused kernel, which is fast and exact there.
+Numerics: the products run in float32 over the bf16 queries, keys and
+values (softmax and scale too), the output rounded to bf16 once. That is at
+least as close to an exact computation as the fused kernel, which keeps
+scores in float32 but rounds the probabilities to bf16 before the values
+(largest difference from a float64 computation, measured on the shapes
+above: equal to the fused kernel's, 0.005-0.008). Scores rounded to bf16
+(transformers' ``eager`` form) were 3-6x further and put the Qwen3-Omni
+talker's teacher-forced logits 5x outside the reference's own bf16 noise,
+which is why the upcast is worth its copy of the keys and values. Float32,
+other devices and several query positions (a prompt) keep the fused
+kernel, which is fast and exact there.
+
+Opt-in (``OMNI_CPU_ATTENTION=grouped``; ``fused``, the default, keeps torch's
+kernel for every shape): the references run that same fused kernel, and with
+it our bf16 decoders equal them bit for bit (the Qwen3-Omni talker's
+teacher-forced logits, 31 steps: 0.0 apart), which the grouped form gives up
+(0.23 at one step, a thinker token whose reference margin was 0.000 flipped)
+for a gain that is small at short contexts (the thinker benchmark at
+concurrency 8: attention 12.4 -> 8.1 ms of a 145 ms step; Qwen3-TTS about
+3 %) and large at long ones (eight sequences of 1000 keys: 15.2 -> 7.1 ms a
+layer). Which form a step takes also depends on its batch (see
+:data:`GROUPED_MIN_KEYS`), so with it on, a request's bf16 numerics depend on
+what it is batched with.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import torch.nn.functional as F
 
+MODE_VAR = "OMNI_CPU_ATTENTION"
+MODES = ("fused", "grouped")
+
 #: The fewest keys in a step (sequences x keys each) for which the grouped form is
-#: taken: below it the fused kernel's single call beats the grouped form's five
-#: (measured here: 0.86x at one sequence of 16 keys, 1.65x at 64, 1.29x at four of 8).
+#: taken: below it the fused kernel's single call beats the grouped form's several
+#: (measured here: 60 against 83 us at one sequence of 16 keys, 403 against 100 at eight).
 GROUPED_MIN_KEYS = 32
 
 
@@ -44,7 +63,8 @@ def attention(
     least one key.
     """
     if (
-        q.shape[2] == 1
+        grouped_enabled()
+        and q.shape[2] == 1
         and q.dtype == torch.bfloat16
         and q.is_cpu
         and q.shape[0] * k.shape[2] >= GROUPED_MIN_KEYS
@@ -55,17 +75,26 @@ def attention(
     )
 
 
+@functools.cache
+def grouped_enabled() -> bool:
+    """Whether ``OMNI_CPU_ATTENTION`` asks for the grouped form (read once per process)."""
+    value = os.environ.get(MODE_VAR, "fused").strip().lower() or "fused"
+    if value not in MODES:
+        raise ValueError(f"{MODE_VAR}={value!r}: use one of {', '.join(MODES)}")
+    return value == "grouped"
+
+
 def grouped_single_query(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
     """One query position per sequence: each KV head's query heads as the rows of one product."""
     batch, heads, _, head_dim = q.shape
     kv_heads = k.shape[1]
-    rows = q.reshape(batch, kv_heads, heads // kv_heads, head_dim)
-    scores = torch.matmul(rows, k.transpose(-1, -2))  # [B, KV, G, S]
+    rows = q.reshape(batch, kv_heads, heads // kv_heads, head_dim).float()
+    scores = torch.matmul(rows, k.float().transpose(-1, -2))  # [B, KV, G, S]
     if mask is not None:
-        # [B, 1, 1, S] broadcasts over KV heads and their groups; a hidden key's
-        # score becomes the lowest finite value, which softmax weighs zero.
-        scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores.float().mul_(head_dim**-0.5), dim=-1).to(v.dtype)
-    return torch.matmul(weights, v).view(batch, heads, 1, head_dim)
+        # [B, 1, 1, S] broadcasts over KV heads and their groups
+        scores = torch.where(mask, scores, float("-inf"))
+    weights = torch.softmax(scores.mul_(head_dim**-0.5), dim=-1)
+    out = torch.matmul(weights, v.float())
+    return out.to(q.dtype).view(batch, heads, 1, head_dim)

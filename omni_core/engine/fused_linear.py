@@ -46,14 +46,16 @@ class _Fusion:
     """One product over the concatenated weights of ``members`` (their ``id``)."""
 
     members: tuple[int, ...]
-    product: nn.Linear
+    product: nn.Module
     sizes: list[int]
-    addresses: tuple[int, ...]  # where each member's weight must still lie
+    #: where each member's weight must still lie; None: the members hold no weight of
+    #: their own (rows of one blocked product, :func:`share_product`), nothing can move it
+    addresses: tuple[int, ...] | None
 
     def serves(self, layers: Sequence[nn.Module]) -> bool:
         if tuple(id(layer) for layer in layers) != self.members:
             return False
-        if torch.compiler.is_compiling():
+        if self.addresses is None or torch.compiler.is_compiling():
             return True  # the graph was traced from these layers; guards cover the rest
         return all(
             layer._parameters["weight"].data_ptr() == address
@@ -118,6 +120,18 @@ def fuse_projections(
     return fused
 
 
+def share_product(layers: Sequence[nn.Module], product: nn.Module) -> None:
+    """Let :func:`project` compute ``layers`` as one call of ``product``, split by their widths.
+
+    For layers that are windows of ``product``'s output and hold no weight of
+    their own (:class:`~omni_core.engine.cpu_linear.BlockedRows`): the caller
+    built the product; nothing is copied here.
+    """
+    members = tuple(id(layer) for layer in layers)
+    sizes = [layer.out_features for layer in layers]
+    layers[0].__dict__[_FUSION] = _Fusion(members, product, sizes, None)
+
+
 def _return_freed_heap() -> None:
     """Hand the pages of the weights fusing replaced back to the OS (glibc; else nothing).
 
@@ -136,11 +150,22 @@ def _return_freed_heap() -> None:
 
 def fuse_sibling_projections(module: nn.Module, kinds: tuple[type[nn.Linear], ...]) -> int:
     """Fuse the groups that every submodule of ``module`` names in ``sibling_projections``."""
-    groups = []
-    for sub in module.modules():
-        for names in getattr(sub, "sibling_projections", ()):
-            groups.append([getattr(sub, name) for name in names])
+    groups = [
+        [getattr(sub, name) for name in names]
+        for _, sub, names in named_groups(module, "sibling_projections")
+    ]
     return fuse_projections(groups, kinds)
+
+
+def named_groups(module: nn.Module, attribute: str) -> list[tuple[str, nn.Module, tuple[str, ...]]]:
+    """(submodule's name, submodule, member names) for each group a submodule names in
+    ``attribute`` (``sibling_projections``, or ``blocked_siblings``: the groups worth one
+    product where weights are blocked for oneDNN)."""
+    return [
+        (prefix, sub, tuple(names))
+        for prefix, sub in module.named_modules()
+        for names in getattr(sub, attribute, ())
+    ]
 
 
 def _fusable(layers: tuple[nn.Module, ...], kinds: tuple[type[nn.Linear], ...]) -> bool:

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_linear import BlockedLinear, RowLinear
+from .cpu_linear import BlockedLinear, BlockedRows, RowLinear
 from .heap import return_freed_memory
 
 DEFAULT_MIN_ELEMENTS = 1 << 20  # 2 MiB of bf16: beyond the per-core caches
@@ -154,7 +154,7 @@ def quantize_linear_weights(
         (parent, name, _stored(child).numel())
         for prefix, parent in module.named_modules()
         for name, child in parent.named_children()
-        if type(child) in (nn.Linear, RowLinear, BlockedLinear)
+        if type(child) in (nn.Linear, RowLinear, BlockedLinear, BlockedRows)
         and _stored(child).dtype in (torch.bfloat16, torch.float16)
         and _stored(child).device.type == "cpu"
         and not is_head(f"{prefix}.{name}" if prefix else name)
@@ -177,7 +177,14 @@ def quantize_linear_weights(
 
 
 def _stored(layer: nn.Module) -> torch.Tensor:
-    """The weight as the layer stores it: a blocked layer's ``weight`` is a dense copy."""
+    """The weight as the layer stores it: a blocked layer's ``weight`` is a dense copy.
+
+    A member of a blocked group (:class:`BlockedRows`) answers with the group's
+    product, so that a group passes the size floor, or not, as one: a member left
+    blocked beside converted siblings would compute the whole product alone.
+    """
+    if isinstance(layer, BlockedRows):
+        return layer.product.packed
     return layer.packed if isinstance(layer, BlockedLinear) else layer.weight
 
 

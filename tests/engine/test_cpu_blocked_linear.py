@@ -17,10 +17,12 @@ from omni_core.engine import cpu_linear  # noqa: E402
 from omni_core.engine.cpu_kernel_choice import KernelChoice  # noqa: E402
 from omni_core.engine.cpu_linear import (  # noqa: E402
     BlockedLinear,
+    BlockedRows,
     RowLinear,
     blocking_available,
     pack_linear_weights,
 )
+from omni_core.engine.fused_linear import project  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not blocking_available(), reason="this torch build or CPU has no oneDNN bf16 inner product"
@@ -134,3 +136,80 @@ def test_the_blocked_product_is_f_linear_at_every_row_count():
         x = torch.randn(rows, 256).to(torch.bfloat16)
         got = torch.ops.mkldnn._linear_pointwise(x, blocked, None, "none", [], "")
         torch.testing.assert_close(got, F.linear(x, weight), **CLOSE)
+
+
+class Attention(nn.Module):
+    """q/k/v as the decoders name them: one blocked product where weights are blocked."""
+
+    sibling_projections = (("q", "k", "v"),)
+    blocked_siblings = sibling_projections
+
+    def __init__(self, bias: bool = False) -> None:
+        super().__init__()
+        self.q = nn.Linear(256, 512, bias=bias)
+        self.k = nn.Linear(256, 256, bias=bias)
+        self.v = nn.Linear(256, 256, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat(project(x, self.q, self.k, self.v), dim=-1)
+
+
+def _attention(seed: int = 0, bias: bool = False) -> Attention:
+    torch.manual_seed(seed)
+    return Attention(bias).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_named_group_is_one_blocked_product(blocked_routes, bias):
+    plain, net = _attention(bias=bias), _attention(bias=bias)
+    pack_linear_weights(net)
+    assert all(type(layer) is BlockedRows for layer in (net.q, net.k, net.v))
+    assert net.q.product is net.k.product is net.v.product
+    assert net.q.product.out_features == 1024
+    with torch.no_grad():
+        for shape in [(1, 256), (8, 256), (2, 3, 256), (300, 256)]:
+            x = torch.randn(*shape).to(torch.bfloat16)
+            torch.testing.assert_close(net(x), plain(x), **CLOSE)
+            # a member called alone computes its own rows
+            torch.testing.assert_close(net.k(x), plain.k(x), **CLOSE)
+    for name in ("q", "k", "v"):
+        assert torch.equal(getattr(net, name).weight, getattr(plain, name).weight)
+    expected = {"q.bias", "k.bias", "v.bias"} if bias else set()
+    assert set(net.state_dict()) == expected  # weights leave it, as BlockedLinear's do
+    assert pack_linear_weights(net) == 0 and net.q.product is net.v.product  # idempotent
+
+
+def test_a_group_with_a_member_held_elsewhere_is_blocked_layer_by_layer(blocked_routes):
+    net = _attention()
+    net.v.weight.share_memory_()  # shared with other processes (weight sharing)
+    pack_linear_weights(net)
+    assert type(net.q) is BlockedLinear and type(net.k) is BlockedLinear
+    assert type(net.v) is RowLinear and net.v.weight.is_shared()
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    torch.testing.assert_close(net(x), _attention()(x), **CLOSE)
+
+
+def test_groups_not_named_for_blocking_are_blocked_layer_by_layer(blocked_routes):
+    net = _net()  # Block names q/k in sibling_projections only
+    pack_linear_weights(net)
+    assert type(net[0].q) is BlockedLinear and type(net[0].k) is BlockedLinear
+
+
+def test_compiling_and_int8_take_a_blocked_group_back(blocked_routes):
+    from omni_core.engine.compiled import dense_linears
+    from omni_core.engine.quantize import Int8Linear, quantize_linear_weights
+
+    plain, net = _attention(bias=True), _attention(bias=True)
+    pack_linear_weights(net)
+    assert dense_linears(net) == 3
+    assert all(type(layer) is RowLinear for layer in (net.q, net.k, net.v))
+    assert "_omni_fusion" in net.q.__dict__  # one dense product again, as packing fuses
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    torch.testing.assert_close(net(x), plain(x), **CLOSE)
+    assert torch.equal(net.k.bias, plain.k.bias)
+    net = _attention()
+    pack_linear_weights(net)
+    # k and v alone are under the floor; the group's product is not: all three go
+    assert quantize_linear_weights(net, min_elements=200_000) == 3
+    assert all(isinstance(layer, Int8Linear) for layer in (net.q, net.k, net.v))
+    torch.testing.assert_close(net(x), _attention()(x), atol=0.1, rtol=0.1)

@@ -182,6 +182,9 @@ class Attention(nn.Module):
     """Grouped-query attention with optional per-head q/k RMS norm and rotary positions."""
 
     sibling_projections = (("q_proj", "k_proj", "v_proj"),)
+    #: one blocked product too where weights are blocked for oneDNN: the small k/v
+    #: read faster inside it (``omni_core.engine.cpu_linear.BlockedRows``)
+    blocked_siblings = sibling_projections
 
     def __init__(
         self,

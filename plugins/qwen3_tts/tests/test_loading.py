@@ -251,8 +251,9 @@ def test_bf16_projections_fused_by_packing_generate_what_separate_ones_do(
 def test_bf16_weights_blocked_for_onednn_generate_what_dense_ones_do(
     checkpoint_factory, monkeypatch
 ):
-    """The bf16_blocked route (every bf16 layer's weight reordered for oneDNN): same codes as
-    the dense weights through F.linear, the product it replaces."""
+    """The bf16_blocked route (every bf16 layer's weight reordered for oneDNN, q/k/v as one
+    blocked product): same codes as the dense weights through F.linear, the product it
+    replaces."""
     import torch.nn.functional as F
 
     from omni_core.engine import cpu_linear
@@ -279,6 +280,7 @@ def test_bf16_weights_blocked_for_onednn_generate_what_dense_ones_do(
         cpu_linear.pack_linear_weights(models[blocked].network)
     kinds = {type(m).__name__ for m in models[True].network.modules()}
     assert "BlockedLinear" in kinds and "RowLinear" not in kinds
+    assert "BlockedRows" in kinds  # q/k/v: one blocked product per attention layer
     # the dense model's RowLinear layers: F.linear at every row count under these routes
     for seed in (None, 3):  # greedy, then sampled with the same seed
         temperature = 0.0 if seed is None else 0.9
