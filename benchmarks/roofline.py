@@ -119,12 +119,22 @@ def best(*measured: Bandwidth) -> Bandwidth:
 
 def _weight_tensors(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
-    for root in modules:
-        for module in root.modules():
-            found.extend(module.parameters(recurse=False))
-            found.extend(module.buffers(recurse=False))
-            # tensors held as plain attributes, such as a oneDNN-packed weight
-            found.extend(v for v in vars(module).values() if isinstance(v, torch.Tensor))
+    pending = [m for root in modules for m in root.modules()]
+    seen: set[int] = set()
+    while pending:
+        module = pending.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        found.extend(module.parameters(recurse=False))
+        found.extend(module.buffers(recurse=False))
+        for value in vars(module).values():
+            # tensors held as plain attributes, such as a oneDNN-packed weight, and
+            # modules held so (a blocked q/k/v group's product, outside the module tree)
+            if isinstance(value, torch.Tensor):
+                found.append(value)
+            elif isinstance(value, nn.Module):
+                pending.append(value)
     return found
 
 

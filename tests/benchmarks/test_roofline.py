@@ -87,6 +87,35 @@ def test_int8_and_packed_layers_count_their_own_bytes_in_the_thread_that_runs_th
     assert reads.bytes == 0
 
 
+def test_a_blocked_group_counts_its_product_once_per_call(roofline, monkeypatch):
+    """q/k/v blocked as one product (``BlockedRows``): the product lies outside the module
+    tree, held by the members, and one call of the group reads it once."""
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.cpu_kernel_choice import KernelChoice
+    from omni_core.engine.fused_linear import project
+
+    if not cpu_linear.blocking_available():
+        pytest.skip("this torch build or CPU has no oneDNN bf16 inner product")
+    chosen = KernelChoice(0, False, 0, bf16_blocked=True, source="test")
+    monkeypatch.setattr(cpu_linear, "_routes", cpu_linear.routes())
+    monkeypatch.setattr(cpu_linear, "kernel_choice", lambda onednn=True: chosen)
+
+    class Attention(nn.Module):
+        blocked_siblings = (("q", "k", "v"),)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k, self.v = (nn.Linear(256, n, bias=False) for n in (512, 256, 256))
+
+    attention = Attention().to(torch.bfloat16)
+    cpu_linear.pack_linear_weights(attention)
+    assert type(attention.q) is cpu_linear.BlockedRows
+    reads = roofline.StepReads(attention)
+    with torch.inference_mode(), reads:
+        project(torch.ones(1, 256, dtype=torch.bfloat16), attention.q, attention.k, attention.v)
+    assert reads.bytes == 1024 * 256 * 2
+
+
 def test_a_decode_watch_times_every_call_but_the_counted_one_and_can_count_none(roofline):
     layer = nn.Linear(16, 8)
 
