@@ -967,6 +967,7 @@ def limit_figures(parts: dict[str, Any], bandwidth: Bandwidth | None) -> dict[st
     alone_ms = parts["backbone_step_alone_ms"] + parts["heads_sampling_ms"]
     return {
         "gb_s": bandwidth.gb_s,
+        "lowest_gb_s": bandwidth.lowest_gb_s,
         "how": bandwidth.how,
         "threads": bandwidth.threads,
         "weight_bytes": reads["weight_bytes"],

@@ -145,8 +145,15 @@ def test_kv_bytes_and_the_printed_percentage(roofline):
     assert "1.000 GB of weights" in line
     assert "100.0 ms" in line and "200.0 ms" in line
     assert "50% of the memory-bandwidth limit" in line
+    assert "against the run's lowest" not in line  # one measurement: nothing to compare
     low, high = limit, roofline.Bandwidth(gb_s=12.0, how="sum", threads=1)
-    assert roofline.best(low, high) is high
+    kept = roofline.best(low, high)
+    assert kept.gb_s == 12.0 and kept.lowest_gb_s == 10.0
+    assert roofline.best(high, high) is high
+    # 1.2 GB at 12 GB/s: 100 ms of 200; at the lowest, 10 GB/s, 120 ms: 60%
+    line = roofline.limit_line("ours", 1.2e9, 0.0, 0.2, kept)
+    assert "50% of the memory-bandwidth limit (60% against the run's lowest" in line
+    assert "10.0 GB/s)" in line
 
 
 def test_read_bandwidth_reports_a_rate_with_the_threads_in_use(roofline):
