@@ -37,7 +37,6 @@ what it is batched with.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -75,13 +74,21 @@ def attention(
     )
 
 
-@functools.cache
+#: ``OMNI_CPU_ATTENTION`` as read at the first call (None: not read yet). A module
+#: global rather than ``functools.cache``: a compiled step reads it as a constant,
+#: where dynamo warns about tracing through a cache wrapper.
+_grouped: bool | None = None
+
+
 def grouped_enabled() -> bool:
     """Whether ``OMNI_CPU_ATTENTION`` asks for the grouped form (read once per process)."""
-    value = os.environ.get(MODE_VAR, "fused").strip().lower() or "fused"
-    if value not in MODES:
-        raise ValueError(f"{MODE_VAR}={value!r}: use one of {', '.join(MODES)}")
-    return value == "grouped"
+    global _grouped
+    if _grouped is None:
+        value = os.environ.get(MODE_VAR, "fused").strip().lower() or "fused"
+        if value not in MODES:
+            raise ValueError(f"{MODE_VAR}={value!r}: use one of {', '.join(MODES)}")
+        _grouped = value == "grouped"
+    return _grouped
 
 
 def grouped_single_query(

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
 
+from omni_core.engine import cpu_attention  # noqa: E402
 from omni_core.engine.cpu_attention import (  # noqa: E402
     GROUPED_MIN_KEYS,
     attention,
@@ -68,15 +71,12 @@ def test_hidden_keys_weigh_nothing():
 def grouped(monkeypatch):
     """OMNI_CPU_ATTENTION=grouped for the test (read once per process, so re-read here)."""
     monkeypatch.setenv("OMNI_CPU_ATTENTION", "grouped")
-    grouped_enabled.cache_clear()
-    yield
-    monkeypatch.delenv("OMNI_CPU_ATTENTION")
-    grouped_enabled.cache_clear()
+    monkeypatch.setattr(cpu_attention, "_grouped", None)
 
 
 def test_the_fused_kernel_is_the_default(monkeypatch):
     monkeypatch.delenv("OMNI_CPU_ATTENTION", raising=False)
-    grouped_enabled.cache_clear()
+    monkeypatch.setattr(cpu_attention, "_grouped", None)
     q, k, v = _inputs(2, 8, 2, 1, 64, torch.bfloat16)
     expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     assert torch.equal(attention(q, k, v, None), expected)  # bit-equal to the references
@@ -84,10 +84,20 @@ def test_the_fused_kernel_is_the_default(monkeypatch):
 
 def test_an_unknown_mode_is_refused_naming_the_variable(monkeypatch):
     monkeypatch.setenv("OMNI_CPU_ATTENTION", "fast")
-    grouped_enabled.cache_clear()
+    monkeypatch.setattr(cpu_attention, "_grouped", None)
     with pytest.raises(ValueError, match=r"OMNI_CPU_ATTENTION='fast': use one of fused, grouped"):
         grouped_enabled()
-    grouped_enabled.cache_clear()
+
+
+def test_a_compiled_step_takes_the_switch_as_a_constant(grouped):
+    """No graph break and no dynamo warning around the switch (a compiled decode step)."""
+    q, k, v = _inputs(2, 8, 2, 1, GROUPED_MIN_KEYS, torch.bfloat16)
+    mask = torch.ones(2, 1, 1, GROUPED_MIN_KEYS, dtype=torch.bool)
+    eager = attention(q, k, v, mask)
+    compiled = torch.compile(attention, fullgraph=True, backend="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(compiled(q, k, v, mask), eager)
 
 
 def test_bf16_decode_steps_take_the_grouped_form(grouped):
