@@ -28,7 +28,7 @@ it our bf16 decoders equal them bit for bit (the Qwen3-Omni talker's
 teacher-forced logits, 31 steps: 0.0 apart), which the grouped form gives up
 (0.23 at one step, a thinker token whose reference margin was 0.000 flipped)
 for a gain that is small at short contexts (the thinker benchmark at
-concurrency 8: attention 12.4 -> 8.1 ms of a 145 ms step; Qwen3-TTS about
+concurrency 8: attention 12.3 -> 7.3 ms of a 138-148 ms step; Qwen3-TTS about
 3 %) and large at long ones (eight sequences of 1000 keys: 15.2 -> 7.1 ms a
 layer). Which form a step takes also depends on its batch (see
 :data:`GROUPED_MIN_KEYS`), so with it on, a request's bf16 numerics depend on
