@@ -7,10 +7,12 @@ hold elsewhere. On an AMD EPYC (Zen 4, 2 threads) ``bench_cpu_linear.py``
 measured the opposite for every one of them: oneDNN twice MKL's speed at one
 float32 row (28 against 14 GB/s), ``F.linear`` 1.1-1.8x the bf16 routes, and
 bf16 weights reordered to oneDNN's blocked layout 1.9x ``F.linear`` (a fourth
-route, :func:`blocked_faster`, which the Intel machine did not gain from). A
+route, :func:`blocked_faster`, which the Intel machine did not gain from), and
+those blocked products faster at four rows than at one or two (a fifth,
+:func:`padding_pays`: a lone request's row is padded with zeros). A
 user's machine is neither, so the first stage process that packs weights
 times each pair of kernels on 1024x3072 layers, as many as four times the
-last-level cache holds so that they stream from memory (0.3 s on a 2-core
+last-level cache holds so that they stream from memory (0.7 s on a 2-core
 AMD EPYC), and keeps the answer in ``$XDG_CACHE_HOME/omni/cpu_kernels.json``,
 keyed by the processor, torch's version and the thread count, so later
 starts read it (stages that start together may each measure once; the file
@@ -36,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .cpu_blocked_weight import block_weight, blocked_product, blocking_available
+from .cpu_blocked_weight import PADDED_ROWS, block_weight, blocked_product, blocking_available
 from .cpu_cache import last_level_cache_bytes
 
 MODE_VAR = "OMNI_CPU_KERNELS"
@@ -56,6 +58,8 @@ class KernelChoice:
     bf16_transposed_max_rows: int = 64  # bfloat16: mm(weight, x.T) up to this many rows
     # bfloat16: weights reordered once to oneDNN's blocked layout, every product through it
     bf16_blocked: bool = False
+    # bfloat16 blocked: a product of fewer rows padded to this many (0: never)
+    bf16_blocked_min_rows: int = 0
     source: str = "default"  # default, measured, or the cache file it came from
 
 
@@ -121,8 +125,11 @@ def measure(timer: Timer = best_time, onednn: bool = True) -> KernelChoice:
             return mkl < dnn
 
         mkl_max_rows = leading_wins(FLOAT32_ROWS, mkl_faster)
-    halves = [w.to(torch.bfloat16) for w in weights]
     weights.clear()  # the float32 layers are done with: free them before the bf16 timings
+    # as many bf16 layers as float32 ones would be half the bytes, partly in the cache:
+    # at twice the last-level cache the blocked kernel read 19 GB/s, at six times 14.6
+    count = layer_count(last_level_cache_bytes(), SHAPE[0] * SHAPE[1] * 2)
+    halves = [torch.full(SHAPE, SHAPE[1] ** -0.5, dtype=torch.bfloat16) for _ in range(count)]
     row = torch.randn(SHAPE[1], generator=generator).to(torch.bfloat16)
     mv = timer(over(halves, lambda w: torch.mv(w, row)))
     mv_faster = mv < timer(over(halves, lambda w: F.linear(row[None], w)))
@@ -133,13 +140,23 @@ def measure(timer: Timer = best_time, onednn: bool = True) -> KernelChoice:
         return transposed < timer(over(halves, lambda w: F.linear(x, w)))
 
     transposed_max_rows = leading_wins(BF16_ROWS, transposed_faster)
-    blocked = onednn and blocked_faster(
-        halves, mv_faster, transposed_max_rows, timer, over, generator
+    blocked, min_rows = False, 0
+    if onednn and blocking_available():
+        layers = [block_weight(w) for w in halves]
+        blocked = blocked_faster(
+            layers, halves, mv_faster, transposed_max_rows, timer, over, generator
+        )
+        del layers
+        halves.clear()  # free before the padding's layers are built
+        if blocked and padding_pays(timer, generator):
+            min_rows = PADDED_ROWS
+    return KernelChoice(
+        mkl_max_rows, mv_faster, transposed_max_rows, blocked, min_rows, source="measured"
     )
-    return KernelChoice(mkl_max_rows, mv_faster, transposed_max_rows, blocked, "measured")
 
 
 def blocked_faster(
+    blocked: list[torch.Tensor],
     halves: list[torch.Tensor],
     mv_faster: bool,
     transposed_max_rows: int,
@@ -154,9 +171,6 @@ def blocked_faster(
     24.4 against 12.5 at eight, 32.0 against 34.1 ms at 2048 rows; the Intel
     machine the shipped routes come from read them no faster.
     """
-    if not blocking_available():
-        return False
-    blocked = [block_weight(w) for w in halves]
 
     def wins(rows: int) -> bool:
         x = torch.randn(rows, SHAPE[1], generator=generator).to(torch.bfloat16)
@@ -170,6 +184,60 @@ def blocked_faster(
         return timer(over(blocked, lambda w: blocked_product(x, w))) < timer(dense)
 
     return wins(1) and wins(8)
+
+
+def decoder_layer_shapes(hidden: int, intermediate: int) -> list[tuple[int, int]]:
+    """The products of one Qwen3-style decoder layer at a 0.6B talker's proportions (q/k/v
+    as one product of 2 + 1 + 1 heads' widths, o, gate, up, down), ``[out, in]`` each."""
+    return [
+        (4 * hidden, hidden),
+        (hidden, 2 * hidden),
+        (intermediate, hidden),
+        (intermediate, hidden),
+        (hidden, intermediate),
+    ]
+
+
+def padding_pays(timer: Timer, generator: torch.Generator) -> bool:
+    """Whether blocked products of one and of two rows, together, run faster padded
+    to :data:`~.cpu_blocked_weight.PADDED_ROWS` rows, through decoder layers'
+    worth of products (:func:`decoder_layer_shapes` at :data:`SHAPE`'s widths),
+    four times the last-level cache of them.
+
+    Why whole layers: the gain depends on the shape (more with a wider input),
+    so one shape alone can tie where a model gains. Why one and two rows
+    together: at one row the gain is within this kind of machine's noise
+    (measured on a 2-core AMD EPYC, Zen 4, eight passes over 5 layers: 0.96
+    to 1.05 of the unpadded time; over 8 layers 0.92-0.93), at two it is
+    clear (0.82-0.90), and a Qwen3-TTS 0.6B frame at one request took
+    293-305 ms padded against 319-330 unpadded, alternated.
+    """
+    shapes = decoder_layer_shapes(SHAPE[1], SHAPE[0])
+    layer_bytes = 2 * sum(rows * cols for rows, cols in shapes)
+    count = layer_count(last_level_cache_bytes(), layer_bytes)
+    scale = SHAPE[1] ** -0.5
+    products = [
+        block_weight(torch.full(shape, scale, dtype=torch.bfloat16))
+        for _ in range(count)
+        for shape in shapes
+    ]
+
+    def added(rows: int) -> float:
+        """Seconds padding adds to a pass at ``rows`` rows (negative: what it saves)."""
+        inputs = {
+            cols: torch.randn(rows, cols, generator=generator).to(torch.bfloat16)
+            for _, cols in shapes
+        }
+
+        def through(min_rows: int) -> Callable[[], object]:
+            return lambda: [
+                blocked_product(inputs[shape[1]], weight, None, min_rows)
+                for shape, weight in zip(shapes * count, products, strict=True)
+            ]
+
+        return timer(through(PADDED_ROWS)) - timer(through(0))
+
+    return added(1) + added(2) < 0
 
 
 def cache_path() -> Path:

@@ -160,7 +160,7 @@ class BlockedLinear(nn.Module):
             raise RuntimeError("a blocked linear layer is for inference: it has no gradient")
         if x.numel() == 0:
             return x.new_empty((*x.shape[:-1], self.out_features))
-        return blocked_product(x, self.packed, self.bias)
+        return blocked_product(x, self.packed, self.bias, _routes.bf16_blocked_min_rows)
 
     def extra_repr(self) -> str:
         return (

@@ -138,6 +138,40 @@ def test_the_blocked_product_is_f_linear_at_every_row_count():
         torch.testing.assert_close(got, F.linear(x, weight), **CLOSE)
 
 
+@pytest.mark.parametrize("shape", [(1, 256), (2, 256), (1, 1, 256), (2, 1, 256), (5, 256)])
+def test_a_padded_product_gives_the_rows_it_was_given(shape):
+    """Fewer rows than ``min_rows`` run as that many and are cut back: same shape, same
+    values (a row is its own product), bias added once; more rows run as they are."""
+    torch.manual_seed(3)
+    weight = torch.randn(384, 256).to(torch.bfloat16)
+    bias = torch.randn(384).to(torch.bfloat16)
+    blocked = cpu_linear.block_weight(weight)
+    x = torch.randn(shape).to(torch.bfloat16)
+    got = cpu_linear.blocked_product(x, blocked, bias, min_rows=4)
+    assert got.shape == (*shape[:-1], 384) and got.is_contiguous()
+    torch.testing.assert_close(got, F.linear(x, weight, bias), **CLOSE)
+    torch.testing.assert_close(got, cpu_linear.blocked_product(x, blocked, bias), **CLOSE)
+
+
+def test_blocked_layers_pad_where_the_routes_say_so(blocked_routes, monkeypatch):
+    seen = []
+    kernel = torch.ops.mkldnn._linear_pointwise
+
+    def spy(x, *args):
+        seen.append(x.shape[0])
+        return kernel(x, *args)
+
+    torch.manual_seed(4)
+    layer = BlockedLinear(nn.Linear(256, 384, bias=False).to(torch.bfloat16))
+    x = torch.randn(1, 256).to(torch.bfloat16)
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    plain = layer(x)
+    monkeypatch.setattr(cpu_linear, "_routes", KernelChoice(0, False, 0, True, 4))
+    padded = layer(x)
+    assert seen == [1, 4]
+    torch.testing.assert_close(padded, plain, **CLOSE)
+
+
 class Attention(nn.Module):
     """q/k/v as the decoders name them: one blocked product where weights are blocked."""
 

@@ -31,18 +31,31 @@ def test_a_route_is_taken_for_the_row_counts_it_wins_from_the_first_on():
     assert leading_wins((1, 2, 4, 8), lambda rows: True) == 8
 
 
-def test_measuring_times_each_pair_of_kernels_on_the_same_product():
+BEFORE_BLOCKING = (
+    *(1, 2, 1, 2, 2, 1),  # float32: (MKL, oneDNN) at 1, 2, 3 rows
+    *(2, 1),  # bf16 one row: (mv, F.linear)
+    *(1, 2, 1, 2, 1, 2, 2, 1),  # bf16: (transposed, F.linear) at 2, 4, 8, 16 rows
+)
+
+
+@pytest.mark.parametrize(
+    ("blocking", "min_rows"),
+    [
+        ((1, 2, 1, 2, 1, 2, 1, 2), 4),  # blocked wins at 1 and 8 rows; padded at 1 and 2
+        ((1, 2, 1, 2, 5, 4, 1, 3), 4),  # padding loses a second at 1 row, saves 2 at 2
+        ((1, 2, 1, 2, 1, 2, 3, 1), 0),  # saves 1 at 1 row, loses 2 at 2
+        ((1, 2, 2, 1), 0),  # blocked loses at 8 rows: padding is not timed
+    ],
+)
+def test_measuring_times_each_pair_of_kernels_on_the_same_product(blocking, min_rows):
     """Scripted seconds, in the order the pairs are timed: MKL wins float32 at 1 and 2 rows
-    and loses at 3; mv loses to F.linear; the transposed product wins up to 8 rows; the
-    blocked bf16 weight beats both dense routes (F.linear at 1 row, transposed at 8)."""
-    script = iter(
-        [
-            *(1, 2, 1, 2, 2, 1),  # float32: (MKL, oneDNN) at 1, 2, 3 rows
-            *(2, 1),  # bf16 one row: (mv, F.linear)
-            *(1, 2, 1, 2, 1, 2, 2, 1),  # bf16: (transposed, F.linear) at 2, 4, 8, 16 rows
-            *(1, 2, 1, 2),  # bf16: (blocked, the dense route) at 1 and 8 rows
-        ]
-    )
+    and loses at 3; mv loses to F.linear; the transposed product wins up to 8 rows; then
+    the blocked bf16 weight against the dense routes (F.linear at 1 row, transposed at 8)
+    and, where it won, blocked decoder layers padded to four rows against unpadded at 1 and
+    2 rows: padded where that saves time over both together."""
+    if not cpu_linear.blocking_available():
+        pytest.skip("this torch build or CPU has no oneDNN bf16 inner product")
+    script = iter([*BEFORE_BLOCKING, *blocking])
     results = []
 
     def timer(call):
@@ -50,15 +63,21 @@ def test_measuring_times_each_pair_of_kernels_on_the_same_product():
         return next(script)
 
     chosen = measure(timer)
-    assert chosen == KernelChoice(2, False, 8, bf16_blocked=True, source="measured")
+    blocked = len(blocking) > 4
+    assert chosen == KernelChoice(2, False, 8, blocked, min_rows, source="measured")
     assert next(script, None) is None  # every pair timed, none after a loss
-    for fast_layers, slow_layers in zip(results[::2], results[1::2], strict=True):
+    pairs = list(zip(results[::2], results[1::2], strict=True))
+    for fast_layers, slow_layers in pairs:
         assert len(fast_layers) == len(slow_layers) >= 1  # every layer of a pass
-        fast, slow = fast_layers[0], slow_layers[0]
-        assert fast.shape[-1] == slow.shape[-1] == choice_module.SHAPE[0]
-        torch.testing.assert_close(
-            fast.float().reshape(slow.shape), slow.float(), atol=0.05, rtol=0.02
-        )
+        for fast, slow in zip(fast_layers, slow_layers, strict=True):
+            torch.testing.assert_close(
+                fast.float().reshape(slow.shape), slow.float(), atol=0.05, rtol=0.02
+            )
+    widths = [{slow.shape[-1] for slow in slow_layers} for _, slow_layers in pairs]
+    padding_pairs = 2 if blocked else 0  # timed through whole decoder layers, at 1 and 2 rows
+    single = widths[: len(widths) - padding_pairs]
+    assert single == [{choice_module.SHAPE[0]}] * len(single)
+    assert widths[len(single) :] == [{1024, 3072, 4096}] * padding_pairs
 
 
 def test_without_onednn_every_float32_row_stays_on_mkl():

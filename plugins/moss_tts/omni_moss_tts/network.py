@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from omni_core.engine.cpu_blocked_weight import blocked_product
-from omni_core.engine.cpu_linear import row_linear
+from omni_core.engine.cpu_linear import routes, row_linear
 from omni_qwen3_tts.layers import DecoderStack
 
 from .config import MossTTSConfig
@@ -80,7 +80,8 @@ class MossNetwork(nn.Module):
         blocked = self.__dict__.get(BLOCKED_HEADS)
         if blocked is not None:  # block_audio_heads: one blocked product per due head
             books = books if books is not None else range(len(blocked))
-            logits = torch.stack([blocked_product(hidden, blocked[b]) for b in books], dim=1)
+            pad = routes().bf16_blocked_min_rows  # a lone request's row padded where that pays
+            logits = torch.stack([blocked_product(hidden, blocked[b], None, pad) for b in books], 1)
         else:
             weights = self._audio_head_weights()  # [Q, 1025, H]
             books = books if books is not None else range(weights.shape[0])
