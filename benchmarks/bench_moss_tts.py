@@ -116,6 +116,7 @@ import torch
 from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_bandwidth
 
 from omni_core.engine.compute import dedicate, run_compute
+from omni_core.engine.huge_pages import ask_for_huge_pages, user_environ
 from omni_core.engine.quantize import quantization_problem
 from omni_moss_tts import stages
 from omni_moss_tts.model import MossTTSModel
@@ -776,7 +777,7 @@ def reference(
         text=True,
         check=False,
         env={
-            **os.environ,
+            **user_environ(),
             "PYTHONWARNINGS": "ignore",
             "TOKENIZERS_PARALLELISM": "false",
             "TQDM_DISABLE": "1",
@@ -1032,6 +1033,7 @@ def smoke(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    ask_for_huge_pages()  # as omni's CPU stage processes (plan/pages.py); ours only
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2, help="backbone layers (the release: 36)")
     parser.add_argument("--frames", type=int, default=None, help="frames per request (12.5/s)")

@@ -123,6 +123,7 @@ from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_band
 from omni_core.engine.backends import create_engine
 from omni_core.engine.compute import dedicate
 from omni_core.engine.cpu_linear import pack_linear_weights, packing_available
+from omni_core.engine.huge_pages import ask_for_huge_pages, user_environ
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.precision import PrecisionError, torch_dtype
 from omni_core.engine.prompt import EmbeddedPrompt
@@ -298,7 +299,7 @@ def run_reference(
         text=True,
         check=False,
         env={
-            **os.environ,
+            **user_environ(),
             "PYTHONWARNINGS": "ignore",
             "TOKENIZERS_PARALLELISM": "false",
             "OMP_NUM_THREADS": str(job["threads"]),
@@ -713,6 +714,7 @@ def report(
 
 
 def main() -> int:
+    ask_for_huge_pages()  # as omni's CPU stage processes (plan/pages.py); ours only
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2, help="decoder layers (release: 48)")
     parser.add_argument("--vision-depth", type=int, default=2, help="ViT blocks (release: 27)")

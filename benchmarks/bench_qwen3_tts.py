@@ -68,6 +68,7 @@ from roofline import Bandwidth, DecodeWatch, best, kv_bytes, limit_line, read_ba
 
 from omni_core.engine.compute import dedicate
 from omni_core.engine.cpu_linear import pack_linear_weights
+from omni_core.engine.huge_pages import ask_for_huge_pages, user_environ
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.quantize import apply_quantization
 from omni_core.engine.torch_engine import TorchEngine
@@ -469,7 +470,7 @@ def reference(
         capture_output=True,
         text=True,
         check=False,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"},
+        env={**user_environ(), "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"},
     )
     if done.returncode != 0:
         raise RuntimeError(f"the reference runner failed:\n{done.stderr[-4000:]}")
@@ -591,6 +592,7 @@ def report(
 
 
 def main() -> None:
+    ask_for_huge_pages()  # as omni's CPU stage processes (plan/pages.py); ours only
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=48, help="frames per request (12.5 per s)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")

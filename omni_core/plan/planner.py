@@ -37,6 +37,7 @@ from .inventory import inventory_from_cluster
 from .model import DeploymentPlan, GpuInventory, PlacementRequest, Refusal
 from .mps import plan_mps
 from .nodes import assign_nodes
+from .pages import plan_huge_pages
 from .precision import plan_precisions
 from .processes import build_processes
 from .threads import plan_cpu_threads
@@ -138,6 +139,7 @@ def _plan(
     problems += check_cross_node(config, edges, plugins)
     engines = {name for name, group in expansion.members.items() if any(s.is_engine for s in group)}
     plan_cpu_threads(processes, engines, config.runtime.cpu_threads)
+    plan_huge_pages(processes)
     if not estimates and config.weight_share == "on":  # counted once, never placed by
         estimates = sharing_estimates(config, plugins)
     weight_share = plan_weight_share(

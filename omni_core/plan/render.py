@@ -8,6 +8,7 @@ from typing import IO, Any
 from ..schema.sizes import format_bytes
 from ..text_table import box_table
 from .model import DeploymentPlan
+from .pages import describe as describe_huge_pages
 from .threads import SPIN_VAR
 
 
@@ -89,6 +90,9 @@ def render_plan(
     columns = ("process", "where", "stages", "replica", "tp rank", "share", "start", "threads")
     say(box_table(columns, rows, width))
     say("cpu threads: " + _threads(plan))
+    pages = describe_huge_pages(plan.processes)
+    if pages:
+        say("cpu memory: " + pages)
 
     if plan.gpus:
         rows = []

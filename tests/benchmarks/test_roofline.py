@@ -154,6 +154,8 @@ def test_kv_bytes_and_the_printed_percentage(roofline):
     line = roofline.limit_line("ours", 1.2e9, 0.0, 0.2, kept)
     assert "50% of the memory-bandwidth limit (60% against the run's lowest" in line
     assert "10.0 GB/s)" in line
+    paged = roofline.Bandwidth(gb_s=10.0, how="sum", threads=1, pages="2 MB pages")
+    assert "(10.0 GB/s, sum, 1 thread(s), 2 MB pages) " in roofline.limit_line("o", 1, 0, 1, paged)
 
 
 def test_read_bandwidth_reports_a_rate_with_the_threads_in_use(roofline):
@@ -161,3 +163,6 @@ def test_read_bandwidth_reports_a_rate_with_the_threads_in_use(roofline):
     assert measured.gb_s > 0
     assert measured.threads == torch.get_num_threads()
     assert measured.how in ("sum", "float32 matrix-vector")
+    # which pages the buffer got, where /proc says (this test process did not ask for huge
+    # pages unless its environment did: torch decides at the first allocation)
+    assert measured.pages in (None, "2 MB pages", "4 KB pages")
