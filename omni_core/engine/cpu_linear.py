@@ -43,7 +43,7 @@ processes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -173,11 +173,13 @@ class BlockedRows(nn.Module):
     """One of sibling projections blocked as one product: its outputs are rows of that product's.
 
     Why: oneDNN reads one tall blocked weight faster than several short ones
-    where some are small (measured on the AMD EPYC, 2 threads, 28 layers at
-    hidden size 1024: q/k/v as one blocked product 12.5 -> 10.4 ms at one
-    row, 12.2 -> 10.5 at eight; gate/up, two large members, 18.7 -> 20.1 and
-    16.7 -> 17.2, so only the groups a module names in ``blocked_siblings``
-    are fused). A blocked weight cannot be sliced, so the member holds no
+    (measured on the AMD EPYC, 2 threads, 28 layers at hidden size 1024:
+    q/k/v as one blocked product 12.5 -> 10.4 ms at one row, 12.2 -> 10.5 at
+    eight; gate/up, with 2 MB pages (``huge_pages``), 20.9 -> 19.6 ms at
+    one row padded, 21.9 -> 20.8 unpadded, 26.1 -> 24.8 at eight, where
+    4 KB pages had measured them slower fused; a Qwen3-Omni expert's gate/up
+    0.80-0.85 of the time). The groups are those a module names in
+    ``blocked_siblings``. A blocked weight cannot be sliced, so the member holds no
     weight: :func:`~omni_core.engine.fused_linear.project` computes the group
     in one call. Called alone, a member computes the whole product and keeps
     its rows (right, never the hot path); ``weight`` is a dense copy of its
@@ -382,6 +384,32 @@ def pack_linear_weights(
     return len(packed) + rows
 
 
+def block_as_one(parent: nn.Module, names: Sequence[str]) -> BlockedLinear:
+    """Replace ``parent``'s layers ``names`` (bf16 CPU linear layers over one input, all
+    with a bias or all without) by windows of one blocked product (:class:`BlockedRows`),
+    which :func:`~omni_core.engine.fused_linear.project` computes in one call; the product.
+
+    The caller checks that the layers may be copied (not shared, tied or mapped).
+    """
+    layers = [getattr(parent, name) for name in names]
+    with torch.no_grad():
+        weight = torch.cat([layer.weight.detach() for layer in layers])
+        bias = None
+        if layers[0].bias is not None:
+            bias = torch.cat([layer.bias.detach() for layer in layers])
+        product = BlockedLinear.of(weight, bias)
+    del weight
+    members, start = [], 0
+    for name, layer in zip(names, layers, strict=True):
+        bias = None if layer.bias is None else nn.Parameter(layer.bias.detach(), False)
+        member = BlockedRows(product, start, start + layer.out_features, bias)
+        setattr(parent, name, member)
+        members.append(member)
+        start += layer.out_features
+    share_product(members, product)
+    return product
+
+
 def _block_sibling_groups(module: nn.Module, skip: Callable[[str], bool] | None) -> int:
     """Block each group that a submodule names in ``blocked_siblings`` as one product; count them.
 
@@ -405,21 +433,7 @@ def _block_sibling_groups(module: nn.Module, skip: Callable[[str], bool] | None)
             or not all(_blockable(layer.weight, holders) for layer in layers)
         ):
             continue
-        with torch.no_grad():
-            weight = torch.cat([layer.weight.detach() for layer in layers])
-            bias = None
-            if layers[0].bias is not None:
-                bias = torch.cat([layer.bias.detach() for layer in layers])
-            product = BlockedLinear.of(weight, bias)
-        del weight
-        members, start = [], 0
-        for name, layer in zip(names, layers, strict=True):
-            bias = None if layer.bias is None else nn.Parameter(layer.bias.detach(), False)
-            member = BlockedRows(product, start, start + layer.out_features, bias)
-            setattr(parent, name, member)
-            members.append(member)
-            start += layer.out_features
-        share_product(members, product)
+        block_as_one(parent, names)
         del layers
         fused += 1
     if fused:

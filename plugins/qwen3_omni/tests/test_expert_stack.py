@@ -284,7 +284,8 @@ def test_row_routed_experts_stack_where_their_one_row_route_is_not_this_machines
 
 
 def test_bf16_experts_are_blocked_for_onednn_where_this_machines_routes_say_so(monkeypatch):
-    """block_mixtures: each expert's three layers become BlockedLinear copies (the loop runs
+    """block_mixtures: each expert's gate/up become one blocked product (BlockedRows, one
+    call), its down a BlockedLinear, all copies (the loop runs
     them, with the stack's numbers within a bf16 rounding), the stack is let go, and
     shared or float32 experts, or routes that keep dense weights, are left as they were."""
     from omni_core.engine import cpu_linear
@@ -306,10 +307,59 @@ def test_bf16_experts_are_blocked_for_onednn_where_this_machines_routes_say_so(m
     for param in holder["shared"].parameters():
         param.share_memory_()  # a weight-sharing leader's
     assert block_mixtures(holder) == 3 * EXPERTS  # layers
-    kinds = {type(layer).__name__ for expert in moe.experts for layer in expert.children()}
-    assert kinds == {"BlockedLinear"} and not moe.uses_stack()
+    kinds = {
+        name: type(getattr(expert, name)).__name__
+        for expert in moe.experts
+        for name in ("gate_proj", "up_proj", "down_proj")
+    }
+    assert kinds == {
+        "gate_proj": "BlockedRows",
+        "up_proj": "BlockedRows",
+        "down_proj": "BlockedLinear",
+    }
+    assert not moe.uses_stack()
+    products = []
+    kernel = cpu_linear.BlockedLinear.forward
+    monkeypatch.setattr(
+        cpu_linear.BlockedLinear,
+        "forward",
+        lambda self, x: products.append(self) or kernel(self, x),
+    )
+    with torch.no_grad():
+        moe.experts[0](x[:1])
+    assert len(products) == 2  # gate/up in one call, then down
+    monkeypatch.setattr(cpu_linear.BlockedLinear, "forward", kernel)
     assert type(holder["f32"].experts[0].gate_proj) is torch.nn.Linear
     assert type(holder["shared"].experts[0].gate_proj) is torch.nn.Linear
     with torch.no_grad():
         torch.testing.assert_close(moe(x), stacked, rtol=2e-2, atol=2e-2)
     assert block_mixtures(holder) == 0  # idempotent
+
+
+def test_compiling_and_int8_take_blocked_experts_back(monkeypatch):
+    """A compiled step turns the blocked experts dense again (``dense_linears``), int8
+    quantizes them (each expert's gate/up as the one product it is): same mixture."""
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.compiled import dense_linears
+    from omni_core.engine.cpu_kernel_choice import KernelChoice
+    from omni_core.engine.quantize import Int8Linear, quantize_linear_weights
+    from omni_qwen3_omni.thinker.moe import block_mixtures
+
+    if not cpu_linear.blocking_available():
+        pytest.skip("this torch build or CPU has no oneDNN bf16 inner product")
+    monkeypatch.setattr(cpu_linear, "_routes", KernelChoice(0, False, 0, True, 4))
+    x = _tokens(3, torch.bfloat16)
+    for convert in ("dense", "int8"):
+        moe = _moe(seed=5, dtype=torch.bfloat16)
+        with torch.no_grad():
+            want = moe(x)
+        assert block_mixtures(moe) == 3 * EXPERTS
+        if convert == "dense":
+            assert dense_linears(moe) == 3 * EXPERTS
+            assert type(moe.experts[0].gate_proj) is cpu_linear.RowLinear
+        else:
+            assert quantize_linear_weights(moe, min_elements=1) >= 2 * EXPERTS
+            assert isinstance(moe.experts[0].down_proj, Int8Linear)
+        with torch.no_grad():
+            tolerance = 2e-2 if convert == "dense" else 1e-1
+            torch.testing.assert_close(moe(x), want, rtol=tolerance, atol=tolerance)

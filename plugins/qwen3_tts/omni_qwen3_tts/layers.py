@@ -166,6 +166,9 @@ class SwiGLU(nn.Module):
 
     #: read one input: one product once fused (``omni_core.engine.fused_linear``)
     sibling_projections = (("gate_proj", "up_proj"),)
+    #: one blocked product too where weights are blocked for oneDNN (28 layers at hidden
+    #: size 1024, one row: 20.9 -> 19.6 ms; ``omni_core.engine.cpu_linear.BlockedRows``)
+    blocked_siblings = sibling_projections
 
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
