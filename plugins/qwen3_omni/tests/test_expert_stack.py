@@ -363,3 +363,23 @@ def test_compiling_and_int8_take_blocked_experts_back(monkeypatch):
         with torch.no_grad():
             tolerance = 2e-2 if convert == "dense" else 1e-1
             torch.testing.assert_close(moe(x), want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_lone_token_skips_the_gathers_and_sums_as_the_loop_does(dtype):
+    """One token: its experts run on it directly, and the sum is the loop's (ascending
+    expert, each output weighted, then added to a zero start) bit for bit."""
+    moe = _moe(seed=7, dtype=dtype)
+    x = _tokens(1, dtype, seed=9)
+    with torch.no_grad():
+        weights, experts = moe.route(x)
+        want = torch.zeros_like(x)
+        for slot in experts[0].argsort().tolist():  # the loop's order: ascending expert
+            rows = moe.experts[int(experts[0, slot])](x)
+            want.index_add_(0, torch.tensor([0]), rows * weights[0, slot : slot + 1][:, None])
+        seen = []
+        for expert in moe.experts:
+            expert.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        got = moe._looped(x)
+    assert torch.equal(got, want)
+    assert len(seen) == TOP_K and all(t is x for t in seen)  # the token itself, no copy
