@@ -33,18 +33,20 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_core.engine.cpu_kernel_choice import kernel_choice
+from omni_core.engine.cpu_kernel_choice import KernelChoice, kernel_choice
 from omni_core.engine.cpu_linear import (
     MKL_MAX_ROWS,
     BlockedLinear,
     RowLinear,
     blocking_available,
     packing_available,
+    use_routes,
 )
 from omni_core.engine.fused_linear import fuse_projections, project
 from omni_core.engine.quantize import Int8Linear
@@ -92,9 +94,17 @@ def main() -> None:
         f"this machine's routes ({mine.source}): MKL up to {mine.mkl_max_rows} float32 rows; "
         f"a lone bf16 row through {'torch.mv' if mine.bf16_mv_one_row else 'F.linear'}; "
         f"the bf16 transposed product up to {mine.bf16_transposed_max_rows} rows; "
-        f"bf16 weights {'blocked for oneDNN' if mine.bf16_blocked else 'dense'} "
-        "(the RowLinear column below takes the shipped routes)"
+        f"bf16 weights {'blocked for oneDNN' if mine.bf16_blocked else 'dense'}"
+        + (
+            f", fewer rows padded to {mine.bf16_blocked_min_rows}"
+            if mine.bf16_blocked_min_rows
+            else ""
+        )
+        + " (the RowLinear column below takes the shipped routes; the blocked one pads as "
+        "they do)"
     )
+    # the shipped routes for RowLinear's column, this machine's padding for the blocked one's
+    use_routes(replace(KernelChoice(), bf16_blocked_min_rows=mine.bf16_blocked_min_rows))
     del big
     with torch.inference_mode():
         for label, (k, n) in SHAPES.items():
