@@ -34,6 +34,8 @@ class StageContext:
     gpu_ids: tuple[int, ...] = ()
     gpu_memory_fraction: float | None = None
     total_reserve_bytes: int | None = None
+    # engine.max_running_requests the plan sized from memory (None: the settings' own)
+    running_requests: int | None = None
 
     def standard_kwargs(self, model_path: str) -> dict[str, Any]:
         return {
@@ -93,21 +95,24 @@ def factory_kwargs(
     return kwargs
 
 
-def _engine_kwargs(stage: Any, *, validated: bool) -> dict[str, Any]:
+def _engine_kwargs(stage: Any, *, validated: bool, running: int | None = None) -> dict[str, Any]:
     """An engine stage's ``engine.*`` group: ``engine_settings`` (the backend's validated
-    model, defaults filled in: the same object planning and admission read) or, for
-    factories that want the raw keys, ``engine_args``."""
+    model, defaults filled in, the plan's memory-sized ``running`` requests applied: the
+    same numbers planning and admission read) or, for factories that want the raw keys,
+    ``engine_args``."""
     engine = getattr(stage, "engine", None)
     if engine is None:
         return {}
-    from .engine.backends import validate_engine_settings
+    from .engine.backends import validate_engine_settings, with_running_requests
 
     written = {k: v for k, v in engine.model_dump().items() if v is not None}
     if not validated:  # validated only for a factory that asks: it may be another backend's
         return {"engine_args": written}
     return {
         "engine_args": written,
-        "engine_settings": validate_engine_settings(stage.name, written),
+        "engine_settings": with_running_requests(
+            validate_engine_settings(stage.name, written), running
+        ),
     }
 
 
@@ -131,7 +136,9 @@ def build_from_factory(stage: Any, pipeline: Any, context: StageContext) -> Any:
         standard={
             **context.standard_kwargs(pipeline.model_path),
             **_engine_kwargs(
-                stage, validated="engine_settings" in inspect.signature(factory).parameters
+                stage,
+                validated="engine_settings" in inspect.signature(factory).parameters,
+                running=context.running_requests,
             ),
         },
     )

@@ -270,6 +270,18 @@ def engine_settings(stage: Any) -> EngineSettings:
     return settings
 
 
+def with_running_requests(settings: Any, running: int | None) -> Any:
+    """``settings`` with the plan's memory-sized ``max_running_requests`` (None: unchanged).
+
+    A number the deploy file or a flag wrote always wins; the plan sizes only
+    what was left unwritten (:mod:`omni_core.plan.caches`), and the planner,
+    the runtime's admission and the stage's factory all apply it through here.
+    """
+    if running is None or "max_running_requests" in settings.model_fields_set:
+        return settings
+    return settings.model_copy(update={"max_running_requests": running})
+
+
 def create_engine(model: Any, settings: EngineSettings, **kwargs: Any) -> Any:
     """Build the engine ``settings.backend`` names, importing it only now (in the child)."""
     backend = get_backend(settings.backend)

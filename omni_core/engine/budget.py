@@ -39,6 +39,13 @@ DTYPE_BYTES: Mapping[str, float] = {
 }
 
 
+#: The most requests a GPU engine stage runs together when the plan sizes
+#: ``engine.max_running_requests`` from memory (:func:`memory_sized_slots`): as
+#: SGLang's largest CUDA-graph batch on the biggest GPUs. A deploy file that wants
+#: more writes the key.
+MEMORY_SIZED_MAX_SLOTS = 256
+
+
 @dataclass(frozen=True)
 class SlotPlan:
     """The cache an engine allocates, and why it has that size (for logs and errors)."""
@@ -123,3 +130,20 @@ def plan_slots(
             hint="raise engine.max_total_tokens or lower engine.max_running_requests",
         )
     return SlotPlan(num_slots=slots, slot_len=slot_len, source=source)
+
+
+def memory_sized_slots(positions: int, max_positions: int | None, default: int) -> int:
+    """``engine.max_running_requests`` for a GPU share that holds ``positions`` cache positions.
+
+    Why: a slot never needs more than the model's ``max_position_embeddings``,
+    and SGLang sizes its running requests from its memory pool; with the fixed
+    default (8) a Qwen3-TTS 0.6B engine on 0.6 of an H200 kept 8 slots of
+    32,768 positions and left two thirds of its cache free. So: as many
+    requests of the model's full length as the share holds, never fewer than
+    ``default`` (the settings' default, what the engine ran before; its slots
+    are then shorter than the model's limit, as before) and never more than
+    :data:`MEMORY_SIZED_MAX_SLOTS`. ``max_positions`` None (unknown): ``default``.
+    """
+    if not max_positions or max_positions < 1:
+        return default
+    return max(default, min(MEMORY_SIZED_MAX_SLOTS, positions // max_positions))

@@ -34,7 +34,13 @@ class EngineSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     backend: str = Field(default="torch", description="engine backend: torch or sglang")
-    max_running_requests: int = Field(default=8, ge=1, description="sequences decoded together")
+    max_running_requests: int = Field(
+        default=8,
+        ge=1,
+        description="sequences decoded together; left unwritten on a GPU engine sized from "
+        "memory, the plan sizes it: as many full-length requests as the share holds, "
+        "8 to 256",
+    )
     max_total_tokens: int = Field(
         default=16384, ge=1, description="KV-cache positions across all running sequences"
     )

@@ -9,6 +9,13 @@ model plugin's weight estimate the plan can say the same before anything
 starts, and show the slots a running request gets. The engine keeps the last
 word (:func:`omni_core.engine.budget.plan_slots`): it measures what it holds,
 and gives no slot more than the model's ``max_position_embeddings``.
+
+Where the deploy file leaves ``engine.max_running_requests`` unwritten, the
+plan also decides it here, from the same positions
+(:func:`omni_core.engine.budget.memory_sized_slots`): the number is put in the
+plan (:attr:`~omni_core.plan.model.DeploymentPlan.running_requests`), so the
+runtime's admission and the engine in its process use the plan's number rather
+than each estimating its own.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..engine.backends import engine_settings
+from ..engine.budget import MEMORY_SIZED_MAX_SLOTS, memory_sized_slots
 from ..errors import OmniError
 from ..schema.sizes import format_bytes
 from .estimates import collect_estimates
@@ -31,8 +39,14 @@ def plan_caches(
     estimates: Mapping[str, MemoryEstimate],
     plugins: Any,
     problems: list[Refusal],
+    running: dict[str, int] | None = None,
 ) -> dict[str, str]:
-    """Each GPU torch engine stage's cache in words, by stage name (its first instance)."""
+    """Each GPU torch engine stage's cache in words, by stage name (its first instance).
+
+    ``running`` receives, by stage name, the ``engine.max_running_requests`` the
+    plan sized from memory for stages whose deploy file left it unwritten.
+    """
+    running = {} if running is None else running
     first: dict[str, Assignment] = {}
     for instance, assignment in assignments.items():
         first.setdefault(instances.get(instance, instance), assignment)
@@ -87,6 +101,16 @@ def plan_caches(
             )
             continue
         positions = room // per_token
+        chosen = ""
+        if "max_running_requests" not in settings.model_fields_set and estimate.max_positions:
+            default = slots
+            slots = memory_sized_slots(positions, estimate.max_positions, default)
+            running[name] = slots
+            chosen = (
+                f"; engine.max_running_requests {slots}, sized from memory (as many requests "
+                f"of the model's full length as the share holds, at least {default}, at most "
+                f"{MEMORY_SIZED_MAX_SLOTS}; write it to choose)"
+            )
         slot = positions // slots
         if estimate.max_positions and slot > estimate.max_positions:
             slot = estimate.max_positions
@@ -98,6 +122,6 @@ def plan_caches(
         found[name] = (
             f"{share} ({format_bytes(int(memory * fraction))}) less about "
             f"{format_bytes(weights)} of weights: about {positions:,} positions, "
-            f"{slots} slots of {slot:,}{why}"
+            f"{slots} slots of {slot:,}{why}{chosen}"
         )
     return found

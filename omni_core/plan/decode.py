@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..engine.backends import engine_settings
+from ..engine.backends import engine_settings, with_running_requests
 from ..engine.buckets import static_plan
 from .model import Assignment
 
@@ -29,8 +29,13 @@ def plan_decodes(
     assignments: Mapping[str, Assignment],
     instances: Mapping[str, str],
     precisions: Mapping[str, Any],
+    running: Mapping[str, int] | None = None,
 ) -> dict[str, str]:
-    """Each torch engine stage's decode plan in words, by stage name (first instance's device)."""
+    """Each torch engine stage's decode plan in words, by stage name (first instance's device).
+
+    ``running``: the ``engine.max_running_requests`` the plan sized from memory, by
+    stage (its buckets reach that number, as the engine's will).
+    """
     device_of: dict[str, str] = {}
     for instance, assignment in assignments.items():
         stage = instances.get(instance, instance)
@@ -39,7 +44,7 @@ def plan_decodes(
     for stage in config.stages:
         if not getattr(stage, "is_engine", False) or stage.name not in device_of:
             continue
-        settings = engine_settings(stage)
+        settings = with_running_requests(engine_settings(stage), (running or {}).get(stage.name))
         if settings.backend != "torch":
             continue
         plan = static_plan(settings, device_of[stage.name])

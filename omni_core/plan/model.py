@@ -364,6 +364,9 @@ class DeploymentPlan:
     decodes: dict[str, str] = field(default_factory=dict)
     # torch engine stage on a GPU -> how its KV cache will be sized from its share, in words
     caches: dict[str, str] = field(default_factory=dict)
+    # torch engine stage on a GPU -> the engine.max_running_requests the plan sized from
+    # memory (deploy file silent): what its engine runs and admission counts (plan/caches.py)
+    running_requests: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     edges: list[EdgePlan] = field(default_factory=list)
     nodes: NodesPlan | None = None
@@ -402,6 +405,7 @@ class DeploymentPlan:
             "precisions": {k: self.precisions[k].to_dict() for k in sorted(self.precisions)},
             "decodes": {k: self.decodes[k] for k in sorted(self.decodes)},
             "caches": {k: self.caches[k] for k in sorted(self.caches)},
+            "running_requests": dict(sorted(self.running_requests.items())),
             "notes": list(self.notes),
             "admission_limit": self.admission_limit,
         }

@@ -134,8 +134,11 @@ def _plan(
     edges = plan_edges(config, processes, stages)
     stage_of = {i.name: i.stage for i in request.instances}
     precisions = plan_precisions(config, assignments, stage_of, inventory, problems)
-    decodes = plan_decodes(config, assignments, stage_of, precisions)
-    caches = plan_caches(config, assignments, stage_of, inventory, estimates, plugins, problems)
+    running: dict[str, int] = {}  # engine.max_running_requests the plan sizes from memory
+    caches = plan_caches(
+        config, assignments, stage_of, inventory, estimates, plugins, problems, running
+    )
+    decodes = plan_decodes(config, assignments, stage_of, precisions, running)
     problems += check_cross_node(config, edges, plugins)
     engines = {name for name, group in expansion.members.items() if any(s.is_engine for s in group)}
     plan_cpu_threads(processes, engines, config.runtime.cpu_threads)
@@ -178,11 +181,12 @@ def _plan(
         precisions=precisions,
         decodes=decodes,
         caches=caches,
+        running_requests=running,
         notes=notes,
         edges=edges,
         nodes=nodes,
         admission_limit=admission_limit(
-            config, {p: len(r) for p, r in expansion.process_instances.items()}
+            config, {p: len(r) for p, r in expansion.process_instances.items()}, running
         ),
     )
 

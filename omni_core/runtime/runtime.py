@@ -79,7 +79,7 @@ class Runtime:
         self.coordinator = Coordinator(
             self.graph,
             self.table.replicas,
-            max_inflight=admission_limit(config, self.table.replicas),
+            max_inflight=admission_limit(config, self.table.replicas, plan.running_requests),
             binding=config.runtime.binding,
             stage_process=self.table.stage_process,
         )

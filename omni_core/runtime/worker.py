@@ -205,6 +205,7 @@ class Worker:
                 gpu_ids=tuple(self.spec.gpu_map.get(g, g) for g in placement.gpus),
                 gpu_memory_fraction=placement.gpu_memory_fraction,
                 total_reserve_bytes=placement.total_reserve_bytes,
+                running_requests=self.plan.running_requests.get(placement.stage),
             )
             started = time.perf_counter()
             with _gpu_locks(self.plan.endpoints.runtime_dir, placement.gpus):
