@@ -322,13 +322,18 @@ class StaticDecoder:
                     self._graphs[(bucket, steps, span)] = CapturedStep(step, example, pool=pool)
 
 
-def dense_linears(model: Any) -> int:
+def dense_linears(model: Any, *, keep_blocked: bool = False) -> int:
     """Turn oneDNN-packed linear layers under ``model`` back into ``nn.Linear``; how many.
 
-    Inductor cannot trace a oneDNN tensor, and it generates its own CPU
-    kernels for the step anyway. Looks through the model object's module
-    attributes (a step model holds its network as one); the dense weight is
-    the packed one's values, so outputs do not change beyond float rounding.
+    Inductor cannot trace a oneDNN tensor. Looks through the model object's
+    module attributes (a step model holds its network as one); the dense
+    weight is the packed one's values, so outputs do not change beyond float
+    rounding. ``keep_blocked``: bf16 blocked layers stay as they are, a
+    compiled step calling their products through ``omni::blocked_linear``
+    (faster than inductor's own bf16 products, see
+    :mod:`~omni_core.engine.cpu_blocked_weight`); only float32 packed layers
+    turn dense. Off where inductor is to pack the dense weights itself
+    (``engine.cpu_weight_prepack``).
     """
     from torch import nn
 
@@ -342,7 +347,10 @@ def dense_linears(model: Any) -> int:
         rows = 0
         for parent in list(root.modules()):
             for name, child in list(parent.named_children()):
-                if isinstance(child, (PackedLinear, BlockedLinear, BlockedRows)):
+                kinds = (
+                    (PackedLinear,) if keep_blocked else (PackedLinear, BlockedLinear, BlockedRows)
+                )
+                if isinstance(child, kinds):
                     # a bf16 layer goes back to the routes it had (omni::row_product)
                     kind = nn.Linear if isinstance(child, PackedLinear) else RowLinear
                     linear = kind(child.in_features, child.out_features, bias=False, device="meta")

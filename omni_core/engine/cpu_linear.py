@@ -50,7 +50,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import mapped
-from .cpu_blocked_weight import block_weight, blocked_product, blocking_available
+from .cpu_blocked_weight import (
+    block_weight,
+    blocked_product,
+    blocking_available,
+    register_blocked,
+)
 from .cpu_kernel_choice import KernelChoice, kernel_choice
 from .fused_linear import fuse_sibling_projections, named_groups, share_product
 from .heap import return_freed_memory
@@ -136,6 +141,8 @@ class BlockedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed = block_weight(linear.weight.detach())
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), False)
+        # what a compiled step names the weight by (omni::blocked_linear)
+        self.number = register_blocked(self)
 
     @classmethod
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> BlockedLinear:
@@ -160,6 +167,10 @@ class BlockedLinear(nn.Module):
             raise RuntimeError("a blocked linear layer is for inference: it has no gradient")
         if x.numel() == 0:
             return x.new_empty((*x.shape[:-1], self.out_features))
+        if torch.compiler.is_compiling():  # the opaque weight by its number, as it is
+            return torch.ops.omni.blocked_linear(
+                x, self.number, self.out_features, _routes.bf16_blocked_min_rows, self.bias
+            )
         return blocked_product(x, self.packed, self.bias, _routes.bf16_blocked_min_rows)
 
     def extra_repr(self) -> str:

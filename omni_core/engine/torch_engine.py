@@ -476,7 +476,9 @@ def _prepare_static(model: Any, plan: StaticPlan, cache: SlotKVCache) -> float:
     from .compiled import StaticContext, dense_linears
 
     if plan.compile:
-        dense_linears(model)
+        # inductor packs dense weights itself where it prepacks; elsewhere the blocked
+        # bf16 products stay, called as they are (omni::blocked_linear)
+        dense_linears(model, keep_blocked=not plan.prepack)
     context = StaticContext(plan, cache)
     model.prepare_static(context)
     seconds = context.warm_up()

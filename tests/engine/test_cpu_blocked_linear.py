@@ -247,3 +247,64 @@ def test_compiling_and_int8_take_a_blocked_group_back(blocked_routes):
     assert quantize_linear_weights(net, min_elements=200_000) == 3
     assert all(isinstance(layer, Int8Linear) for layer in (net.q, net.k, net.v))
     torch.testing.assert_close(net(x), _attention()(x), atol=0.1, rtol=0.1)
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
+@pytest.mark.parametrize("min_rows", [0, 4])
+def test_a_compiled_step_keeps_the_blocked_products_and_their_numbers(
+    blocked_routes, monkeypatch, min_rows
+):
+    """Compiling keeps the blocked layers (``omni::blocked_linear``) and equals eager."""
+    import dataclasses
+
+    from omni_core.engine.compiled import dense_linears
+
+    monkeypatch.setattr(
+        cpu_linear,
+        "_routes",
+        dataclasses.replace(cpu_linear.routes(), bf16_blocked=True, bf16_blocked_min_rows=min_rows),
+    )
+    net = _net()
+    pack_linear_weights(net)
+    assert dense_linears(net, keep_blocked=True) == 0
+    assert isinstance(net[0].q, BlockedLinear) and isinstance(net[0].out, BlockedLinear)
+    torch._dynamo.reset()
+    compiled = torch.compile(net, dynamic=False, fullgraph=True)
+    with torch.no_grad():
+        for rows in (1, 3, 8):
+            x = torch.randn(rows, 256).to(torch.bfloat16)
+            eager = net(x)
+            torch.testing.assert_close(compiled(x), eager, atol=0, rtol=0)  # the same kernels
+        # the compiled graph reaches the weight through its number, nowhere else
+        from omni_core.engine import cpu_blocked_weight
+
+        monkeypatch.delitem(cpu_blocked_weight._BLOCKED, net[0].out.number)
+        with pytest.raises(KeyError):
+            compiled(x)
+
+
+def test_dense_linears_may_keep_blocked_layers_but_not_packed_float32_ones(blocked_routes):
+    from omni_core.engine.compiled import dense_linears
+    from omni_core.engine.cpu_linear import PackedLinear
+
+    net = _net()
+    pack_linear_weights(net)
+    dense = nn.Linear(512, 512)
+    net.append(PackedLinear(dense))
+    assert dense_linears(net, keep_blocked=True) == 1  # the float32 layer only
+    assert type(net[3]) is nn.Linear and torch.equal(net[3].weight, dense.weight)
+    assert isinstance(net[0].q, BlockedLinear)
+    assert dense_linears(net) == 3  # and without: the blocked ones too
+
+
+def test_a_freed_blocked_layer_leaves_the_numbered_weights(blocked_routes):
+    import gc
+
+    from omni_core.engine import cpu_blocked_weight
+
+    layer = BlockedLinear(nn.Linear(256, 512).to(torch.bfloat16))
+    number = layer.number
+    assert cpu_blocked_weight._BLOCKED[number] is layer
+    del layer
+    gc.collect()
+    assert number not in cpu_blocked_weight._BLOCKED
