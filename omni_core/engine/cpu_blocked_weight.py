@@ -10,8 +10,8 @@ A compiled decode step calls the product through an operator of its own,
 (:func:`register_blocked`): a oneDNN blocked tensor is opaque, so neither
 dynamo nor inductor can take it as an input, and turning the weights dense
 again for compiling (as before) put the step on inductor's own bf16 products,
-which read them slower: Qwen3-TTS 0.6B's bf16 frame at concurrency 1 took
-270 ms compiled against 179 eager; with the blocked products kept, 161 ms.
+which read them slower: Qwen3-TTS 0.6B's bf16 step at concurrency 1 took
+270 ms compiled against 179 eager; with the blocked products kept, 161-165 ms.
 """
 
 from __future__ import annotations
