@@ -242,6 +242,36 @@ async def test_the_engine_compiles_through_inductor_and_equals_eager(capsys):
     assert "torch.compile for batch sizes 1, 2" in logged and "toy decoder ready in" in logged
 
 
+@pytest.mark.anyio
+async def test_a_compiled_engine_keeps_blocked_bf16_layers_and_equals_eager(monkeypatch):
+    """Blocked bf16 layers stay blocked through compiling (``omni::blocked_linear``): the
+    compiled engine's tokens are the eager engine's."""
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.cpu_kernel_choice import KernelChoice
+
+    if not cpu_linear.blocking_available():
+        pytest.skip("this torch build or CPU has no oneDNN bf16 inner product")
+    routes = KernelChoice(0, False, 0, bf16_blocked=True, bf16_blocked_min_rows=4)
+    monkeypatch.setattr(cpu_linear, "_routes", cpu_linear.routes())  # restored after
+    monkeypatch.setattr(cpu_linear, "kernel_choice", lambda onednn=True: routes)
+
+    def blocked_model() -> TinyDecoder:
+        model = TinyDecoder(vocab_size=64, dim=256, num_layers=1, seed=6, dtype=torch.bfloat16)
+        cpu_linear.pack_linear_weights(model)
+        return model
+
+    eager_model, compiled_model = blocked_model(), blocked_model()
+    assert isinstance(compiled_model.blocks[0].qkv, cpu_linear.BlockedLinear)
+    assert cpu_linear.routes().bf16_blocked_min_rows == 4  # padded products too
+    base = dict(max_running_requests=2, max_total_tokens=64)
+    eager, _ = await _engine_tokens(eager_model, EngineSettings(**base))
+    settings = EngineSettings(enable_torch_compile=True, cuda_graph_max_bs=2, **base)
+    compiled, engine = await _engine_tokens(compiled_model, settings)
+    assert isinstance(compiled_model.blocks[0].qkv, cpu_linear.BlockedLinear)  # kept
+    assert compiled == eager and compiled_model.static.calls > 0
+    assert engine.warm_up_seconds is not None
+
+
 def test_a_model_without_a_static_step_decodes_eagerly(caplog):
     class Plain(TinyDecoder):
         prepare_static = None  # type: ignore[assignment]
