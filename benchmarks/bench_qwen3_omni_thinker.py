@@ -99,6 +99,7 @@ highest concurrency (packed weights), from an extra run outside the figures.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -347,6 +348,7 @@ class Ours:
     profile: str | None = None
     step_bytes: int = 0  # weights one decode step at concurrency 1 reads (StepReads)
     dtype: torch.dtype = torch.float32  # the weights' (and the KV cache's)
+    compile_s: float | None = None  # engine.enable_torch_compile: the buckets' warm-up
 
 
 class TimedStep(ThinkerStepModel):
@@ -494,13 +496,15 @@ async def measure_ours(
     new_tokens: int,
     repeats: int,
     profile: bool,
+    compiled: bool = False,
 ) -> Ours:
     timers = runner.Timers()
     timers.active = False
-    for layer in lm.model.layers:
-        timers.attach(layer.self_attn, "attention")
-        timers.attach(layer.mlp, "moe")
-    timers.attach(lm.lm_head, "head")
+    if not compiled:  # module hooks cannot run inside a compiled graph
+        for layer in lm.model.layers:
+            timers.attach(layer.self_attn, "attention")
+            timers.attach(layer.mlp, "moe")
+        timers.attach(lm.lm_head, "head")
     step = TimedStep(
         lm,
         cfg.text,
@@ -511,12 +515,15 @@ async def measure_ours(
     )
     longest = max(len(inputs.image_ids), *(len(p) for p in inputs.prompts)) + new_tokens
     settings = EngineSettings(
-        max_running_requests=max(levels), max_total_tokens=max(levels) * (longest + 16)
+        max_running_requests=max(levels),
+        max_total_tokens=max(levels) * (longest + 16),
+        enable_torch_compile=compiled,
     )
-    engine = create_engine(step, settings, device="cpu")
-    result = Ours(label)
+    engine = create_engine(step, settings, device="cpu")  # compiles every bucket first
+    result = Ours(label, compile_s=engine.warm_up_seconds)
     try:
-        step.reads = StepReads(lm)  # the warm-up's first decode step (concurrency 1) counts
+        if not compiled:  # the eager run counts what a step reads
+            step.reads = StepReads(lm)  # the warm-up's first decode step (concurrency 1)
         await run_level(engine, [inputs.warmup], 3, f"{label}-warmup")
         result.step_bytes = step.read_bytes
         for count in levels:
@@ -538,9 +545,15 @@ async def measure_ours(
             result.image_first_token = token
     finally:
         await engine.aclose()
+        timers.detach()
     result.threads_in_engine = step.threads
     result.dtype = lm.model.embed_tokens.weight.dtype
     return result
+
+
+def measure(label: str, common: tuple[Any, ...], profile: bool, compiled: bool = False) -> Ours:
+    """:func:`measure_ours` run to completion; ``common``: its arguments after the label."""
+    return anyio.run(functools.partial(measure_ours, compiled=compiled), label, *common, profile)
 
 
 def profile_table(profiles: list[Any], rows: int = 18) -> str:
@@ -618,6 +631,25 @@ def report_ours(runs: list[Ours], new_tokens: int, prompt: int) -> None:
                 f"{run.label:>14} {lv.concurrency:>3} {lv.tokens_per_s():>9.1f} "
                 f"{lv.step_s() * 1e3:>8.1f} {min(run.ttft_s):>13.3f}"
             )
+
+
+def report_compiled(eager: Ours, compiled: Ours, reference: dict[str, Any] | None) -> None:
+    """The compiled run's decode tokens/s beside the eager run's (no module timers inside
+    a compiled graph, so no projection or breakdown of its own)."""
+    ref = {lv.concurrency: lv for lv in reference_levels(reference)} if reference else {}
+    print(
+        f"\ncompiled decode step ({compiled.label}, engine.enable_torch_compile; the buckets "
+        f"compiled in {compiled.compile_s or 0.0:.1f} s), tokens/s:"
+    )
+    print(f"{'concurrency':>11} {'eager':>9} {'compiled':>9} {'/ eager':>8} {'/ reference':>12}")
+    for lv in compiled.levels:
+        base = next(e for e in eager.levels if e.concurrency == lv.concurrency)
+        versus = ref.get(lv.concurrency)
+        against = f"{lv.tokens_per_s() / versus.tokens_per_s():.2f}x" if versus else "-"
+        print(
+            f"{lv.concurrency:>11} {base.tokens_per_s():>9.2f} {lv.tokens_per_s():>9.2f} "
+            f"{lv.tokens_per_s() / base.tokens_per_s():>7.2f}x {against:>12}"
+        )
 
 
 def report(
@@ -738,6 +770,12 @@ def main() -> int:
         "(the experts too)",
     )
     parser.add_argument("--profile", action="store_true", help="profile our decode steps")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also ours with engine.enable_torch_compile (the decode step compiled per "
+        "batch-size bucket; the experts still loop eagerly), its tokens/s beside eager's",
+    )
     parser.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
@@ -862,6 +900,9 @@ def main() -> int:
     # which only float32 weights take)
     quantized = apply_quantization(lm, args.quantization, stage="thinker")
     dedicate(args.threads)  # what a stage process does once built (engine/compute.py)
+
+    common = (lm, vision, cfg, inputs, levels, args.new_tokens, args.repeats)
+
     for variant in VARIANTS:  # dense first: packing happens in place and cannot be undone
         if variant not in variants:
             continue
@@ -870,33 +911,26 @@ def main() -> int:
         elif variant == "packed":  # every large linear layer, the experts too
             packed += pack_linear_weights(lm)
         profile = args.profile and variant == variants[-1]
-        runs.append(
-            anyio.run(
-                measure_ours,
-                names[variant],
-                lm,
-                vision,
-                cfg,
-                inputs,
-                levels,
-                args.new_tokens,
-                args.repeats,
-                profile,
-            )
-        )
+        runs.append(measure(names[variant], common, profile))
+    # last: the same weights, the eager figures already taken
+    compiled = None
+    if args.compile:
+        compiled = measure(runs[-1].label + " compiled", common, False, compiled=True)
     print(
         f"ours: {packed} linear layers packed for oneDNN in all, {quantized} int8; torch threads "
         f"in the engine's "
         f"worker: {runs[-1].threads_in_engine}; peak memory "
         f"{gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}"
     )
-    del lm, vision  # the limit is measured again with the memory free, the higher one kept
+    del lm, vision, common  # the limit is measured again with the memory free, the higher kept
     bandwidth = best(bandwidth, read_bandwidth(*limit_size))
     if reference is None:
         report_ours(runs, args.new_tokens, args.prompt)
     else:
         report(reference, runs, args.layers, args.new_tokens, args.prompt)
     report_limit(runs, cfg, bandwidth, args.prompt, args.new_tokens)
+    if compiled is not None:
+        report_compiled(runs[-1], compiled, reference)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     return 0
 

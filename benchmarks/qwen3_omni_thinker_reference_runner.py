@@ -103,6 +103,7 @@ class Timers:
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
         self._open: dict[int, float] = {}
+        self._handles: list[Any] = []
         self.active = True  # hooks add up only while True
 
     def attach(self, module: torch.nn.Module, label: str) -> None:
@@ -116,8 +117,14 @@ class Timers:
             self.seconds[label] = self.seconds.get(label, 0.0) + spent
             self.calls[label] = self.calls.get(label, 0) + 1
 
-        module.register_forward_pre_hook(before)
-        module.register_forward_hook(after)
+        self._handles.append(module.register_forward_pre_hook(before))
+        self._handles.append(module.register_forward_hook(after))
+
+    def detach(self) -> None:
+        """Remove every hook (a compiled step measured next must not trace them)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def reset(self) -> None:
         self.seconds, self.calls = {}, {}
