@@ -774,7 +774,8 @@ def main() -> int:
         "--compile",
         action="store_true",
         help="also ours with engine.enable_torch_compile (the decode step compiled per "
-        "batch-size bucket; the experts still loop eagerly), its tokens/s beside eager's",
+        "batch-size bucket; blocked experts loop inside it as one operator), its tokens/s "
+        "beside eager's",
     )
     parser.add_argument(
         "--dtype",

@@ -22,17 +22,32 @@ which is why the upcast is worth its copy of the keys and values. Float32,
 other devices and several query positions (a prompt) keep the fused
 kernel, which is fast and exact there.
 
-Opt-in (``OMNI_CPU_ATTENTION=grouped``; ``fused``, the default, keeps torch's
-kernel for every shape): the references run that same fused kernel, and with
-it our bf16 decoders equal them bit for bit (the Qwen3-Omni talker's
-teacher-forced logits, 31 steps: 0.0 apart), which the grouped form gives up
-(0.23 at one step, a thinker token whose reference margin was 0.000 flipped)
-for a gain that is small at short contexts (the thinker benchmark at
-concurrency 8: attention 12.3 -> 7.3 ms of a 138-148 ms step; Qwen3-TTS about
-3 %) and large at long ones (eight sequences of 1000 keys: 15.2 -> 7.1 ms a
-layer). Which form a step takes also depends on its batch (see
-:data:`GROUPED_MIN_KEYS`), so with it on, a request's bf16 numerics depend on
-what it is batched with.
+Where it runs (``OMNI_CPU_ATTENTION``):
+
+* ``auto`` (the default): the fused kernel in eager steps, the grouped form
+  in compiled ones. Eagerly, the references run that same fused kernel, and
+  with it our bf16 decoders equal them bit for bit (the Qwen3-Omni talker's
+  teacher-forced logits, 31 steps: 0.0 apart), which the grouped form gives
+  up (0.23 at one step, a thinker token whose reference margin was 0.000
+  flipped) for a gain that is small at short contexts (the thinker benchmark
+  at concurrency 8: attention 12.3 -> 7.3 ms of a 138-148 ms step). A
+  compiled step (``engine.enable_torch_compile``) has no bit-equality to
+  keep, inductor rounding its fused norms and activations its own way, and
+  it attends over a static span of each slot (``compiled.attention_spans``)
+  whose hidden keys the fused kernel computes all the same: eight sequences,
+  32 query / 4 KV heads, one thread, 64 visible keys: fused 3.3 ms over 64
+  keys, 7.2 over a span of 135, 14.7 over 270; grouped 0.28, 0.51, 0.94. The
+  thinker's compiled step at concurrency 8 ran 0.85x eager's throughput with
+  the fused kernel.
+* ``fused``: torch's kernel everywhere, compiled steps too.
+* ``grouped``: the grouped form in eager steps too (its numerics then depend
+  on what a request is batched with, since :data:`GROUPED_MIN_KEYS` decides
+  per step).
+
+A compiled step calls the grouped form through the operator
+``omni::grouped_attention``, opaque to inductor, which runs it on the same
+eager kernels: traced, inductor's own code for it ran 1.7-3.2x slower from
+135 keys on (0.88 against 0.51 ms at 135, 3.05 against 0.94 at 270).
 """
 
 from __future__ import annotations
@@ -43,7 +58,7 @@ import torch
 import torch.nn.functional as F
 
 MODE_VAR = "OMNI_CPU_ATTENTION"
-MODES = ("fused", "grouped")
+MODES = ("auto", "fused", "grouped")
 
 #: The fewest keys in a step (sequences x keys each) for which the grouped form is
 #: taken: below it the fused kernel's single call beats the grouped form's several
@@ -62,13 +77,16 @@ def attention(
     least one key.
     """
     if (
-        grouped_enabled()
-        and q.shape[2] == 1
+        q.shape[2] == 1
         and q.dtype == torch.bfloat16
         and q.is_cpu
         and q.shape[0] * k.shape[2] >= GROUPED_MIN_KEYS
     ):
-        return grouped_single_query(q, k, v, mask)
+        compiling = torch.compiler.is_compiling()
+        if compiling and attention_mode() != "fused":
+            return torch.ops.omni.grouped_attention(q, k, v, mask)
+        if attention_mode() == "grouped":
+            return grouped_single_query(q, k, v, mask)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1]
     )
@@ -77,18 +95,18 @@ def attention(
 #: ``OMNI_CPU_ATTENTION`` as read at the first call (None: not read yet). A module
 #: global rather than ``functools.cache``: a compiled step reads it as a constant,
 #: where dynamo warns about tracing through a cache wrapper.
-_grouped: bool | None = None
+_mode: str | None = None
 
 
-def grouped_enabled() -> bool:
-    """Whether ``OMNI_CPU_ATTENTION`` asks for the grouped form (read once per process)."""
-    global _grouped
-    if _grouped is None:
-        value = os.environ.get(MODE_VAR, "fused").strip().lower() or "fused"
+def attention_mode() -> str:
+    """``OMNI_CPU_ATTENTION``: ``auto``, ``fused`` or ``grouped`` (read once per process)."""
+    global _mode
+    if _mode is None:
+        value = os.environ.get(MODE_VAR, "auto").strip().lower() or "auto"
         if value not in MODES:
             raise ValueError(f"{MODE_VAR}={value!r}: use one of {', '.join(MODES)}")
-        _grouped = value == "grouped"
-    return _grouped
+        _mode = value
+    return _mode
 
 
 def grouped_single_query(
@@ -105,3 +123,16 @@ def grouped_single_query(
     weights = torch.softmax(scores.mul_(head_dim**-0.5), dim=-1)
     out = torch.matmul(weights, v.float())
     return out.to(q.dtype).view(batch, heads, 1, head_dim)
+
+
+def _grouped_attention_shape(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+# torch.library.Library, as omni::blocked_linear (cpu_blocked_weight.py): no per-call wrapper.
+_LIBRARY = torch.library.Library("omni", "FRAGMENT")
+_LIBRARY.define("grouped_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor")
+_LIBRARY.impl("grouped_attention", grouped_single_query, "CPU")
+torch.library.register_fake("omni::grouped_attention", _grouped_attention_shape, lib=_LIBRARY)

@@ -17,12 +17,12 @@ which read them slower: Qwen3-TTS 0.6B's bf16 step at concurrency 1 took
 from __future__ import annotations
 
 import functools
-import itertools
-import weakref
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from .graph_handles import Handles
 
 
 def block_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -60,15 +60,12 @@ def blocked_product(
 
 #: Layers holding a blocked weight (``.packed``), by the number a compiled step names
 #: them with. Weak: a layer that is freed leaves, and its weight with it.
-_BLOCKED: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-_numbers = itertools.count()
+_BLOCKED = Handles()
 
 
 def register_blocked(layer: Any) -> int:
     """The number ``omni::blocked_linear`` names ``layer``'s weight (``layer.packed``) by."""
-    number = next(_numbers)
-    _BLOCKED[number] = layer
-    return number
+    return _BLOCKED.add(layer)
 
 
 def _blocked_linear(

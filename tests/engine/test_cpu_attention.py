@@ -15,7 +15,7 @@ from omni_core.engine import cpu_attention  # noqa: E402
 from omni_core.engine.cpu_attention import (  # noqa: E402
     GROUPED_MIN_KEYS,
     attention,
-    grouped_enabled,
+    attention_mode,
     grouped_single_query,
 )
 
@@ -68,26 +68,86 @@ def test_hidden_keys_weigh_nothing():
     )
 
 
+def _set_mode(monkeypatch, mode):
+    """OMNI_CPU_ATTENTION=mode (None: unset) for the test; read once per process, so re-read."""
+    if mode is None:
+        monkeypatch.delenv("OMNI_CPU_ATTENTION", raising=False)
+    else:
+        monkeypatch.setenv("OMNI_CPU_ATTENTION", mode)
+    monkeypatch.setattr(cpu_attention, "_mode", None)
+
+
 @pytest.fixture
 def grouped(monkeypatch):
-    """OMNI_CPU_ATTENTION=grouped for the test (read once per process, so re-read here)."""
-    monkeypatch.setenv("OMNI_CPU_ATTENTION", "grouped")
-    monkeypatch.setattr(cpu_attention, "_grouped", None)
+    _set_mode(monkeypatch, "grouped")
 
 
-def test_the_fused_kernel_is_the_default(monkeypatch):
-    monkeypatch.delenv("OMNI_CPU_ATTENTION", raising=False)
-    monkeypatch.setattr(cpu_attention, "_grouped", None)
+def test_the_fused_kernel_is_the_eager_default(monkeypatch):
+    _set_mode(monkeypatch, None)
+    assert attention_mode() == "auto"
     q, k, v = _inputs(2, 8, 2, 1, 64, torch.bfloat16)
     expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     assert torch.equal(attention(q, k, v, None), expected)  # bit-equal to the references
 
 
 def test_an_unknown_mode_is_refused_naming_the_variable(monkeypatch):
-    monkeypatch.setenv("OMNI_CPU_ATTENTION", "fast")
-    monkeypatch.setattr(cpu_attention, "_grouped", None)
-    with pytest.raises(ValueError, match=r"OMNI_CPU_ATTENTION='fast': use one of fused, grouped"):
-        grouped_enabled()
+    _set_mode(monkeypatch, "fast")
+    with pytest.raises(
+        ValueError, match=r"OMNI_CPU_ATTENTION='fast': use one of auto, fused, grouped"
+    ):
+        attention_mode()
+
+
+def _traced_calls(q, k, v, mask):
+    """The operators a compiled ``attention`` call runs (dynamo's graph, eager backend)."""
+    graphs = []
+
+    def keep(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(attention, fullgraph=True, backend=keep)(q, k, v, mask)
+    targets = [str(node.target) for g in graphs for node in g.graph.nodes]
+    return out, targets
+
+
+@pytest.mark.parametrize("mode", [None, "auto", "grouped"])
+def test_a_compiled_decode_step_takes_the_grouped_form_through_its_operator(monkeypatch, mode):
+    """Compiled (unset, auto or grouped): the grouped form as one opaque operator, its
+    numbers exactly the eager grouped form's, within bf16 rounding of the fused kernel's."""
+    _set_mode(monkeypatch, mode)
+    q, k, v = _inputs(2, 8, 2, 1, 48, torch.bfloat16)
+    mask = torch.ones(2, 1, 1, 48, dtype=torch.bool)
+    mask[0, ..., 20:] = False  # a static span: row 0's slot is shorter
+    out, targets = _traced_calls(q, k, v, mask)
+    assert "omni.grouped_attention" in targets
+    assert not any("scaled_dot_product" in t for t in targets)
+    assert torch.equal(out, grouped_single_query(q, k, v, mask))
+    fused = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(out, fused, atol=2e-2, rtol=2e-2)
+
+
+def test_fused_keeps_the_fused_kernel_in_compiled_steps_too(monkeypatch):
+    _set_mode(monkeypatch, "fused")
+    q, k, v = _inputs(2, 8, 2, 1, 48, torch.bfloat16)
+    out, targets = _traced_calls(q, k, v, None)
+    assert not any("grouped_attention" in t for t in targets)
+    assert any("scaled_dot_product" in t for t in targets)
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
+def test_the_operator_is_inductor_safe_and_equal_to_eager(monkeypatch):
+    """Through inductor too (what the engine compiles with): the fake gives the shape."""
+    _set_mode(monkeypatch, None)
+    q, k, v = _inputs(4, 8, 2, 1, 40, torch.bfloat16)
+    mask = torch.ones(4, 1, 1, 40, dtype=torch.bool).tril(-1)[:, :, :1].expand(4, 1, 1, 40)
+    mask = mask.clone()
+    mask[:, ..., :3] = True
+    torch._dynamo.reset()
+    compiled = torch.compile(attention, fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(q, k, v, mask), grouped_single_query(q, k, v, mask))
 
 
 def test_a_compiled_step_takes_the_switch_as_a_constant(grouped):

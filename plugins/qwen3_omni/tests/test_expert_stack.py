@@ -365,6 +365,62 @@ def test_compiling_and_int8_take_blocked_experts_back(monkeypatch):
             torch.testing.assert_close(moe(x), want, rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
+@pytest.mark.parametrize("experts", ["blocked", "int8"])
+def test_a_compiled_mixture_loops_through_one_operator_without_a_graph_break(monkeypatch, experts):
+    """Experts that loop (blocked for oneDNN, int8) are one ``omni::looped_mixture`` node
+    in a compiled graph: ``fullgraph=True`` compiles (a graph break would raise), the
+    router is traced and the loop runs eager's kernels, so the outputs are eager's."""
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.cpu_kernel_choice import KernelChoice
+    from omni_qwen3_omni.thinker import looped_op
+    from omni_qwen3_omni.thinker.moe import block_mixtures
+
+    moe = _moe(seed=5, dtype=torch.bfloat16)
+    if experts == "blocked":
+        if not cpu_linear.blocking_available():
+            pytest.skip("this torch build or CPU has no oneDNN bf16 inner product")
+        monkeypatch.setattr(cpu_linear, "_routes", KernelChoice(0, False, 0, True, 4))
+        assert block_mixtures(moe) == 3 * EXPERTS
+    else:
+        assert quantize_linear_weights(moe, min_elements=1) >= 2 * EXPERTS
+    assert not moe.uses_stack()
+    calls = []
+    loop = SparseMoE._loop
+    monkeypatch.setattr(SparseMoE, "_loop", lambda self, *a: calls.append(self) or loop(self, *a))
+    torch._dynamo.reset()
+    compiled = torch.compile(moe, dynamic=False, fullgraph=True)
+    with torch.no_grad():
+        for rows in (1, 3, 8):
+            x = _tokens(rows, torch.bfloat16, seed=rows)
+            want = moe(x)
+            calls.clear()
+            torch.testing.assert_close(compiled(x), want, atol=0, rtol=0)
+            assert calls == [moe]  # the loop ran once, through the operator
+        # the graph reaches the mixture through its number only
+        monkeypatch.delitem(looped_op.MIXTURES, moe.number)
+        with pytest.raises(KeyError):
+            compiled(x)
+
+
+def test_a_copied_mixture_is_found_by_a_number_of_its_own():
+    """A deep copy (or an unpickled mixture) is another mixture: it must not answer to the
+    original's number, or a compiled copy would run the original's experts."""
+    import copy
+    import gc
+
+    from omni_qwen3_omni.thinker import looped_op
+
+    moe = _moe(seed=2)
+    twin = copy.deepcopy(moe)
+    assert twin.number != moe.number
+    assert looped_op.MIXTURES[twin.number] is twin and looped_op.MIXTURES[moe.number] is moe
+    number = twin.number
+    del twin
+    gc.collect()
+    assert number not in looped_op.MIXTURES
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_lone_token_skips_the_gathers_and_sums_as_the_loop_does(dtype):
     """One token: its experts run on it directly, and the sum is the loop's (ascending

@@ -232,9 +232,9 @@ class Attention(nn.Module):
         # Grouped heads read their shared keys/values in place: bit-for-bit what
         # repeating them per head gave (checked in float32 and bf16), without the
         # copy, which a compiled step makes of its whole cache capacity at every layer.
-        # OMNI_CPU_ATTENTION=grouped: a bf16 decode step on the CPU takes two batched
-        # products instead (cpu_attention; off by default, for bit-equality with the
-        # references, which run the fused kernel).
+        # A compiled bf16 decode step on the CPU takes two batched products instead
+        # (cpu_attention); an eager one only with OMNI_CPU_ATTENTION=grouped, for
+        # bit-equality with the references, which run the fused kernel.
         out = attention(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
 

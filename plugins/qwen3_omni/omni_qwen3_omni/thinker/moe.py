@@ -29,6 +29,9 @@ memory once per call however many tokens chose it. Two ways run that:
   rows are not a multiple of 16 bytes, a leader's shared weights laid out
   unstacked, and GPUs or dtypes where
   torch's grouped kernel is not fused (it would read offsets on the host).
+  A compiled step calls it through the operator ``omni::looped_mixture``
+  (:mod:`.looped_op`), so the loop is one opaque node in the step's graph
+  rather than a graph break in every sparse layer.
 
 What they cost at decoding batch sizes (measured on the CPU, one torch
 thread, hidden 2048, 128 experts, moe_intermediate 768, top-8, random router
@@ -77,6 +80,7 @@ from .expert_stack import (
     stackable,
     stacked_views,
 )
+from .looped_op import register_mixture
 
 
 class SparseMoE(nn.Module):
@@ -96,6 +100,12 @@ class SparseMoE(nn.Module):
         self.num_experts, self.top_k, self.norm_topk_prob = num_experts, top_k, norm_topk_prob
         self.gate = nn.Linear(hidden, num_experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(hidden, intermediate) for _ in range(num_experts))
+        # what a compiled step names this mixture by when its experts loop (looped_op.py)
+        self.number = register_mixture(self)
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.number = register_mixture(self)  # a copy (deepcopy, pickle) is another mixture
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Routing weights (``x.dtype``) and expert indexes, both ``[N, k]``, of ``x`` ``[N, H]``.
@@ -133,6 +143,11 @@ class SparseMoE(nn.Module):
         flat = x.reshape(-1, shape[-1])
         if self.uses_stack():
             return self._stacked(flat).view(shape)
+        if torch.compiler.is_compiling():
+            # the router is traced; the loop is one opaque operator (looped_op.py)
+            weights, experts = self.route(flat)
+            looped = torch.ops.omni.looped_mixture(flat, weights, experts, self.number)
+            return looped.view(shape)
         return self._looped(flat).view(shape)
 
     def _stacked(self, flat: torch.Tensor) -> torch.Tensor:
@@ -164,13 +179,20 @@ class SparseMoE(nn.Module):
         weighted = outputs * weights.reshape(-1).index_select(0, order)[:, None]
         return sum_in_expert_order(weighted, order, experts)
 
-    # The loop reads expert counts on the host: a compiled decode step runs it eagerly
-    # (one clean graph break) instead of recompiling for every count.
-    @torch.compiler.disable
     def _looped(self, flat: torch.Tensor) -> torch.Tensor:
         """One product per touched expert: experts that cannot be stacked (int8 layers,
         widths the grouped product refuses, a leader's unstacked shared weights)."""
         weights, experts = self.route(flat)
+        return self._loop(flat, weights, experts)
+
+    # The loop reads expert counts on the host; a compiled step reaches it only through
+    # omni::looped_mixture, and should dynamo ever meet it directly, it runs it eagerly
+    # (a graph break) rather than recompiling for every count.
+    @torch.compiler.disable
+    def _loop(
+        self, flat: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`_looped` after routing: ``weights`` and ``experts`` ``[N, k]``."""
         out = torch.zeros_like(flat)
         if flat.shape[0] == 1:
             return self._one_token(flat, weights[0], experts[0], out)

@@ -158,8 +158,9 @@ class ThinkerStepModel:
         stacked first (``moe.stack_mixtures``) and run as grouped products
         that read nothing on the host, so on a GPU whose grouped kernel is
         fused (bf16, Hopper or Blackwell) the step is captured as a CUDA
-        graph; elsewhere the experts loop on the host between the compiled
-        parts and the step is not captured.
+        graph; elsewhere the experts loop on the host inside the compiled
+        step, as one opaque operator (``omni::looped_mixture``), and the
+        step is not captured.
         """
         cfg = self.config
         graph_safe = mixtures_capturable(self.lm, self.device, self.dtype)
