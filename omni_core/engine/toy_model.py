@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ..errors import RequestError
+from .cpu_attention import attention
 from .interface import CacheLayout, Sequence, StepResult
 from .kv_cache import SlotKVCache
 from .sampling import sample_sequences
@@ -48,7 +48,7 @@ class Block(nn.Module):
     def finish(
         self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        attended = attention(q, k, v, mask)  # as every decoder does (cpu_attention)
         x = x + self.out(attended.transpose(1, 2).flatten(2))
         return x + self.mlp(self.norm2(x))
 

@@ -244,9 +244,10 @@ async def test_the_engine_compiles_through_inductor_and_equals_eager(capsys):
 
 @pytest.mark.anyio
 async def test_a_compiled_engine_keeps_blocked_bf16_layers_and_equals_eager(monkeypatch):
-    """Blocked bf16 layers stay blocked through compiling (``omni::blocked_linear``): the
-    compiled engine's tokens are the eager engine's."""
-    from omni_core.engine import cpu_linear
+    """Blocked bf16 layers stay blocked through compiling (``omni::blocked_linear``) and
+    its attention takes the grouped form (``omni::grouped_attention``): the compiled
+    engine's tokens are the eager engine's."""
+    from omni_core.engine import cpu_attention, cpu_linear
     from omni_core.engine.cpu_kernel_choice import KernelChoice
 
     if not cpu_linear.blocking_available():
@@ -263,10 +264,20 @@ async def test_a_compiled_engine_keeps_blocked_bf16_layers_and_equals_eager(monk
     eager_model, compiled_model = blocked_model(), blocked_model()
     assert isinstance(compiled_model.blocks[0].qkv, cpu_linear.BlockedLinear)
     assert cpu_linear.routes().bf16_blocked_min_rows == 4  # padded products too
+    # attention: the fused kernel eagerly, the grouped form in the compiled step
+    monkeypatch.delenv("OMNI_CPU_ATTENTION", raising=False)
+    monkeypatch.setattr(cpu_attention, "_mode", None)
+    grouped = []
+    counted = cpu_attention.grouped_single_query
+    monkeypatch.setattr(
+        cpu_attention, "grouped_single_query", lambda *a: grouped.append(1) or counted(*a)
+    )
     base = dict(max_running_requests=2, max_total_tokens=64)
     eager, _ = await _engine_tokens(eager_model, EngineSettings(**base))
+    assert not grouped
     settings = EngineSettings(enable_torch_compile=True, cuda_graph_max_bs=2, **base)
     compiled, engine = await _engine_tokens(compiled_model, settings)
+    assert grouped  # through omni::grouped_attention
     assert isinstance(compiled_model.blocks[0].qkv, cpu_linear.BlockedLinear)  # kept
     assert compiled == eager and compiled_model.static.calls > 0
     assert engine.warm_up_seconds is not None
