@@ -81,6 +81,21 @@ def test_model_benchmarks_run_in_bf16_with_int8_and_print_the_bandwidth_limit(ru
         ), ran.stdout
 
 
+@pytest.mark.slow  # inductor compiles the tiny thinker's buckets (~15 s here): make test-all
+def test_the_thinker_benchmark_prints_a_compiled_run_measured_and_projected(run_smoke) -> None:
+    """``--compile``: a compiled run after eager, its tokens/s and its projection to the
+    release's layers beside eager's, one row per level."""
+    ran = run_smoke("bench_qwen3_omni_thinker.py", "--dtype", "bfloat16", "--compile")
+    ran.check()
+    assert "projected to 48 layers with eager's time outside the layers" in ran.stdout
+    rows = re.findall(
+        r"^\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+-\s+[\d.]+\s+[\d.]+x\s+-$",
+        ran.stdout,
+        re.MULTILINE,
+    )
+    assert rows == ["1", "2"], ran.stdout
+
+
 def test_the_qwen3_tts_codec_dtype_can_differ_from_the_talkers(run_smoke) -> None:
     ran = run_smoke("bench_qwen3_tts.py", "--dtype", "bfloat16", "--codec-dtype", "float32")
     ran.check()
