@@ -389,6 +389,61 @@ def test_compiling_and_int8_take_blocked_experts_back(monkeypatch):
             torch.testing.assert_close(moe(x), want, rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("floor", [0, 4])
+def test_blocked_experts_run_past_their_modules_with_the_modules_numbers(monkeypatch, floor):
+    """``blocked_experts``: each blocked expert as two oneDNN calls, rows padded once per
+    call (a short expert reads into its neighbour's rows): bit for bit what the
+    modules give, at one token and at several, padded or not."""
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.cpu_kernel_choice import KernelChoice
+    from omni_qwen3_omni.thinker import blocked_experts
+    from omni_qwen3_omni.thinker import moe as moe_module
+    from omni_qwen3_omni.thinker.moe import block_mixtures
+
+    if not cpu_linear.blocking_available():
+        pytest.skip("this torch build or CPU has no oneDNN bf16 inner product")
+    monkeypatch.setattr(cpu_linear, "_routes", KernelChoice(0, False, 0, True, floor))
+    moe = SparseMoE(HIDDEN, INNER, EXPERTS, 4).eval()  # four a token: the sum's order shows
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    moe = moe.to(torch.bfloat16)
+    assert blocked_experts.blocked_floor(moe.experts) is None  # not blocked yet
+    assert block_mixtures(moe) == 3 * EXPERTS
+    assert blocked_experts.blocked_floor(moe.experts) == floor
+    ran = []
+    expert = blocked_experts._expert
+    monkeypatch.setattr(blocked_experts, "_expert", lambda *a: ran.append(1) or expert(*a))
+    for count in (1, 3, 8, 17):
+        x = _tokens(count, torch.bfloat16, seed=count)
+        with torch.no_grad():
+            weights, experts = moe.route(x)
+            ran.clear()
+            got = moe._loop(x, weights, experts)
+            assert len(ran) == len(set(experts.reshape(-1).tolist()))  # one call per expert
+            monkeypatch.setattr(moe_module, "blocked_floor", lambda experts: None)
+            want = moe._loop(x, weights, experts)  # through the expert modules
+            monkeypatch.setattr(moe_module, "blocked_floor", blocked_experts.blocked_floor)
+        assert torch.equal(got, want), count
+
+
+def test_experts_made_dense_again_leave_the_blocked_path(monkeypatch):
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.compiled import dense_linears
+    from omni_core.engine.cpu_kernel_choice import KernelChoice
+    from omni_qwen3_omni.thinker.blocked_experts import blocked_floor
+    from omni_qwen3_omni.thinker.moe import block_mixtures
+
+    if not cpu_linear.blocking_available():
+        pytest.skip("this torch build or CPU has no oneDNN bf16 inner product")
+    monkeypatch.setattr(cpu_linear, "_routes", KernelChoice(0, False, 0, True, 4))
+    moe = _moe(seed=5, dtype=torch.bfloat16)
+    block_mixtures(moe)
+    assert blocked_floor(moe.experts) == 4
+    dense_linears(moe)
+    assert blocked_floor(moe.experts) is None
+
+
 @pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
 @pytest.mark.parametrize("experts", ["blocked", "int8"])
 def test_a_compiled_mixture_loops_through_one_operator_without_a_graph_break(monkeypatch, experts):

@@ -25,7 +25,8 @@ memory once per call however many tokens chose it. Two ways run that:
   counts on the host (one device synchronisation per layer). It serves the
   experts that are not plain layers (int8, the CPU's bf16 ``RowLinear``
   where its one-row route is this machine's faster kernel, and bf16 weights
-  blocked for oneDNN where that route is: :func:`block_mixtures`), widths whose
+  blocked for oneDNN where that route is: :func:`block_mixtures`, which then
+  run past their modules, :mod:`.blocked_experts`), widths whose
   rows are not a multiple of 16 bytes, a leader's shared weights laid out
   unstacked, and GPUs or dtypes where
   torch's grouped kernel is not fused (it would read offsets on the host).
@@ -69,6 +70,8 @@ from omni_core.engine.heap import return_freed_memory
 from omni_qwen3_tts.layers import SwiGLU
 
 from ..config import TextConfig
+from . import blocked_experts
+from .blocked_experts import blocked_floor
 from .expert_stack import (
     STACK_CHECK,
     ensure_stacked,
@@ -204,19 +207,27 @@ class SparseMoE(nn.Module):
         8 and 16 tokens (blocked bf16, one thread: 33.95 -> 32.06 ms and
         56.01 -> 52.73 at 8 and 16 tokens).
         """
+        floor = blocked_floor(self.experts)  # blocked for oneDNN: blocked_experts.py
         if flat.shape[0] == 1:
-            return self._one_token(flat, weights[0], experts[0], torch.zeros_like(flat))
+            out = torch.zeros_like(flat)
+            if floor is not None:
+                chosen = experts[0].tolist()
+                return blocked_experts.one_token(self.experts, flat, weights[0], chosen, out, floor)
+            return self._one_token(flat, weights[0], experts[0], out)
         pairs = experts.reshape(-1)  # pair p = token * k + slot
         order = pairs.argsort(stable=True)
         counts = torch.bincount(pairs, minlength=self.num_experts).tolist()
         picked = flat.index_select(0, order // self.top_k)
-        outputs = torch.empty_like(picked)
-        start = 0
-        for expert, count in enumerate(counts):
-            if count:
-                end = start + count
-                outputs[start:end] = self.experts[expert](picked[start:end])
-                start = end
+        if floor is not None:
+            outputs = blocked_experts.grouped_rows(self.experts, picked, counts, floor)
+        else:
+            outputs = torch.empty_like(picked)
+            start = 0
+            for expert, count in enumerate(counts):
+                if count:
+                    end = start + count
+                    outputs[start:end] = self.experts[expert](picked[start:end])
+                    start = end
         weighted = outputs * weights.reshape(-1).index_select(0, order)[:, None]
         return sum_in_expert_order(weighted, order, experts)
 
