@@ -9,7 +9,7 @@ experts are blocked for oneDNN and so always loop, measured 0.92-0.93x
 eager's throughput. As an operator the mixture is one opaque node: dynamo
 traces the router, norms, attention and residuals of every layer into one
 graph, inductor fuses them, and the experts run as eagerly as before, on
-the same kernels, in the same order, so the numbers are eager's.
+the same kernels, in the same order, so their numbers are eager's.
 
 The graph names the mixture by a number (:mod:`omni_core.engine.graph_handles`);
 its fake returns a tensor shaped like ``x``, which is all the graph needs.
