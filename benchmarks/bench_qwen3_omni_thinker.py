@@ -132,7 +132,7 @@ from omni_core.engine.quantize import apply_quantization, quantization_problem
 from omni_qwen3_omni.assemble import assemble, to_prompt
 from omni_qwen3_omni.config import ThinkerConfig
 from omni_qwen3_omni.loading import construct
-from omni_qwen3_omni.thinker.cpu_weights import pack_thinker_weights
+from omni_qwen3_omni.thinker.cpu_weights import pack_decoder_weights
 from omni_qwen3_omni.thinker.decoder import ThinkerLM
 from omni_qwen3_omni.thinker.positions import MediaTokens, prompt_positions
 from omni_qwen3_omni.thinker.step import ThinkerStepModel
@@ -916,7 +916,7 @@ def main() -> int:
         cast(vision, dtype)
     runs, packed = [], 0
     if dtype != torch.float32:  # the stage's factory.pack_weights (this machine's bf16 routes)
-        packed += pack_thinker_weights(lm)
+        packed += pack_decoder_weights(lm)
     # int8 weight-only layers, experts included, as the thinker stage does (after packing,
     # which only float32 weights take)
     quantized = apply_quantization(lm, args.quantization, stage="thinker")
@@ -928,7 +928,7 @@ def main() -> int:
         if variant not in variants:
             continue
         if variant == "mixed":  # all but the experts, as the thinker stage does
-            packed += pack_thinker_weights(lm)
+            packed += pack_decoder_weights(lm)
         elif variant == "packed":  # every large linear layer, the experts too
             packed += pack_linear_weights(lm)
         profile = args.profile and variant == variants[-1]

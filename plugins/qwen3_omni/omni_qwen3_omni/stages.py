@@ -271,9 +271,9 @@ def create_thinker(
             tts_rows = lm.embed(ids).float().cpu()
         speech = Speech(talker_stage, talker.accept_hidden_layer, tts_rows)
     if pack_weights and device == "cpu":
-        from .thinker.cpu_weights import pack_thinker_weights
+        from .thinker.cpu_weights import pack_decoder_weights
 
-        pack_thinker_weights(lm)
+        pack_decoder_weights(lm)
     # int8 weight-only layers, experts included (bf16 models only; lm_head stays)
     apply_quantization(lm, quantization, stage="thinker")
     eos = ChatPrompter.from_dir(root).eos_token_ids
@@ -309,9 +309,9 @@ def _thinker_follower(
     from .thinker.tensor_parallel import follower_forward
 
     if pack_weights and device == "cpu":
-        from .thinker.cpu_weights import pack_thinker_weights
+        from .thinker.cpu_weights import pack_decoder_weights
 
-        pack_thinker_weights(lm)
+        pack_decoder_weights(lm)
     layout = CacheLayout.of(text, dtype, torch.device(device), group.size)
     return FollowerStage(group, layout, follower_forward(lm), stage="thinker")
 
@@ -515,7 +515,10 @@ def create_decode(model_path: str) -> Decode:
 
 @engine_factory("talker_ar")
 def create_talker(
-    engine: EngineContext, max_frames: int = 2048, quantization: str = "none"
+    engine: EngineContext,
+    max_frames: int = 2048,
+    quantization: str = "none",
+    pack_weights: bool = True,
 ) -> TalkerStage:
     from .talker.step import TalkerStepModel
 
@@ -528,6 +531,12 @@ def create_talker(
 
     config = TalkerConfig.from_dict(read_raw_config(root))
     dtype_of = next(talker.parameters()).dtype
+    if pack_weights and device == "cpu":
+        from .thinker.cpu_weights import pack_decoder_weights
+
+        # as the thinker's: its decoder, experts (blocked where that pays) and code
+        # predictor, whose 15 steps a frame read more weight bytes than the decoder
+        pack_decoder_weights(talker)
     apply_quantization(talker, quantization, stage="talker_ar")  # bf16 only; heads stay
     model = TalkerStepModel(talker, config, device=torch.device(device), dtype=dtype_of)
     return TalkerStage(create_engine(model, engine.settings, device=device), config, max_frames)

@@ -631,3 +631,43 @@ def test_a_video_interleaved_with_its_track_is_text_to_the_talker():
     plain = [1, 2, v, v, 3]  # a video without its track: the thinker's layout, unchanged
     positions = torch.tensor([[0, 1, 2, 2, 4], [0, 1, 2, 3, 4], [0, 1, 2, 3, 4]])
     assert torch.equal(_flatten_audio_in_video(positions, plain, cfg), positions)
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_the_talker_stage_routes_its_cpu_weights_as_the_thinkers(monkeypatch, pack):
+    """``create_talker`` on the CPU packs the decoder and the code predictor as the thinker
+    stage does (``pack_decoder_weights``; no layer of the tiny preset reaches the size
+    threshold, so it is lowered here); ``pack_weights=False`` keeps plain layers."""
+    import anyio
+
+    from omni_core.engine import cpu_linear
+    from omni_qwen3_omni.stages import create_talker
+
+    monkeypatch.setattr(cpu_linear, "DEFAULT_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(cpu_linear, "ROW_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(cpu_linear, "_routes", cpu_linear.routes())  # restored after
+    from omni_qwen3_omni.loading import load_part
+
+    # a seed of its own: parts are cached per process and packing changes one in place
+    seed = 101 if pack else 102
+    stage = create_talker(
+        "tiny", load_format="dummy", dtype="bfloat16", seed=seed, pack_weights=pack
+    )
+    try:
+        talker = stage.engine.model.talker
+        routed = (cpu_linear.RowLinear, cpu_linear.BlockedLinear, cpu_linear.BlockedRows)
+        layers = {
+            name: type(module)
+            for name, module in talker.named_modules()
+            if name.endswith(("self_attn.q_proj", "shared_expert.down_proj", "mlp.down_proj"))
+        }
+        decoder = [n for n in layers if n.startswith("model.")]
+        predictor = [n for n in layers if n.startswith("code_predictor.")]
+        assert decoder and predictor, sorted(layers)
+        if pack:
+            assert all(issubclass(kind, routed) for kind in layers.values()), layers
+        else:
+            assert all(kind is torch.nn.Linear for kind in layers.values()), layers
+    finally:
+        anyio.run(stage.aclose)
+        load_part.cache_clear()  # no packed part left for other tests

@@ -1,8 +1,9 @@
-"""The thinker's linear layers on this machine's fastest CPU kernels (``factory.pack_weights``).
+"""A Qwen3-Omni decoder's linear layers on this machine's fastest CPU kernels.
 
-One function that the thinker stage, its tensor-parallel followers and
+One function that the thinker stage, its tensor-parallel followers, the
+talker stage (its mixture-of-experts decoder and its code predictor) and
 ``benchmarks/bench_qwen3_omni_thinker.py`` share, so that the benchmark
-measures what the stage runs.
+measures what the stages run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from omni_core.engine.cpu_linear import pack_linear_weights
 from .moe import block_mixtures
 
 
-def pack_thinker_weights(lm: nn.Module) -> int:
+def pack_decoder_weights(lm: nn.Module) -> int:
     """Route every large linear layer of ``lm`` (``omni_core.engine.cpu_linear``); how many.
 
     float32 experts stay dense: each sees a row or two per step, where MKL
