@@ -372,6 +372,8 @@ class Level:
     steps: int
     codec_chunks: int
     codec_batches: int
+    #: prompt positions the engine's prefills computed / copied from a cached template
+    prompt: dict[str, int] = field(default_factory=dict)
     parts: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -438,6 +440,7 @@ async def run_level(
 ) -> Level:
     done: list[StageRequest] = []
     steps = engine.engine.steps
+    prompt = dict(engine.engine.prompt_positions)
     chunks, batches = vocoder.batcher.chunks, vocoder.batcher.batches
     started = time.perf_counter()
 
@@ -464,12 +467,17 @@ async def run_level(
         steps=engine.engine.steps - steps,
         codec_chunks=vocoder.batcher.chunks - chunks,
         codec_batches=vocoder.batcher.batches - batches,
+        prompt={k: n - prompt[k] for k, n in engine.engine.prompt_positions.items()},
     )
 
 
 async def warm_up(pre: Any, engine: stages.TTSEngine, vocoder: Any, model: MossTTSModel) -> None:
     """A few engine steps (prefill and decode) and a short codec decode, outside the figures."""
-    prepared = await pre.run(StageRequest("warm", data=request_data(0, 4, 0)))
+    # a text no measured request says: the engine keeps the instruction template the
+    # requests share (engine.disable_radix_cache), as a serving engine would, but
+    # each measured prompt's own text is computed, as the reference computes it
+    data = {**request_data(0, 4, 0), "input": "Warming up before the figures."}
+    prepared = await pre.run(StageRequest("warm", data=data))
     prepared["sampling"].max_new_tokens = 4  # stops before any frame: no drain to wait for
     send, receive = anyio.create_memory_object_stream[Any](math.inf)
     async with send, receive:
@@ -833,6 +841,7 @@ def report(
                 "engine_steps": level.steps,
                 "codec_chunks": level.codec_chunks,
                 "codec_batches": level.codec_batches,
+                "prompt_positions": level.prompt,
                 "breakdown": level.parts,
             },
         }
@@ -906,7 +915,9 @@ def report(
             f"{p['backbone_step_ms']:.0f} ms backbone + {p['heads_sampling_ms']:.0f} ms heads "
             f"and sampling per step ({p['engine_s']:.1f} s in the model); codec "
             f"{p['codec_s']:.1f} s, {level.codec_chunks} chunks in {level.codec_batches} "
-            f"batches, {p['codec_ms_per_frame']:.0f} ms per frame"
+            f"batches, {p['codec_ms_per_frame']:.0f} ms per frame; prompt positions "
+            f"{level.prompt.get('computed', 0)} computed, {level.prompt.get('cached', 0)} "
+            "copied from the template another request computed (engine.disable_radix_cache)"
         )
     if ref:
         for r in ref["levels"]:

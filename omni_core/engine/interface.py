@@ -64,6 +64,12 @@ class EngineSettings(BaseModel):
     disable_cuda_graph: bool = Field(
         default=False, description="on CUDA, do not capture the decode buckets as CUDA graphs"
     )
+    disable_radix_cache: bool = Field(
+        default=False,
+        description="compute every prompt whole, instead of copying the KV of a leading "
+        "part another request already computed (models that offer prefix_rows: MOSS-TTS; "
+        "SGLang's key of that name)",
+    )
     cpu_weight_prepack: bool = Field(
         default=False,
         description="on the CPU, compile the steps of decoders whose bf16 weights fit the "
@@ -221,5 +227,14 @@ class StepModel(Protocol):
         sequences it calls ready are decoded (the others wait for input that
         streams in, e.g. a talker fed by a thinker in another process), and
         whoever feeds them calls ``engine.wake()`` when input arrives.
+
+        And ``prefix_rows(prompt) -> Tensor | None``: one row per prompt
+        position of what decides that position's keys and values given the
+        positions before it (token ids), or None for a prompt whose prefix
+        must not be shared. A model that defines it promises that its
+        ``prefill`` computes positions from ``seq.cached`` on (the engine may
+        have copied the ones before from another request's slot,
+        :mod:`omni_core.engine.prefix_cache`) and writes every prompt
+        position to the cache.
         """
         ...

@@ -75,6 +75,12 @@ class SlotKVCache:
         index = from_host(slots, self.k.device)
         return self.k[layer, index, :, :length], self.v[layer, index, :, :length]
 
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Positions ``0..length`` of every layer of slot ``source`` into slot ``target``
+        (a prompt prefix another request computed, :mod:`.prefix_cache`)."""
+        self.k[:, target, :, :length] = self.k[:, source, :, :length]
+        self.v[:, target, :, :length] = self.v[:, source, :, :length]
+
     def clear(self, slot: int) -> None:
         self.k[:, slot].zero_()
         self.v[:, slot].zero_()

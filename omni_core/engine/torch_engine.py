@@ -8,8 +8,12 @@ iteration, between steps:
 
 1. drop aborted and finished sequences, freeing their slots;
 2. admit waiting requests in arrival order while a slot is free and the
-   step's prompt positions stay within ``engine.max_prefill_tokens``;
-3. in one compute-thread call, prefill the newcomers and decode the running
+   step's prompt positions stay within ``engine.max_prefill_tokens`` (and,
+   where prompt prefixes are reused, until a request would compute again a
+   prefix that a request admitted before it in this step is computing: it
+   waits one step and copies it, as SGLang's in-batch prefix check does);
+3. in one compute-thread call, prefill the newcomers (copying the longest
+   prompt prefix another slot holds first, :mod:`.prefix_cache`) and decode the running
    sequences the model calls ready (all, unless it implements ``ready(seq)``:
    a sequence fed by a stream waits for its next input, and the scheduler
    sleeps until :meth:`TorchEngine.wake` when none is ready); the newcomers
@@ -52,6 +56,7 @@ from .interface import (
     check_sampling,
 )
 from .kv_cache import SlotKVCache
+from .prefix_cache import PrefixIndex, block_keys, reusable, shared_blocks
 from .sampling import make_generator
 
 log = logging.getLogger(__name__)
@@ -74,6 +79,8 @@ class _Request:
     send: MemoryObjectSendStream[Any]
     stream: RequestStream
     aborted: bool = False
+    #: chained block keys of the prompt (None: not computed yet, or not shareable)
+    keys: list[bytes] | None = None
 
 
 @dataclass
@@ -175,6 +182,9 @@ class TorchEngine:
         self._task: Any = None
         self._started = self._closing = False
         self.steps = 0  # compute-thread calls made, for tests and figures
+        self.prefixes: PrefixIndex | None = _prefix_index(model, settings)
+        #: prompt positions computed by prefills, and copied from a cached prefix instead
+        self.prompt_positions = {"computed": 0, "cached": 0}
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -336,11 +346,40 @@ class TorchEngine:
             request = self._waiting[0]
             if request.length > budget:
                 break  # first come, first served: nobody overtakes the head of the queue
+            if admitted and self._computed_alongside(request, admitted):
+                break
             self._waiting.popleft()
             budget -= request.length
+            if self.prefixes is not None:
+                self._prompt_keys(request)
             request.seq.slot = self.cache.allocate()
             admitted.append(request)
         return admitted
+
+    def _prompt_keys(self, request: _Request) -> list[bytes]:
+        """The request's reusable prefix blocks (computed once, on the event loop)."""
+        if request.keys is None:
+            try:
+                rows = self.model.prefix_rows(request.seq.prompt)  # type: ignore[attr-defined]
+                keys = [] if rows is None else block_keys(rows)
+            except Exception:  # a model bug costs this request its reuse, not the scheduler
+                log.exception("engine: prefix_rows failed for %r", request.seq.request_id)
+                keys = []
+            request.keys = reusable(keys, request.length)
+        return request.keys
+
+    def _computed_alongside(self, request: _Request, admitted: list[_Request]) -> bool:
+        """Would ``request`` compute prefix blocks that a request admitted this step computes?
+
+        Then it waits a step and copies them: eight requests sharing a template
+        compute it once, not eight times.
+        """
+        if self.prefixes is None:
+            return False
+        keys = self._prompt_keys(request)
+        cached, _ = self.prefixes.longest(keys)
+        alongside = max(shared_blocks(keys, self._prompt_keys(other)) for other in admitted)
+        return alongside > cached
 
     def _reap(self) -> None:
         keep = []
@@ -408,6 +447,7 @@ class TorchEngine:
         with torch.inference_mode():
             if newcomers:
                 self._prefill(newcomers, outcome)
+                self._prefilled(newcomers, outcome)
             if batch:
                 self._step(self.model.decode, batch, outcome, retry=False)
         return outcome
@@ -415,7 +455,38 @@ class TorchEngine:
     def _prefill(self, requests: list[_Request], outcome: _StepOutcome) -> None:
         for request in requests:
             _reset(request, self.device)
+            if self.prefixes is not None:
+                self._reuse_prefix(request)
         self._step(self.model.prefill, requests, outcome, retry=True)
+
+    def _reuse_prefix(self, request: _Request) -> None:
+        """Copy the longest cached prefix of the request's prompt into its slot."""
+        assert self.prefixes is not None
+        seq, keys = request.seq, request.keys or []
+        blocks, source = self.prefixes.longest(keys, prefer=seq.slot)
+        if source is not None and source != seq.slot:
+            self.prefixes.forget(seq.slot)
+            self.cache.copy_prefix(source, seq.slot, blocks * self.prefixes.block)
+        # the slot holds the copied blocks; what lay past them is the prefill's to overwrite
+        self.prefixes.register(seq.slot, keys[:blocks])
+        seq.cached = blocks * self.prefixes.block
+
+    def _prefilled(self, requests: list[_Request], outcome: _StepOutcome) -> None:
+        """Count the prompt positions computed and copied; index the prompts written,
+        and forget the slots of the ones that failed."""
+        done = {id(request) for request, _ in outcome.results}
+        for request in requests:
+            slot = request.seq.slot
+            if id(request) not in done:
+                if self.prefixes is not None:
+                    self.prefixes.forget(slot)
+                continue
+            cached = 0
+            if self.prefixes is not None:
+                cached = self.prefixes.held(slot) * self.prefixes.block
+                self.prefixes.register(slot, request.keys or [])
+            self.prompt_positions["cached"] += cached
+            self.prompt_positions["computed"] += request.length - cached
 
     def _step(
         self,
@@ -464,6 +535,16 @@ class TorchEngine:
                 self._prefill([request], outcome)
             return
         outcome.errors += [(r, _wrap(error, r, where)) for r in requests]
+
+
+def _prefix_index(model: Any, settings: EngineSettings) -> PrefixIndex | None:
+    """An index of cached prompt prefixes where the model offers them and nothing forbids."""
+    if settings.disable_radix_cache or not callable(getattr(model, "prefix_rows", None)):
+        return None
+    if getattr(model, "tp_size", 1) > 1:
+        # the other ranks' caches hold their KV heads; a copy here would not reach them
+        return None
+    return PrefixIndex()
 
 
 def _prepare_static(model: Any, plan: StaticPlan, cache: SlotKVCache) -> float:

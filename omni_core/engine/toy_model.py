@@ -64,12 +64,14 @@ class TinyDecoder(nn.Module):
         num_layers: int = 1,
         *,
         eos_id: int | None = None,
+        share_prefixes: bool = False,
         seed: int = 0,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
         self.vocab_size, self.dim, self.eos_id = vocab_size, dim, eos_id
+        self.share_prefixes = share_prefixes
         self.embed = nn.Embedding(vocab_size, dim)
         self.blocks = nn.ModuleList(Block(dim, num_heads) for _ in range(num_layers))
         self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab_size)
@@ -98,7 +100,14 @@ class TinyDecoder(nn.Module):
             raise RequestError(f"prompt token ids must be in [0, {self.vocab_size})")
         return len(prompt)
 
+    def prefix_rows(self, prompt: Any) -> torch.Tensor | None:
+        """The ids (one per position), when built with ``share_prefixes``: the engine may
+        then copy a prompt's head from another request's slot (engine/prefix_cache.py)."""
+        return torch.as_tensor(list(prompt), dtype=torch.long) if self.share_prefixes else None
+
     def prefill(self, sequences: list[Sequence], cache: SlotKVCache) -> list[StepResult]:
+        if any(seq.cached for seq in sequences):
+            return self._extend(sequences, cache)
         lengths = torch.tensor([len(s.prompt) for s in sequences], device=self.device)
         steps = int(lengths.max())
         ids = torch.zeros(len(sequences), steps, dtype=torch.long, device=self.device)
@@ -118,6 +127,35 @@ class TinyDecoder(nn.Module):
         tokens = sample_sequences(self.head(self.norm(last)), sequences)
         for seq, length in zip(sequences, lengths.tolist(), strict=True):
             seq.cached = length
+            seq.state["generated"] = []
+        return self._results(sequences, tokens)
+
+    def _extend(self, sequences: list[Sequence], cache: SlotKVCache) -> list[StepResult]:
+        """A prefill whose first ``seq.cached`` positions are in the slot already."""
+        starts = [s.cached for s in sequences]
+        news = [list(s.prompt)[s.cached :] for s in sequences]
+        lengths = torch.tensor([len(n) for n in news], device=self.device)
+        steps = int(lengths.max())
+        ids = torch.zeros(len(sequences), steps, dtype=torch.long, device=self.device)
+        for row, new in enumerate(news):
+            ids[row, : len(new)] = torch.as_tensor(new, device=self.device)
+        begin = torch.tensor(starts, device=self.device)
+        positions = begin[:, None] + torch.arange(steps, device=self.device)  # [B, T]
+        x = self.embed(ids) + sinusoid(positions, self.dim).to(self.dtype)
+        total = int((begin + lengths).max())
+        keys = torch.arange(total, device=self.device)
+        causal = keys[None, None, :] <= positions[:, :, None]  # [B, T, L]
+        mask = (causal & (keys[None, :] < (begin + lengths)[:, None])[:, None, :]).unsqueeze(1)
+        slots = [s.slot for s in sequences]
+        for index, block in enumerate(self.blocks):
+            q, k, v = block.heads(x)
+            cache.write(index, slots, starts, k, v)
+            k_all, v_all = cache.read(index, slots, total)
+            x = block.finish(x, q, k_all, v_all, mask)
+        last = x[torch.arange(len(sequences), device=self.device), lengths - 1]
+        tokens = sample_sequences(self.head(self.norm(last)), sequences)
+        for seq, length in zip(sequences, lengths.tolist(), strict=True):
+            seq.cached += length
             seq.state["generated"] = []
         return self._results(sequences, tokens)
 

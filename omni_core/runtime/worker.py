@@ -95,6 +95,15 @@ def _engine_counts(stage: Any) -> dict[str, int]:
     return {"engine_running": running, "engine_waiting": waiting}
 
 
+def _prompt_counts(stage: Any) -> dict[str, int]:
+    """A torch engine stage's prompt positions computed and copied from a cached prefix
+    (``prompt_computed``/``prompt_cached``, cumulative); none for other stages."""
+    prompts = getattr(getattr(stage, "engine", None), "prompt_positions", None)
+    if not isinstance(prompts, dict):
+        return {}
+    return {f"prompt_{source}": int(n) for source, n in prompts.items()}
+
+
 def child_main(spec: ChildSpec, conn: Any, environ: dict[str, str] | None = None) -> None:
     """Entry point of a stage process.
 
@@ -298,16 +307,17 @@ class Worker:
         return out
 
     def run_stats(self) -> dict[str, dict[str, float]]:
-        """Per stage: runs that ended (however they ended) and the seconds they took in total.
+        """Per stage: runs that ended (however they ended) and the seconds they took in total
+        (and an engine stage's prompt positions computed and copied).
 
         Cumulative over this process's life, so that the parent can expose
         them as a Prometheus summary: a rate of the sum over a rate of the
         count is the mean time a request spends in the stage.
         """
         stats: dict[str, dict[str, float]] = {}
-        for stage in self.stages:
+        for stage, obj in self.stages.items():
             count, seconds = self.runs.get(stage, (0, 0.0))
-            stats[stage] = {"count": count, "seconds": seconds}
+            stats[stage] = {"count": count, "seconds": seconds, **_prompt_counts(obj)}
         return stats
 
     async def _heartbeat(self) -> None:

@@ -55,6 +55,10 @@ Metrics (type; labels): meaning
   from the process's last heartbeat.
 - ``omni_engine_requests`` (gauge; process, stage, state = running|waiting): each
   engine stage's own scheduler (SGLang's, or the torch engine's) batch and queue.
+- ``omni_engine_prompt_positions`` (counter; process, stage, source =
+  computed|cached): prompt positions the torch engine's prefills computed, and
+  those copied from a prompt head another request had computed
+  (``engine.disable_radix_cache``), since the process started.
 - ``omni_stage_run_seconds`` (summary; process, stage): ``_count`` runs of
   the stage that ended and ``_sum`` their seconds, since the process started
   (a restart resets them, as Prometheus expects of counters).

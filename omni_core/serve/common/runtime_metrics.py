@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 # Every state a process can be in (omni_core.runtime.processes.Child.state): a fixed label set.
 PROCESS_STATES = ("starting", "healthy", "unresponsive", "restarting", "failed", "stopped")
 QUEUE_STATES = ("running", "waiting")
+PROMPT_SOURCES = ("computed", "cached")  # TorchEngine.prompt_positions
 
 
 class RuntimeCollector(Collector):
@@ -105,6 +106,12 @@ def _processes(processes: dict[str, dict[str, Any]]) -> Iterator[Metric]:
         "running batch, or waiting in its queue.",
         labels=["process", "stage", "state"],
     )
+    prompts = CounterMetricFamily(
+        "omni_engine_prompt_positions",
+        "Prompt positions each torch engine stage's prefills computed, and copied from a "
+        "prompt head another request had computed (engine.disable_radix_cache).",
+        labels=["process", "stage", "source"],
+    )
     runs = SummaryMetricFamily(
         "omni_stage_run_seconds",
         "Time requests spent in each stage (runs that ended), since the process started.",
@@ -124,4 +131,7 @@ def _processes(processes: dict[str, dict[str, Any]]) -> Iterator[Metric]:
                     engine.add_metric([name, stage, queue], counts[f"engine_{queue}"])
         for stage, run in sorted(info.get("runs", {}).items()):
             runs.add_metric([name, stage], count_value=run["count"], sum_value=run["seconds"])
-    yield from (up, state, restarts, depth, engine, runs)
+            for source in PROMPT_SOURCES:
+                if f"prompt_{source}" in run:
+                    prompts.add_metric([name, stage, source], run[f"prompt_{source}"])
+    yield from (up, state, restarts, depth, engine, prompts, runs)

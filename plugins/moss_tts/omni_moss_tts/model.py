@@ -141,6 +141,11 @@ class MossTTSModel:
     def prompt_length(self, prompt: Any) -> int:
         return len(_request(prompt).prompt)
 
+    def prefix_rows(self, prompt: Any) -> torch.Tensor:
+        """A position's keys follow from its 33 ids and those before it: the engine may
+        copy a shared prompt head (the instruction template) from another request."""
+        return _request(prompt).prompt.ids
+
     def prepare_static(self, context: Any) -> None:
         """The static decode step the engine compiles: the backbone's one-position step."""
         self._static = context.decoder(
@@ -159,7 +164,8 @@ class MossTTSModel:
             tracker = DelayTracker.after_prompt(self.config, ids, request.prompt.max_frames)
             seq.state.update(tracker=tracker, text=request.text, prompt_ids=ids, rows=[])
             contexts.append(tracker.complete_prefix(ids[_audio_rows(self.config, ids) :, 1:]))
-            embeds.append(self.network.embed(ids.to(self.device)))
+            # positions before seq.cached are in the slot already (a shared prompt head)
+            embeds.append(self.network.embed(ids[seq.cached :].to(self.device)))
         results = self._emit(sequences, self._forward(sequences, embeds, cache))
         for result, context in zip(results, contexts, strict=True):
             if result.output is not None and context.shape[0]:

@@ -83,8 +83,11 @@ def test_greedy_generation_is_deterministic_and_ends_with_whole_frames(
     assert int(frames.min()) >= 0 and int(frames.max()) < 1024  # never the pad
 
 
-def run_engine(model, requests, max_running=8):
-    """Submit ``(id, request_prompt, sampling)`` together; collect each one's frames and reason."""
+def run_engine(model, requests, max_running=8, counts=None, **engine_keys):
+    """Submit ``(id, request_prompt, sampling)`` together; collect each one's frames and reason.
+
+    ``counts``: a dict that receives the engine's prompt positions (computed / cached).
+    """
     out: dict[str, tuple[list, str | None]] = {}
 
     async def one(engine, rid, prompt, sampling):
@@ -98,12 +101,16 @@ def run_engine(model, requests, max_running=8):
         out[rid] = (frames, reason or stream.finish_reason)
 
     async def main():
-        settings = EngineSettings(max_running_requests=max_running, max_total_tokens=4096)
+        settings = EngineSettings(
+            max_running_requests=max_running, max_total_tokens=4096, **engine_keys
+        )
         engine = create_engine(model, settings, device="cpu")
         async with anyio.create_task_group() as tg:
             for rid, prompt, sampling in requests:
                 tg.start_soon(one, engine, rid, prompt, sampling)
         await engine.aclose()
+        if counts is not None:
+            counts.update(engine.prompt_positions)
 
     anyio.run(main)
     return out
@@ -129,6 +136,29 @@ def test_concurrent_requests_batched_equal_each_alone_with_fixed_seeds(
         assert frames, rid
         assert torch.equal(torch.stack(frames), torch.stack(alone[rid][0])), rid
         assert reason == alone[rid][1]
+
+
+def test_requests_together_compute_the_instruction_template_once(model: MossTTSModel) -> None:
+    texts = ["Alpha.", "Beta gamma.", "Delta epsilon zeta."]
+    requests = []
+    for i, text in enumerate(texts):
+        sampling = model.audio_sampling(seed=7 + i)
+        sampling.max_new_tokens = 200
+        requests.append((f"t{i}", model.request(model.prompts.build(text, max_frames=5)), sampling))
+    lengths = [len(request.prompt) for _, request, _ in requests]
+    ids = [request.prompt.ids for _, request, _ in requests]
+    head = next(n for n in range(min(lengths)) if not torch.equal(ids[0][n], ids[1][n]))
+    shared_counts: dict = {}
+    shared = run_engine(model, requests, counts=shared_counts)
+    plain_counts: dict = {}
+    plain = run_engine(model, requests, counts=plain_counts, disable_radix_cache=True)
+    blocks = head // 16 * 16
+    assert blocks >= 100  # the template is most of a short prompt
+    assert shared_counts == {"cached": 2 * blocks, "computed": sum(lengths) - 2 * blocks}
+    assert plain_counts == {"cached": 0, "computed": sum(lengths)}
+    for rid, _, _ in requests:
+        assert torch.equal(torch.stack(shared[rid][0]), torch.stack(plain[rid][0])), rid
+        assert shared[rid][1] == plain[rid][1]
 
 
 def test_the_frame_cap_reports_length(model: MossTTSModel) -> None:

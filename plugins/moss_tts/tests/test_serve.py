@@ -130,3 +130,29 @@ def test_voice_cloning_with_and_without_the_transcript(server):
         assert rate == 24000 and samples.size > 0
     assert zero_shot.content != plain.content  # the reference changed the prompt
     assert prefix.content != zero_shot.content
+
+
+def test_the_metrics_count_the_template_positions_copied_instead_of_computed(server):
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for text in ("The first of two.", "The second of two."):
+        speak(server, input=text)
+    deadline = time.monotonic() + 30
+    while True:  # heartbeats carry the engine's counts: at most a report old
+        counts = {}
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as reply:
+            metrics = reply.read().decode()
+        for family in text_string_to_metric_families(metrics):
+            for sample in family.samples:
+                if sample.name == "omni_engine_prompt_positions_total":
+                    counts[sample.labels["source"]] = sample.value
+                    assert sample.labels["stage"] == "tts_engine"
+        if counts.get("cached", 0) >= 2 * 128 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    # every prompt after the first copies the instruction template (8+ blocks of 16)
+    assert counts["cached"] >= 2 * 128, counts
+    assert counts["computed"] > 0
