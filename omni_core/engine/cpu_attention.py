@@ -24,25 +24,25 @@ kernel, which is fast and exact there.
 
 Where it runs (``OMNI_CPU_ATTENTION``):
 
-* ``auto`` (the default): the fused kernel in eager steps, the grouped form
-  in compiled ones. Eagerly, the references run that same fused kernel, and
-  with it our bf16 decoders equal them bit for bit (the Qwen3-Omni talker's
-  teacher-forced logits, 31 steps: 0.0 apart), which the grouped form gives
-  up (0.23 at one step, a thinker token whose reference margin was 0.000
-  flipped) for a gain that is small at short contexts (the thinker benchmark
-  at concurrency 8: attention 12.3 -> 7.3 ms of a 138-148 ms step). A
-  compiled step (``engine.enable_torch_compile``) has no bit-equality to
-  keep, inductor rounding its fused norms and activations its own way, and
-  it attends over a static span of each slot (``compiled.attention_spans``)
-  whose hidden keys the fused kernel computes all the same: eight sequences,
-  32 query / 4 KV heads, one thread, 64 visible keys: fused 3.3 ms over 64
-  keys, 7.2 over a span of 135, 14.7 over 270; grouped 0.28, 0.51, 0.94. The
-  thinker's compiled step at concurrency 8 ran 0.85x eager's throughput with
-  the fused kernel.
-* ``fused``: torch's kernel everywhere, compiled steps too.
-* ``grouped``: the grouped form in eager steps too (its numerics then depend
-  on what a request is batched with, since :data:`GROUPED_MIN_KEYS` decides
-  per step).
+* ``auto`` (the default) and ``grouped``: the grouped form in every bf16
+  decode step on the CPU, eager and compiled. It is faster at every batch
+  size and context measured (above), and it is what bf16 fidelity asks of
+  us: within the references' own bf16 noise, not bit for bit (the bf16
+  reference tests: teacher-forced logits and greedy picks wherever the
+  reference's margin exceeds that noise). At 8 MOSS-TTS requests the fused
+  kernel had taken 5.7 ms per layer of a 43 ms step (2 threads; 8 sequences
+  of ~240 keys, 32 query / 8 KV heads), the grouped form 0.2 ms. A compiled
+  step also attends over a static span of each slot
+  (``compiled.attention_spans``) whose hidden keys the fused kernel computes
+  all the same: eight sequences, 32 query / 4 KV heads, one thread, 64
+  visible keys: fused 3.3 ms over 64 keys, 7.2 over a span of 135, 14.7 over
+  270; grouped 0.28, 0.51, 0.94.
+* ``fused``: torch's kernel everywhere, compiled steps too. The references
+  run that kernel, and with it our eager bf16 decoders equal theirs bit for
+  bit (the Qwen3-Omni talker's teacher-forced logits, 31 steps: 0.0 apart;
+  with the grouped form 0.23 at one step, and a thinker token whose
+  reference margin was 0.000 went the other way): for comparing outputs
+  with a reference's exactly (the speech bf16 reference test's thinker).
 
 A compiled step calls the grouped form through the operator
 ``omni::grouped_attention``, opaque to inductor, which runs it on the same
@@ -81,12 +81,11 @@ def attention(
         and q.dtype == torch.bfloat16
         and q.is_cpu
         and q.shape[0] * k.shape[2] >= GROUPED_MIN_KEYS
+        and attention_mode() != "fused"
     ):
-        compiling = torch.compiler.is_compiling()
-        if compiling and attention_mode() != "fused":
+        if torch.compiler.is_compiling():
             return torch.ops.omni.grouped_attention(q, k, v, mask)
-        if attention_mode() == "grouped":
-            return grouped_single_query(q, k, v, mask)
+        return grouped_single_query(q, k, v, mask)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1]
     )

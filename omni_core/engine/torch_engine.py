@@ -8,12 +8,12 @@ iteration, between steps:
 
 1. drop aborted and finished sequences, freeing their slots;
 2. admit waiting requests in arrival order while a slot is free and the
-   step's prompt positions stay within ``engine.max_prefill_tokens`` (and,
-   where prompt prefixes are reused, until a request would compute again a
-   prefix that a request admitted before it in this step is computing: it
-   waits one step and copies it, as SGLang's in-batch prefix check does);
+   step's prompt positions stay within ``engine.max_prefill_tokens``;
 3. in one compute-thread call, prefill the newcomers (copying the longest
-   prompt prefix another slot holds first, :mod:`.prefix_cache`) and decode the running
+   prompt prefix another slot holds first, :mod:`.prefix_cache`; a newcomer
+   that shares a head with one admitted before it in this step is prefilled
+   in a later wave of the same call, after that head is written, and copies
+   it) and decode the running
    sequences the model calls ready (all, unless it implements ``ready(seq)``:
    a sequence fed by a stream waits for its next input, and the scheduler
    sleeps until :meth:`TorchEngine.wake` when none is ready); the newcomers
@@ -346,8 +346,6 @@ class TorchEngine:
             request = self._waiting[0]
             if request.length > budget:
                 break  # first come, first served: nobody overtakes the head of the queue
-            if admitted and self._computed_alongside(request, admitted):
-                break
             self._waiting.popleft()
             budget -= request.length
             if self.prefixes is not None:
@@ -371,8 +369,8 @@ class TorchEngine:
     def _computed_alongside(self, request: _Request, admitted: list[_Request]) -> bool:
         """Would ``request`` compute prefix blocks that a request admitted this step computes?
 
-        Then it waits a step and copies them: eight requests sharing a template
-        compute it once, not eight times.
+        Then it is prefilled in a later wave and copies them: eight requests
+        sharing a template compute it once, not eight times.
         """
         if self.prefixes is None:
             return False
@@ -445,12 +443,34 @@ class TorchEngine:
         """Prefill ``newcomers`` and decode ``batch``: the only code off the event loop."""
         outcome = _StepOutcome()
         with torch.inference_mode():
-            if newcomers:
-                self._prefill(newcomers, outcome)
-                self._prefilled(newcomers, outcome)
+            pending = newcomers
+            while pending:
+                wave, pending = self._wave(pending)
+                self._prefill(wave, outcome)
+                self._prefilled(wave, outcome)
             if batch:
                 self._step(self.model.decode, batch, outcome, retry=False)
         return outcome
+
+    def _wave(self, requests: list[_Request]) -> tuple[list[_Request], list[_Request]]:
+        """The requests to prefill now, and those that copy a head this wave computes.
+
+        Why waves in one step rather than a step's wait (SGLang's in-batch
+        check): requests that arrive together then finish their prefill
+        together and stay in step, so a downstream stage that batches their
+        outputs (a codec decoding chunks of frames) gets them in one batch,
+        not two a step apart. Every wave holds at least one request.
+        """
+        if self.prefixes is None:
+            return requests, []
+        wave: list[_Request] = []
+        later: list[_Request] = []
+        for request in requests:
+            if wave and self._computed_alongside(request, wave):
+                later.append(request)
+            else:
+                wave.append(request)
+        return wave, later
 
     def _prefill(self, requests: list[_Request], outcome: _StepOutcome) -> None:
         for request in requests:

@@ -82,10 +82,12 @@ def grouped(monkeypatch):
     _set_mode(monkeypatch, "grouped")
 
 
-def test_the_fused_kernel_is_the_eager_default(monkeypatch):
+def test_the_grouped_form_is_the_eager_default_and_fused_is_the_references_kernel(monkeypatch):
     _set_mode(monkeypatch, None)
     assert attention_mode() == "auto"
     q, k, v = _inputs(2, 8, 2, 1, 64, torch.bfloat16)
+    assert torch.equal(attention(q, k, v, None), grouped_single_query(q, k, v, None))
+    _set_mode(monkeypatch, "fused")
     expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     assert torch.equal(attention(q, k, v, None), expected)  # bit-equal to the references
 
@@ -162,7 +164,9 @@ def test_a_compiled_step_takes_the_switch_as_a_constant(grouped):
         assert torch.equal(compiled(q, k, v, mask), eager)
 
 
-def test_bf16_decode_steps_take_the_grouped_form(grouped):
+@pytest.mark.parametrize("mode", [None, "auto", "grouped"])
+def test_bf16_decode_steps_take_the_grouped_form(monkeypatch, mode):
+    _set_mode(monkeypatch, mode)
     q, k, v = _inputs(2, 8, 2, 1, GROUPED_MIN_KEYS, torch.bfloat16)
     mask = torch.ones(2, 1, 1, GROUPED_MIN_KEYS, dtype=torch.bool)
     assert torch.equal(attention(q, k, v, mask), grouped_single_query(q, k, v, mask))

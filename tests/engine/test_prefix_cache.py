@@ -115,9 +115,12 @@ async def test_requests_sharing_a_head_compute_it_once_and_say_what_they_would_a
             "cached": 5 * 2 * BLOCK,
             "computed": sum(map(len, prompts.values())) - 5 * 2 * BLOCK,
         }
-    # the first computes the head alone; the others wait one step and start past it
+        # all six in one step: the first computes the head alone, the others in a
+        # second wave of that step start past it, so they stay in step together
+        assert engine.steps == 6
     assert model.prefills[0] == [("r0", 0, len(prompts["r0"]))]
     assert [start for _, start, _ in model.prefills[1]] == [2 * BLOCK] * 5
+    assert len(model.prefills) == 2
     plain_model = Recording()
     async with TorchEngine(plain_model, settings()) as engine:
         plain = await run(engine, prompts)

@@ -155,6 +155,23 @@ def test_top_k_rows_draw_from_topk_what_a_full_sort_gave(monkeypatch) -> None:
     # alone, row 0 ranks its best few only; row 1's boundary tie sorts its whole row
     assert _sorted_widths(logits[0:1], rows[0]) == [21]
     assert _sorted_widths(logits[1:2], rows[1]) == [vocab]
+    # batched, row 1's tie sorts row 1 whole, not every row of the batch
+    assert _whole_sorts(logits, rows) == [[1, vocab]]
+
+
+def _whole_sorts(logits: torch.Tensor, params: list[SamplingParams]) -> list[list[int]]:
+    """The shapes of the sorts ``sample`` ran over whole rows of the vocabulary."""
+    generators = [make_generator(p.seed) for p in params]
+    with torch.profiler.profile(record_shapes=True) as profile:
+        sample(logits, params, generators)
+    vocab = logits.shape[-1]
+    return [
+        list(event.input_shapes[0])
+        for event in profile.events()
+        if event.name == "aten::sort"
+        and event.input_shapes
+        and event.input_shapes[0][-1:] == [vocab]
+    ]
 
 
 def _sorted_widths(logits: torch.Tensor, params: SamplingParams) -> list[int]:

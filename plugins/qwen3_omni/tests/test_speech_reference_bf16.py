@@ -13,13 +13,19 @@ builds each ``TalkerPrompt`` as the talker stage does. Then:
 
 - the thinker's tokens equal the reference's bf16 tokens (else the talker's
   inputs are not the same thinker hidden states, and the first divergence is
-  reported);
+  reported). For that the thinker runs here with ``OMNI_CPU_ATTENTION=fused``,
+  the reference's own attention kernel, with which it is bit-equal: the
+  default grouped form is within the reference's bf16 noise
+  (``test_reference_bf16.py``), and one of these cases has a token whose
+  reference margin is 0.000, which any other rounding may flip. The talker
+  below runs with the default;
 - teacher-forced talker: our talker fed the reference's own frames gives
-  codebook-0 logits within the bf16 noise of the reference's (bound: the
-  reference's own bf16-vs-float32 distance on the first step, where both
-  see the same prompt), and, along that path, our picks of codebook 0 and
-  our code predictor's codes equal the reference's wherever its margin
-  exceeds twice our difference;
+  codebook-0 logits no farther from exact than the reference's bf16 ones
+  (exact: our float32 talker, bit-equal to the reference's float32, fed the
+  same prompt and frames; ``K`` times the reference's largest distance from
+  it), and, along that path, our picks of codebook 0 and our code
+  predictor's codes equal the reference's wherever its margin exceeds twice
+  our difference;
 - free-running greedy frames on the engine equal the reference's until the
   first step whose margin is within the noise; the first divergence is
   reported.
@@ -38,6 +44,7 @@ import torch
 from reference_support import opt_in, run_reference
 from understanding_support import first_difference, openai_messages
 
+from omni_core.engine import cpu_attention
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import CacheLayout, EngineSettings, SamplingParams
 from omni_core.engine.kv_cache import SlotKVCache
@@ -60,6 +67,8 @@ TALKER_TOKENS = 31  # 30 frames
 FRAMES = TALKER_TOKENS - 1
 PARTS = ["image_encoder", "audio_encoder", "thinker", "talker_ar"]
 PENALTY = TALKER_SAMPLING["repetition_penalty"]  # the release's, on both sides
+# Ours may be no farther from exact than K times the reference's bf16 (module docstring).
+K = 1.0
 
 pytestmark = opt_in
 
@@ -159,7 +168,9 @@ def spoken(reference) -> dict[str, Any]:
         finally:
             await engine.aclose()
 
-    anyio.run(main)
+    with pytest.MonkeyPatch.context() as patch:  # the thinker only (module docstring)
+        patch.setattr(cpu_attention, "_mode", "fused")
+        anyio.run(main)
     return {"parts": parts, "talker_cfg": talker_cfg, "tokens": tokens, "prompts": talker_prompts}
 
 
@@ -204,17 +215,21 @@ def processed(raw: torch.Tensor, history: list[int], banned: torch.Tensor) -> to
 
 @pytest.fixture(scope="module")
 def forced(reference, spoken) -> dict[str, dict[str, Any]]:
-    _, manifest = reference
+    ckpt, manifest = reference
     talker = spoken["parts"]["talker_ar"]
+    exact_talker = load_part(str(ckpt), "talker_ar", "safetensors", "float32", "cpu")[0]
     out = {}
     for name in CASES:
         ref16, ref32 = _tensors(manifest, name, "bf16"), _tensors(manifest, name)
         codes = ref16["codes"].long()
         logits, states = teacher_forced(talker, spoken["prompts"][name], codes)
+        exact, _ = teacher_forced(exact_talker, spoken["prompts"][name], codes)
         theirs = ref16["code0_logits"]
         steps = min(logits.shape[0], theirs.shape[0])
         diff = (logits[:steps] - theirs[:steps]).abs().max(dim=-1).values
         out[name] = {
+            "ours_err": (logits[:steps] - exact[:steps]).abs().max(dim=-1).values,
+            "ref_err": (theirs[:steps] - exact[:steps]).abs().max(dim=-1).values,
             "codes": codes,
             "code0": ref16["code0"].long(),
             "logits": logits[:steps],
@@ -253,11 +268,14 @@ def test_teacher_forced_talker_within_the_reference_bf16_noise(reference, spoken
         print(
             f"{name}: teacher-forced codebook-0 max |dlogit| ours-ref_bf16 "
             f"{float(diff.max()):.4f} over {len(diff)} steps (median {float(diff.median()):.4f}); "
-            f"bound {bound:.4f} (the reference's bf16-vs-fp32 at the first step); "
+            f"(the reference's bf16-vs-fp32 at the first step: {bound:.4f}); "
             f"largest logit {f['scale']:.2f}; steps not bit-equal: "
-            f"{(diff > 0).nonzero().flatten().tolist()}"
+            f"{(diff > 0).nonzero().flatten().tolist()}; from exact (our float32 talker on "
+            f"the same path): ours {float(f['ours_err'].max()):.4f}, "
+            f"the reference's {float(f['ref_err'].max()):.4f}"
         )
-        assert float(diff.max()) <= bound, name
+        assert float(f["ours_err"].max()) <= K * float(f["ref_err"].max()), name
+        assert float(diff.max()) <= (1 + K) * float(f["ref_err"].max()), name
         code0, codes = f["code0"].tolist(), f["codes"]
         checked = [0, 0]
         for t in range(len(diff)):

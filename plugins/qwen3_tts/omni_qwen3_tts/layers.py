@@ -232,9 +232,9 @@ class Attention(nn.Module):
         # Grouped heads read their shared keys/values in place: bit-for-bit what
         # repeating them per head gave (checked in float32 and bf16), without the
         # copy, which a compiled step makes of its whole cache capacity at every layer.
-        # A compiled bf16 decode step on the CPU takes two batched products instead
-        # (cpu_attention); an eager one only with OMNI_CPU_ATTENTION=grouped, for
-        # bit-equality with the references, which run the fused kernel.
+        # A bf16 decode step on the CPU takes two batched products instead
+        # (cpu_attention), unless OMNI_CPU_ATTENTION=fused asks for the references'
+        # kernel (bit-equality with them).
         out = attention(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
 

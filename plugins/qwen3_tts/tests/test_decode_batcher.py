@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import anyio
 import pytest
 import torch
 
+from omni_core.engine.compute import compute_thread
 from omni_qwen3_tts.decode_batcher import DecodeBatcher
 
 pytestmark = pytest.mark.anyio
@@ -32,6 +37,25 @@ class Recorder:
         return codes.sum(dim=1)[:, context:].float()
 
 
+@asynccontextmanager
+async def engine_step_running(batcher: DecodeBatcher, chunks: int) -> AsyncIterator[None]:
+    """Hold the compute thread (as an engine step does) until ``chunks`` chunks wait.
+
+    What serving looks like: the step that made the chunks' frames is already
+    followed by the next one on the compute thread when the chunks arrive.
+    """
+    gate = threading.Event()
+    step = compute_thread().submit(gate.wait)
+    try:
+        yield
+        with anyio.fail_after(10):
+            while len(batcher.pending) < chunks:
+                await anyio.sleep(0)
+    finally:
+        gate.set()
+        step.result()
+
+
 async def _decode_all(batcher: DecodeBatcher, items: list[tuple[torch.Tensor, int]]) -> list:
     results: list = [None] * len(items)
 
@@ -39,19 +63,20 @@ async def _decode_all(batcher: DecodeBatcher, items: list[tuple[torch.Tensor, in
         codes, context = items[i]
         results[i] = await batcher.decode(codes, context, context)
 
-    async with anyio.create_task_group() as group:
+    async with anyio.create_task_group() as group, engine_step_running(batcher, len(items)):
         for i in range(len(items)):
             group.start_soon(one, i)
     return results
 
 
-async def test_concurrent_same_shape_chunks_share_one_decode():
+async def test_chunks_that_arrive_behind_a_running_step_share_one_decode():
     recorder = Recorder()
     batcher = DecodeBatcher(recorder, max_batch=16)
     items = [(torch.full((5, 16), i), 2) for i in range(6)]
     results = await _decode_all(batcher, items)
-    # the first caller decodes alone (nothing else is waiting yet); the rest go together
-    assert recorder.calls == [(1, 5, 2), (5, 5, 2)]
+    # the batch is taken when the compute thread starts it, so the first caller's
+    # chunk does not leave alone: all six arrived while the step ran
+    assert recorder.calls == [(6, 5, 2)]
     for i, audio in enumerate(results):
         assert torch.equal(audio, torch.full((3,), 16.0 * i))
 
@@ -61,7 +86,8 @@ async def test_shapes_are_never_mixed_and_max_batch_is_kept():
     batcher = DecodeBatcher(recorder, max_batch=2)
     items = [(torch.ones(4, 16), 0)] + [(torch.ones(7, 16), 3)] * 3 + [(torch.ones(4, 16), 0)]
     await _decode_all(batcher, items)
-    assert sorted(recorder.calls) == [(1, 4, 0), (1, 4, 0), (1, 7, 3), (2, 7, 3)]
+    # the oldest chunk's length first, both of them; then the three others, two at most
+    assert recorder.calls == [(2, 4, 0), (2, 7, 3), (1, 7, 3)]
     assert batcher.chunks == 5
 
 
@@ -75,12 +101,12 @@ async def test_a_failing_decode_fails_every_chunk_of_its_batch():
             await batcher.decode(torch.ones(3, 16), 0, 0)
         errors.append(caught.value)
 
-    async with anyio.create_task_group() as group:
+    async with anyio.create_task_group() as group, engine_step_running(batcher, 3):
         for _ in range(3):
             group.start_soon(one)
     assert len(errors) == 3
-    # the first chunk fails alone, then the two that waited fail together in one batch
-    assert recorder.calls == [(1, 3, 0), (2, 3, 0)]
+    # one batch of the three, and all three fail with its cause
+    assert recorder.calls == [(3, 3, 0)]
     assert batcher.batches == batcher.chunks == 0
     assert not batcher.busy and not batcher.pending
 
