@@ -67,8 +67,8 @@ class EngineSettings(BaseModel):
     disable_radix_cache: bool = Field(
         default=False,
         description="compute every prompt whole, instead of copying the KV of a leading "
-        "part another request already computed (models that offer prefix_rows: MOSS-TTS; "
-        "SGLang's key of that name)",
+        "part another request already computed (models that offer prefix_rows: MOSS-TTS, "
+        "the Qwen3-Omni thinker; SGLang's key of that name)",
     )
     cpu_weight_prepack: bool = Field(
         default=False,
@@ -228,13 +228,15 @@ class StepModel(Protocol):
         streams in, e.g. a talker fed by a thinker in another process), and
         whoever feeds them calls ``engine.wake()`` when input arrives.
 
-        And ``prefix_rows(prompt) -> Tensor | None``: one row per prompt
-        position of what decides that position's keys and values given the
-        positions before it (token ids), or None for a prompt whose prefix
-        must not be shared. A model that defines it promises that its
-        ``prefill`` computes positions from ``seq.cached`` on (the engine may
-        have copied the ones before from another request's slot,
-        :mod:`omni_core.engine.prefix_cache`) and writes every prompt
-        position to the cache.
+        And ``prefix_rows(seq) -> Tensor | None``: one row per position of
+        ``seq.prompt`` of what decides that position's keys and values given
+        the positions before it (token ids, rotary positions, a digest of an
+        encoder's rows), or None for a request whose prefix must not be
+        shared (the Qwen3-Omni thinker's spoken requests, whose talker reads
+        every prompt position's hidden states from the prefill). A model that
+        defines it promises that its ``prefill`` computes positions from
+        ``seq.cached`` on (the engine may have copied the ones before from
+        another request's slot, :mod:`omni_core.engine.prefix_cache`) and
+        writes every prompt position to the cache.
         """
         ...

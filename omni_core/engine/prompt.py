@@ -85,3 +85,43 @@ def splice_embeddings(token_embeddings: Any, prompt: EmbeddedPrompt) -> Any:
     out = token_embeddings.clone()
     out[prompt.embedding_index.to(out.device)] = prompt.embeddings.to(out.device, out.dtype)
     return out
+
+
+def prefix_rows(prompt: EmbeddedPrompt) -> Any:
+    """What decides each position's keys and values, one int64 row per position.
+
+    For the engine's shared prompt heads (:mod:`omni_core.engine.prefix_cache`):
+    a row holds the token id, the position in every rotary stream, and a
+    16-byte digest of the rows spliced in or added after layers there (zero
+    where there are none). Two prompts whose rows agree up to a position
+    give that position the same keys and values in a decoder that reads
+    nothing else: the same system prompt and image, the previous turn's
+    prompt in a conversation. A digest rather than the rows themselves: an image is
+    hundreds of rows of thousands of values, hashed once here.
+    """
+    import hashlib
+
+    import torch
+
+    length = len(prompt)
+    positions = (
+        prompt.positions.detach().to("cpu", torch.long)
+        if prompt.positions is not None
+        else torch.arange(length)[None]
+    )
+    rows = torch.zeros(length, 1 + positions.shape[0] + 2, dtype=torch.long)
+    rows[:, 0] = torch.as_tensor(prompt.token_ids, dtype=torch.long)
+    rows[:, 1 : 1 + positions.shape[0]] = positions.T
+    digests: dict[int, Any] = {}
+    parts = []
+    if prompt.embeddings is not None:
+        parts.append((prompt.embedding_index, prompt.embeddings))
+    parts += [(prompt.addition_index, rows_) for rows_ in prompt.layer_additions]
+    for index, values in parts:
+        data = values.detach().to("cpu").contiguous()
+        raw = data.reshape(data.shape[0], -1).view(torch.uint8).numpy()
+        for where, row in zip(index.tolist(), raw, strict=True):
+            digests.setdefault(where, hashlib.blake2b(digest_size=16)).update(row.tobytes())
+    for where, digest in digests.items():
+        rows[where, -2:] = torch.frombuffer(bytearray(digest.digest()), dtype=torch.long)
+    return rows

@@ -358,7 +358,7 @@ class TorchEngine:
         """The request's reusable prefix blocks (computed once, on the event loop)."""
         if request.keys is None:
             try:
-                rows = self.model.prefix_rows(request.seq.prompt)  # type: ignore[attr-defined]
+                rows = self.model.prefix_rows(request.seq)  # type: ignore[attr-defined]
                 keys = [] if rows is None else block_keys(rows)
             except Exception:  # a model bug costs this request its reuse, not the scheduler
                 log.exception("engine: prefix_rows failed for %r", request.seq.request_id)

@@ -100,10 +100,12 @@ class TinyDecoder(nn.Module):
             raise RequestError(f"prompt token ids must be in [0, {self.vocab_size})")
         return len(prompt)
 
-    def prefix_rows(self, prompt: Any) -> torch.Tensor | None:
+    def prefix_rows(self, seq: Sequence) -> torch.Tensor | None:
         """The ids (one per position), when built with ``share_prefixes``: the engine may
         then copy a prompt's head from another request's slot (engine/prefix_cache.py)."""
-        return torch.as_tensor(list(prompt), dtype=torch.long) if self.share_prefixes else None
+        if not self.share_prefixes:
+            return None
+        return torch.as_tensor(list(seq.prompt), dtype=torch.long)
 
     def prefill(self, sequences: list[Sequence], cache: SlotKVCache) -> list[StepResult]:
         if any(seq.cached for seq in sequences):

@@ -141,10 +141,10 @@ class MossTTSModel:
     def prompt_length(self, prompt: Any) -> int:
         return len(_request(prompt).prompt)
 
-    def prefix_rows(self, prompt: Any) -> torch.Tensor:
+    def prefix_rows(self, seq: Sequence) -> torch.Tensor:
         """A position's keys follow from its 33 ids and those before it: the engine may
         copy a shared prompt head (the instruction template) from another request."""
-        return _request(prompt).prompt.ids
+        return _request(seq.prompt).prompt.ids
 
     def prepare_static(self, context: Any) -> None:
         """The static decode step the engine compiles: the backbone's one-position step."""

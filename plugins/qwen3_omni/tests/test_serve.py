@@ -100,6 +100,55 @@ def test_a_multi_turn_history_and_a_file_from_the_media_dir(server, media):
     assert reply.choices[0].message.content == again.choices[0].message.content  # same seed
 
 
+def _thinker_positions(server) -> dict[str, float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts: dict[str, float] = {}
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as reply:
+        metrics = reply.read().decode()
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            name, labels = sample.name, sample.labels
+            if name == "omni_engine_prompt_positions_total" and labels["stage"] == "thinker":
+                counts[labels["source"]] = sample.value
+    return counts
+
+
+def _settled(server) -> float:
+    """The thinker's copied positions once two reports agree (heartbeats carry them, 0.5 s
+    apart, so a count read just after a request may not include it yet)."""
+    import time
+
+    deadline = time.monotonic() + 30
+    last = None
+    while time.monotonic() < deadline:
+        cached = _thinker_positions(server).get("cached", 0.0)
+        if cached == last:
+            return cached
+        last = cached
+        time.sleep(1.1)
+    raise AssertionError(f"the thinker's copied positions kept changing: {last}")
+
+
+def test_a_second_turn_copies_the_first_turns_prompt_with_its_image(server, media):
+    """The thinker computes the conversation's earlier prompt (an image in it) once."""
+    first = user({"type": "image_url", "image_url": {"url": str(media / "cat.png")}})
+    reply = _chat(server, first, max_tokens=2, temperature=0)
+    second = [
+        *first,
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": "And the colours?"},
+    ]
+    # the first turn's whole prompt but its last position, in whole blocks of 16
+    blocks = (reply.usage.prompt_tokens - 1) // 16
+    assert blocks >= 1
+    before = _settled(server)  # other tests' requests counted in full first
+    _chat(server, second, max_tokens=2, temperature=0)
+    assert _settled(server) - before == 16 * blocks
+
+
 @pytest.mark.parametrize(
     ("messages", "kw", "param", "words"),
     [

@@ -105,3 +105,89 @@ async def test_static_shape_decode_steps_equal_eager():
     alone = await _answers(model, plain, StaticPlan(False, False, (1, 4), "test"))
     assert alone == {k: eager[k] for k in plain}
     assert model._static[None].calls > 0
+
+
+def _thinker(capture: str | None = None) -> tuple[ThinkerStepModel, object]:
+    lm, config, _ = load_part("tiny", "thinker", "dummy", "float32", "cpu")
+    model = ThinkerStepModel(
+        lm, config.text, eos_ids=set(), device=torch.device("cpu"), dtype=torch.float32
+    )
+    if capture is not None:
+        model.capture(capture, config.text.num_hidden_layers - 1)
+    return model, config
+
+
+def _media_prompt(ids: list[int], image: torch.Tensor, additions: list[torch.Tensor]):
+    """A prompt with an "image" spliced at positions 20..23 and deepstack rows there, and
+    M-RoPE positions that stand still over the image as the real ones do."""
+    n = len(ids)
+    flat = torch.cat([torch.arange(20), torch.full((4,), 20), torch.arange(21, n - 3)])
+    positions = torch.stack([flat, flat, flat])
+    return EmbeddedPrompt(
+        ids,
+        positions=positions,
+        next_position=int(flat[-1]) + 1,
+        embeddings=image,
+        embedding_index=torch.arange(20, 24),
+        layer_additions=additions,
+        addition_index=torch.arange(20, 24),
+    )
+
+
+async def _run(model, prompts, *, radix: bool = True, tokens: int = 5):
+    """Greedy answers of ``prompts`` sent one after another, and the positions computed."""
+    settings = EngineSettings(
+        max_running_requests=2, max_total_tokens=512, disable_radix_cache=not radix
+    )
+    out = {}
+    async with create_engine(model, settings, device="cpu") as engine:
+        for name, prompt in prompts.items():
+            sampling = SamplingParams(0.0, max_new_tokens=tokens)
+            out[name] = [t async for t in engine.enqueue(name, prompt, sampling)]
+        counts = dict(engine.prompt_positions)
+    return out, counts
+
+
+async def test_a_shared_head_with_an_image_is_copied_and_answers_as_computed_whole():
+    """A system prompt and an image, then two different questions: the second request
+    computes only what follows the shared blocks; every answer is the one computed whole."""
+    model, config = _thinker()
+    hidden = config.text.hidden_size
+    g = torch.Generator().manual_seed(0)
+    image = torch.randn(4, hidden, generator=g)
+    additions = [torch.randn(4, hidden, generator=g) * 0.1 for _ in range(2)]
+    head = [872 + (i * 37) % 500 for i in range(40)]
+    prompts = {
+        "first": _media_prompt([*head, 5, 6, 7], image, additions),
+        "second": _media_prompt([*head, 9, 10, 11, 12, 13], image, additions),
+    }
+    shared, counts = await _run(model, prompts)
+    whole, plain = await _run(model, prompts, radix=False)
+    assert shared == whole
+    # the second prompt's first 32 positions (two blocks of 16, image included) copied
+    assert counts == {"cached": 32, "computed": sum(map(len, prompts.values())) - 32}
+    assert plain == {"cached": 0, "computed": sum(map(len, prompts.values()))}
+
+
+async def test_another_image_at_the_same_positions_shares_only_what_precedes_it():
+    model, config = _thinker()
+    hidden = config.text.hidden_size
+    g = torch.Generator().manual_seed(1)
+    additions = [torch.randn(4, hidden, generator=g) * 0.1 for _ in range(2)]
+    head = [872 + (i * 37) % 500 for i in range(40)]
+    one = _media_prompt([*head, 5, 6], torch.randn(4, hidden, generator=g), additions)
+    other = _media_prompt([*head, 5, 6], torch.randn(4, hidden, generator=g), additions)
+    shared, counts = await _run(model, {"one": one, "other": other})
+    whole, _ = await _run(model, {"one": one, "other": other}, radix=False)
+    assert shared == whole
+    assert counts["cached"] == 16  # the block before the image (positions 0..15) only
+
+
+async def test_a_spoken_request_computes_its_whole_prompt_for_the_talker():
+    """Its talker reads every prompt position's rows: nothing is copied for it."""
+    model, _ = _thinker(capture="spoken")
+    head = [872 + (i * 37) % 500 for i in range(40)]
+    prompts = {"text": EmbeddedPrompt([*head, 5]), "spoken": EmbeddedPrompt([*head, 6, 7])}
+    out, counts = await _run(model, prompts)
+    assert counts["cached"] == 0
+    assert out["spoken"][0]["rows"][0].shape[0] == len(prompts["spoken"])

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from omni_core.engine.interface import CacheLayout, StepResult
-from omni_core.engine.prompt import EmbeddedPrompt, splice_embeddings
+from omni_core.engine.prompt import EmbeddedPrompt, prefix_rows, splice_embeddings
 from omni_core.engine.sampling import from_host, sample_sequences
 from omni_qwen3_tts.layers import causal_mask
 from omni_qwen3_tts.talker import SlotStore
@@ -78,36 +78,49 @@ class ThinkerStepModel:
     def prompt_length(self, prompt: Any) -> int:
         return len(_as_prompt(prompt))
 
+    def prefix_rows(self, seq: Any) -> torch.Tensor | None:
+        """Token ids, M-RoPE positions and a digest of the encoders' rows, per position: the
+        engine may copy a shared head (a system prompt, an image, the previous turn's prompt
+        in a conversation) from another request's slot. Never for a spoken request: its talker reads
+        every prompt position's rows, which only a prefill of them all computes."""
+        if seq.request_id in self.captured:
+            return None
+        return prefix_rows(_as_prompt(seq.prompt))
+
     @torch.no_grad()
     def prefill(self, sequences: list[Any], cache: Any) -> list[StepResult]:
+        """Each prompt from ``seq.cached`` on (the positions before are in its slot already:
+        a head the engine copied, ``prefix_rows``)."""
         prompts = [_as_prompt(seq.prompt) for seq in sequences]
+        starts = [int(seq.cached) for seq in sequences]
         lengths = [len(p) for p in prompts]
-        batch, steps, hidden = len(prompts), max(lengths), self.config.hidden_size
+        news = [n - start for n, start in zip(lengths, starts, strict=True)]
+        batch, steps, hidden = len(prompts), max(news), self.config.hidden_size
         x = torch.zeros(batch, steps, hidden, dtype=self.dtype, device=self.device)
         positions = torch.zeros(3, batch, steps, dtype=torch.long, device=self.device)
-        for row, prompt in enumerate(prompts):
+        for row, (prompt, start, new) in enumerate(zip(prompts, starts, news, strict=True)):
             ids = torch.tensor(prompt.token_ids, dtype=torch.long, device=self.device)
-            x[row, : len(prompt)] = splice_embeddings(self.lm.embed(ids), prompt)
+            x[row, :new] = splice_embeddings(self.lm.embed(ids), prompt)[start:]
             if prompt.positions is None:
-                positions[:, row, : len(prompt)] = torch.arange(len(prompt), device=self.device)
+                where = torch.arange(start, len(prompt), device=self.device)
             else:
-                positions[:, row, : len(prompt)] = prompt.positions.to(self.device)
-        lengths_t = from_host(lengths, self.device)
-        starts_t = torch.zeros(batch, dtype=torch.long, device=self.device)
-        mask = causal_mask(starts_t, lengths_t, steps, steps)
+                where = prompt.positions[:, start:].to(self.device)
+            positions[:, row, :new] = where
+        news_t = from_host(news, self.device)
+        starts_t = from_host(starts, self.device)
+        total = max(lengths)
+        mask = causal_mask(starts_t, news_t, steps, total)
         slots = [int(s.slot) for s in sequences]
         layers = self._layers(sequences)
-        deepstack = _deepstack(prompts, steps, self.device)
-        out = self._forward(
-            cache, [x, positions, mask, slots, [0] * batch, steps, deepstack], layers
-        )
+        deepstack = _deepstack(prompts, starts, steps, self.device)
+        out = self._forward(cache, [x, positions, mask, slots, starts, total, deepstack], layers)
         out, captured = out if layers else (out, {})
-        last = out[torch.arange(batch, device=self.device), lengths_t - 1]
+        last = out[torch.arange(batch, device=self.device), news_t - 1]
         for seq, prompt in zip(sequences, prompts, strict=True):
             seq.cached = len(prompt)
             seq.state["position"] = prompt.first_decode_position
             seq.state["history"] = []
-        rows = [slice(0, n) for n in lengths]
+        rows = [slice(0, n) for n in news]  # a spoken request's start is 0: prefix_rows
         return self._emit(sequences, self.lm.logits(last), captured, rows)
 
     @torch.no_grad()
@@ -240,18 +253,21 @@ def _as_prompt(prompt: Any) -> EmbeddedPrompt:
 
 
 def _deepstack(
-    prompts: list[EmbeddedPrompt], steps: int, device: torch.device
+    prompts: list[EmbeddedPrompt], starts: list[int], steps: int, device: torch.device
 ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """Per deepstack layer: flat ``row * steps + position`` indexes and the rows to add there."""
+    """Per deepstack layer: flat ``row * steps + position - start`` indexes and the rows to
+    add there (those of positions from each row's ``start`` on: the rest are computed)."""
     layers = max((len(p.layer_additions) for p in prompts), default=0)
     if not layers:
         return None
     out = []
     for layer in range(layers):
         index, rows = [], []
-        for row, prompt in enumerate(prompts):
+        for row, (prompt, start) in enumerate(zip(prompts, starts, strict=True)):
             if layer < len(prompt.layer_additions):
-                index.append(prompt.addition_index.to(device) + row * steps)
-                rows.append(prompt.layer_additions[layer].to(device))
+                at = prompt.addition_index.to(device)
+                keep = at >= start
+                index.append(at[keep] - start + row * steps)
+                rows.append(prompt.layer_additions[layer].to(device)[keep])
         out.append((torch.cat(index), torch.cat(rows)))
     return out
