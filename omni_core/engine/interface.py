@@ -237,6 +237,10 @@ class StepModel(Protocol):
         defines it promises that its ``prefill`` computes positions from
         ``seq.cached`` on (the engine may have copied the ones before from
         another request's slot, :mod:`omni_core.engine.prefix_cache`) and
-        writes every prompt position to the cache.
+        writes every prompt position to the cache. With it, optionally,
+        ``generated_rows(seq) -> Tensor | None``: the same rows for the
+        generated positions the sequence fed back (``seq.cached`` less the
+        prompt), so that a finished request's answer is shared too: the next
+        turn of a conversation sends it back as part of its prompt.
         """
         ...

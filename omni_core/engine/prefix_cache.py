@@ -12,7 +12,10 @@ computed and cost no memory of their own:
   a hash chained over blocks ``0..i`` of the model's ``prefix_rows`` (what
   decides each position's keys and values: MOSS-TTS's 33 id channels), so one
   key means one whole prefix, at the same positions in every slot.
-* A slot's prompt blocks are indexed once its prefill succeeded. They stay
+* A slot's prompt blocks are indexed once its prefill succeeded, and when
+  its request finishes, the blocks of the answer it fed back too, where the
+  model says what decided them (``generated_rows``: the thinker's next turn
+  sends the answer back in its prompt). They stay
   valid while its sequence runs (decode writes past the prompt) and after the
   slot is freed, until the slot is handed to another request: freed slots are
   the cache.

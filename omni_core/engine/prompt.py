@@ -95,8 +95,8 @@ def prefix_rows(prompt: EmbeddedPrompt) -> Any:
     16-byte digest of the rows spliced in or added after layers there (zero
     where there are none). Two prompts whose rows agree up to a position
     give that position the same keys and values in a decoder that reads
-    nothing else: the same system prompt and image, the previous turn's
-    prompt in a conversation. A digest rather than the rows themselves: an image is
+    nothing else: the same system prompt and image, a conversation's
+    previous turn. A digest rather than the rows themselves: an image is
     hundreds of rows of thousands of values, hashed once here.
     """
     import hashlib

@@ -81,6 +81,8 @@ class _Request:
     aborted: bool = False
     #: chained block keys of the prompt (None: not computed yet, or not shareable)
     keys: list[bytes] | None = None
+    #: the model's ``prefix_rows`` of the prompt (None: not shareable)
+    rows: torch.Tensor | None = None
 
 
 @dataclass
@@ -362,9 +364,34 @@ class TorchEngine:
                 keys = [] if rows is None else block_keys(rows)
             except Exception:  # a model bug costs this request its reuse, not the scheduler
                 log.exception("engine: prefix_rows failed for %r", request.seq.request_id)
-                keys = []
-            request.keys = reusable(keys, request.length)
+                rows, keys = None, []
+            request.keys, request.rows = reusable(keys, request.length), rows
         return request.keys
+
+    def _index_answer(self, request: _Request) -> None:
+        """Index a finished request's slot over its answer too (the positions it fed back).
+
+        Why: a conversation's next turn sends this prompt and this answer back
+        as the head of its own prompt, and the slot holds both until it is
+        handed out again. The model says what decided the answer's positions
+        (``generated_rows(seq)``, rows as ``prefix_rows`` gives them); a model
+        without it shares prompts only.
+        """
+        answer = getattr(self.model, "generated_rows", None)
+        seq = request.seq
+        if self.prefixes is None or answer is None or request.rows is None or seq.slot < 0:
+            return
+        try:
+            more = answer(seq)
+            if more is None or not len(more):
+                return
+            rows = torch.cat([request.rows, more.to(request.rows.dtype)])
+            keys = block_keys(rows[: seq.cached])
+        except Exception:  # a model bug costs the next turn its reuse, not the scheduler
+            log.exception("engine: generated_rows failed for %r", seq.request_id)
+            return
+        if len(keys) > self.prefixes.held(seq.slot):
+            self.prefixes.register(seq.slot, keys)
 
     def _computed_alongside(self, request: _Request, admitted: list[_Request]) -> bool:
         """Would ``request`` compute prefix blocks that a request admitted this step computes?
@@ -385,6 +412,8 @@ class TorchEngine:
             if request.stream.finish_reason is None and not request.aborted:
                 keep.append(request)
             else:
+                if request.stream.finish_reason in ("stop", "length"):
+                    self._index_answer(request)
                 self.cache.release(request.seq.slot)
                 request.seq.slot = -1
         self._running = keep

@@ -107,6 +107,14 @@ class TinyDecoder(nn.Module):
             return None
         return torch.as_tensor(list(seq.prompt), dtype=torch.long)
 
+    def generated_rows(self, seq: Sequence) -> torch.Tensor | None:
+        """The generated ids fed back so far (the answer's positions in the cache), as
+        ``prefix_rows`` gives a prompt's: a follow-up prompt may copy them too."""
+        if not self.share_prefixes:
+            return None
+        fed = seq.cached - len(seq.prompt)
+        return torch.as_tensor(seq.state.get("generated", [])[:fed], dtype=torch.long)
+
     def prefill(self, sequences: list[Sequence], cache: SlotKVCache) -> list[StepResult]:
         if any(seq.cached for seq in sequences):
             return self._extend(sequences, cache)

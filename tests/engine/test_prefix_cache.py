@@ -180,3 +180,20 @@ async def test_a_copied_head_lands_in_another_slot_while_its_owner_runs() -> Non
     async with TorchEngine(alone_model, settings()) as engine:
         alone = await run(engine, {"next": prompts["next"]})
     assert later == alone
+
+
+async def test_a_follow_up_that_sends_the_answer_back_copies_it_too() -> None:
+    """A conversation's next turn: its prompt is the last prompt, the answer, more. The
+    finished request's slot is indexed over the answer's positions it fed back as well."""
+    head = [(7 * j) % 64 for j in range(30)]
+    model = Recording(share_prefixes=True)
+    async with TorchEngine(model, settings()) as engine:
+        first = await run(engine, {"turn1": head})
+        follow_up = head + first["turn1"] + [3, 9, 27]
+        second = await run(engine, {"turn2": follow_up})
+        # turn 1 fed 30 + 5 positions (its 6th token was never fed): two whole blocks,
+        # where its prompt alone held one
+        assert model.prefills[-1] == [("turn2", 2 * BLOCK, len(follow_up))]
+    plain_model = Recording()
+    async with TorchEngine(plain_model, settings()) as engine:
+        assert await run(engine, {"turn2": follow_up}) == second

@@ -191,3 +191,24 @@ async def test_a_spoken_request_computes_its_whole_prompt_for_the_talker():
     out, counts = await _run(model, prompts)
     assert counts["cached"] == 0
     assert out["spoken"][0]["rows"][0].shape[0] == len(prompts["spoken"])
+
+
+def _text_prompt(ids: list[int]) -> EmbeddedPrompt:
+    """A text prompt with its three M-RoPE streams given, as the preprocessing builds it."""
+    flat = torch.arange(len(ids))
+    return EmbeddedPrompt(ids, positions=torch.stack([flat, flat, flat]), next_position=len(ids))
+
+
+async def test_the_next_turn_copies_the_previous_answer_as_well():
+    """Turn 2's prompt holds turn 1's prompt and answer: both come from turn 1's slot, at
+    the positions its decode steps gave them, and the answer is the one computed whole."""
+    model, _ = _thinker()
+    head = [872 + (i * 37) % 500 for i in range(30)]
+    first, _ = await _run(model, {"turn1": _text_prompt(head)}, tokens=6)
+    follow_up = {"turn1": _text_prompt(head), "turn2": _text_prompt(head + first["turn1"] + [77])}
+    shared, counts = await _run(model, follow_up, tokens=6)
+    whole, _ = await _run(model, follow_up, radix=False, tokens=6)
+    assert shared == whole
+    # turn 1 again computes its 30 positions; turn 2 copies 30 + 5 fed answer positions,
+    # two whole blocks (its prompt alone would give one)
+    assert counts == {"cached": 32, "computed": 30 + len(head) + 6 + 1 - 32}

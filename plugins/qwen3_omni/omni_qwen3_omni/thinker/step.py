@@ -80,12 +80,31 @@ class ThinkerStepModel:
 
     def prefix_rows(self, seq: Any) -> torch.Tensor | None:
         """Token ids, M-RoPE positions and a digest of the encoders' rows, per position: the
-        engine may copy a shared head (a system prompt, an image, the previous turn's prompt
-        in a conversation) from another request's slot. Never for a spoken request: its talker reads
-        every prompt position's rows, which only a prefill of them all computes."""
+        engine may copy a shared head (a system prompt, an image, a conversation's previous
+        turn, with ``generated_rows``) from another request's slot. Never for a spoken
+        request: its talker reads every prompt position's rows, which only a prefill of
+        them all computes."""
         if seq.request_id in self.captured:
             return None
         return prefix_rows(_as_prompt(seq.prompt))
+
+    def generated_rows(self, seq: Any) -> torch.Tensor | None:
+        """The answer's positions in the cache as ``prefix_rows`` gives a prompt's (each
+        token at its decode position in every M-RoPE stream): the next turn of the
+        conversation, which sends this answer back, copies it too."""
+        if seq.request_id in self.captured:
+            return None
+        prompt = _as_prompt(seq.prompt)
+        fed = seq.cached - len(prompt)
+        tokens = seq.state.get("history", [])[:fed]
+        if fed <= 0 or len(tokens) < fed:
+            return None
+        streams = 1 if prompt.positions is None else int(prompt.positions.shape[0])
+        rows = torch.zeros(fed, 1 + streams + 2, dtype=torch.long)
+        rows[:, 0] = torch.tensor(tokens, dtype=torch.long)
+        start = prompt.first_decode_position
+        rows[:, 1 : 1 + streams] = torch.arange(start, start + fed)[:, None]
+        return rows
 
     @torch.no_grad()
     def prefill(self, sequences: list[Any], cache: Any) -> list[StepResult]:
