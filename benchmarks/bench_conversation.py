@@ -1,0 +1,187 @@
+"""A conversation with the Qwen3-Omni thinker: each turn's time to first token, with the
+history copied from the previous turn's slot (the engine's shared prompt heads) and
+computed whole (``engine.disable_radix_cache``).
+
+Run: ``python benchmarks/bench_conversation.py [--layers 2] [--dtype bfloat16]
+[--system 512] [--turns 4] [--turn 64] [--answer 32] [--threads 2]`` (about two
+minutes on two CPU cores, 9 GiB at two layers); ``--smoke``: tiny widths, two short
+turns, seconds.
+
+What runs: the thinker's decoder at the release's width (``bench_qwen3_omni_thinker``'s
+sections: hidden 2048, 128 experts top-8, vocabulary 152064) with ``--layers`` decoder
+layers and seeded random weights, built and packed as the thinker stage builds it,
+on the ``TorchEngine`` the stage runs. A chat: a ``--system``-token system prompt,
+then ``--turns`` turns, each a ``--turn``-token user message and a greedy
+``--answer``-token answer; every turn's prompt is the whole conversation so far
+(answers included, as a chat client sends them back) with its three M-RoPE streams.
+Each setting runs the whole conversation, taking turns with the other, ``--repeats``
+times; each turn's fastest time to first token is kept. Without the cache a turn
+computes every position of its prompt; with it, only what follows the previous
+turn's prompt and fed answer, in whole blocks of 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import torch
+
+from omni_core.engine.backends import create_engine
+from omni_core.engine.compute import dedicate
+from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.engine.precision import PrecisionError, torch_dtype
+from omni_core.engine.prompt import EmbeddedPrompt
+from omni_qwen3_omni.config import ThinkerConfig
+from omni_qwen3_omni.loading import construct
+from omni_qwen3_omni.thinker.cpu_weights import pack_decoder_weights
+from omni_qwen3_omni.thinker.decoder import ThinkerLM
+from omni_qwen3_omni.thinker.step import ThinkerStepModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_qwen3_omni_thinker as thinker_bench  # its sizes and weight filling
+
+
+def build(layers: int, dtype: torch.dtype, seed: int, tiny: bool) -> ThinkerStepModel:
+    """The decoder at the release's width (or a tiny one), filled, cast and packed."""
+    parts = thinker_bench.sections(layers, 1, tiny=tiny)
+    cfg = ThinkerConfig.from_dict(
+        {
+            "text_config": parts["text"],
+            "vision_config": parts["vision"],
+            "audio_config": {"output_dim": parts["text"]["hidden_size"]},
+            **thinker_bench.IDS,
+        }
+    )
+    lm = construct(lambda: ThinkerLM(cfg.text), torch.device("cpu"), torch.float32)
+    for name, param in lm.named_parameters():
+        thinker_bench.runner.fill_parameter(name, param.data, seed)
+    if dtype != torch.float32:
+        thinker_bench.cast(lm, dtype)
+        pack_decoder_weights(lm)  # the thinker stage's factory.pack_weights
+    return ThinkerStepModel(lm, cfg.text, eos_ids=set(), device=torch.device("cpu"), dtype=dtype)
+
+
+def prompt_of(ids: list[int]) -> EmbeddedPrompt:
+    flat = torch.arange(len(ids))
+    return EmbeddedPrompt(ids, positions=torch.stack([flat, flat, flat]), next_position=len(ids))
+
+
+async def conversation(
+    model: ThinkerStepModel, turns: list[list[int]], system: list[int], answer: int, radix: bool
+) -> tuple[list[float], list[int], dict[str, int]]:
+    """Each turn's time to first token (s) and prompt length; the positions computed/copied."""
+    total = len(system) + sum(map(len, turns)) + answer * len(turns) + 16
+    settings = EngineSettings(
+        max_running_requests=2,
+        max_total_tokens=2 * total,
+        max_prefill_tokens=total,
+        disable_radix_cache=not radix,
+    )
+    ttfts, lengths = [], []
+    async with create_engine(model, settings, device="cpu") as engine:
+        warm = SamplingParams(0.0, max_new_tokens=2)  # the first call at a shape pays more
+        _ = [t async for t in engine.enqueue("warm", prompt_of([11, 12, 13]), warm)]
+        engine.prompt_positions.update(computed=0, cached=0)
+        history = list(system)
+        for number, message in enumerate(turns):
+            history += message
+            lengths.append(len(history))
+            sampling = SamplingParams(0.0, max_new_tokens=answer)
+            begin, first, said = time.perf_counter(), None, []
+            async for token in engine.enqueue(f"turn{number}", prompt_of(history), sampling):
+                if first is None:
+                    first = time.perf_counter() - begin
+                said.append(int(token))
+            ttfts.append(float(first))
+            history += said  # the client sends the answer back with the next turn
+        counts = dict(engine.prompt_positions)
+    return ttfts, lengths, counts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers (release: 48)")
+    parser.add_argument(
+        "--dtype", default="bfloat16", help="weights (the stage's factory.dtype: auto, ...)"
+    )
+    parser.add_argument("--system", type=int, default=512, help="system prompt tokens")
+    parser.add_argument("--turns", type=int, default=4, help="user turns")
+    parser.add_argument("--turn", type=int, default=64, help="tokens per user message")
+    parser.add_argument("--answer", type=int, default=32, help="tokens per answer (greedy)")
+    parser.add_argument("--repeats", type=int, default=2, help="conversations per setting")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny widths, two short turns: checks the script runs"
+    )
+    args = parser.parse_args()
+    if args.smoke:
+        args.system, args.turns, args.turn, args.answer, args.repeats = 40, 2, 8, 4, 1
+    torch.set_num_threads(args.threads)
+    try:
+        dtype = torch_dtype(args.dtype, "cpu")
+    except (PrecisionError, ValueError) as exc:
+        print(f"--dtype: {exc}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    model = build(args.layers, dtype, args.seed, tiny=args.smoke)
+    dedicate(args.threads)  # what a stage process does once built (engine/compute.py)
+    rng = random.Random(args.seed)
+
+    def text(n: int) -> list[int]:
+        return [rng.randrange(thinker_bench.PLAIN_VOCAB) for _ in range(n)]
+
+    system, turns = text(args.system), [text(args.turn) for _ in range(args.turns)]
+    width = "a tiny" if args.smoke else "the release's"
+    print(
+        f"Qwen3-Omni thinker at {width} width, {args.layers} of 48 layers, "
+        f"{str(dtype).removeprefix('torch.')}, "
+        f"{args.threads} torch thread(s), built in {time.perf_counter() - started:.1f} s; "
+        f"a {args.system}-token system prompt, {args.turns} turns of {args.turn} tokens, "
+        f"{args.answer}-token answers"
+    )
+    best: dict[bool, list[float]] = {}
+    counts: dict[bool, dict[str, int]] = {}
+    lengths: list[int] = []
+    for _ in range(args.repeats):
+        for radix in (False, True):
+            ttfts, lengths, counts[radix] = anyio.run(
+                conversation, model, turns, system, args.answer, radix
+            )
+            old = best.get(radix, ttfts)
+            best[radix] = [min(a, b) for a, b in zip(old, ttfts, strict=True)]
+    print("\nturn  prompt  first token s (computed whole)  (history copied)  ratio")
+    for number, length in enumerate(lengths):
+        whole, copied = best[False][number], best[True][number]
+        print(
+            f"{number + 1:>4}  {length:>6}  {whole:>29.3f}  {copied:>16.3f}  "
+            f"{whole / copied:>5.2f}x"
+        )
+    whole_s, copied_s = sum(best[False]), sum(best[True])
+    print(
+        f"all turns: {whole_s:.2f} s -> {copied_s:.2f} s ({whole_s / copied_s:.2f}x); prompt "
+        f"positions computed {counts[False]['computed']} -> {counts[True]['computed']}, "
+        f"copied {counts[True]['cached']}"
+    )
+    record = {
+        "layers": args.layers,
+        "dtype": str(dtype).removeprefix("torch."),
+        "threads": args.threads,
+        "prompt_lengths": lengths,
+        "ttft_whole_s": best[False],
+        "ttft_copied_s": best[True],
+        "positions_whole": counts[False],
+        "positions_copied": counts[True],
+    }
+    print("BENCH_JSON " + json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
