@@ -121,7 +121,7 @@ def prefix_rows(prompt: EmbeddedPrompt) -> Any:
         data = values.detach().to("cpu").contiguous()
         raw = data.reshape(data.shape[0], -1).view(torch.uint8).numpy()
         for where, row in zip(index.tolist(), raw, strict=True):
-            digests.setdefault(where, hashlib.blake2b(digest_size=16)).update(row.tobytes())
+            digests.setdefault(where, hashlib.blake2b(digest_size=16)).update(row)
     for where, digest in digests.items():
         rows[where, -2:] = torch.frombuffer(bytearray(digest.digest()), dtype=torch.long)
     return rows

@@ -350,14 +350,14 @@ class TorchEngine:
                 break  # first come, first served: nobody overtakes the head of the queue
             self._waiting.popleft()
             budget -= request.length
-            if self.prefixes is not None:
-                self._prompt_keys(request)
             request.seq.slot = self.cache.allocate()
             admitted.append(request)
         return admitted
 
     def _prompt_keys(self, request: _Request) -> list[bytes]:
-        """The request's reusable prefix blocks (computed once, on the event loop)."""
+        """The request's reusable prefix blocks (computed once, on the compute thread: a
+        prompt with media hashes its encoders' rows, which the event loop should not wait
+        for)."""
         if request.keys is None:
             try:
                 rows = self.model.prefix_rows(request.seq)  # type: ignore[attr-defined]
@@ -472,6 +472,9 @@ class TorchEngine:
         """Prefill ``newcomers`` and decode ``batch``: the only code off the event loop."""
         outcome = _StepOutcome()
         with torch.inference_mode():
+            if self.prefixes is not None:
+                for request in newcomers:
+                    self._prompt_keys(request)
             pending = newcomers
             while pending:
                 wave, pending = self._wave(pending)
