@@ -232,8 +232,8 @@ class StepModel(Protocol):
         ``seq.prompt`` of what decides that position's keys and values given
         the positions before it (token ids, rotary positions, a digest of an
         encoder's rows), or None for a request whose prefix must not be
-        shared (the Qwen3-Omni thinker's spoken requests, whose talker reads
-        every prompt position's hidden states from the prefill). A model that
+        shared (the Qwen3-Omni thinker's spoken requests where it keeps no
+        rows for their talker, which reads them from the prefill). A model that
         defines it promises that its ``prefill`` computes positions from
         ``seq.cached`` on (the engine may have copied the ones before from
         another request's slot, :mod:`omni_core.engine.prefix_cache`) and
@@ -241,6 +241,9 @@ class StepModel(Protocol):
         ``generated_rows(seq) -> Tensor | None``: the same rows for the
         generated positions the sequence fed back (``seq.cached`` less the
         prompt), so that a finished request's answer is shared too: the next
-        turn of a conversation sends it back as part of its prompt.
+        turn of a conversation sends it back as part of its prompt. And
+        ``prefix_copied(source, slot, length)``: the engine copied ``source``'s
+        first ``length`` positions into ``slot``, for state a model keeps per
+        slot beside the cache (the thinker's rows at media positions).
         """
         ...

@@ -519,6 +519,9 @@ class TorchEngine:
         if source is not None and source != seq.slot:
             self.prefixes.forget(seq.slot)
             self.cache.copy_prefix(source, seq.slot, blocks * self.prefixes.block)
+            copied = getattr(self.model, "prefix_copied", None)
+            if copied is not None:  # state the model keeps per slot beside the cache
+                copied(source, seq.slot, blocks * self.prefixes.block)
         # the slot holds the copied blocks; what lay past them is the prefill's to overwrite
         self.prefixes.register(seq.slot, keys[:blocks])
         seq.cached = blocks * self.prefixes.block

@@ -69,7 +69,11 @@ class Recording(TinyDecoder):
     def __init__(self, **kwargs: Any):
         super().__init__(vocab_size=64, dim=32, num_heads=2, num_layers=2, seed=0, **kwargs)
         self.prefills: list[list[tuple[str, int, int]]] = []
+        self.copies: list[tuple[int, int, int]] = []  # prefix_copied: the engine's hook
         self.fail: set[str] = set()
+
+    def prefix_copied(self, source: int, slot: int, length: int) -> None:
+        self.copies.append((source, slot, length))
 
     def prefill(self, sequences, cache):
         self.prefills.append([(s.request_id, s.cached, len(s.prompt)) for s in sequences])
@@ -176,6 +180,9 @@ async def test_a_copied_head_lands_in_another_slot_while_its_owner_runs() -> Non
         later = await run(engine, {"next": prompts["next"]})
         await holder.aclose()
     assert model.prefills[-1] == [("next", 2 * BLOCK, len(prompts["next"]))]
+    # the model is told, for the state it keeps per slot (the thinker's media rows)
+    [(source, slot, length)] = model.copies
+    assert source != slot and length == 2 * BLOCK
     alone_model = Recording()
     async with TorchEngine(alone_model, settings()) as engine:
         alone = await run(engine, {"next": prompts["next"]})

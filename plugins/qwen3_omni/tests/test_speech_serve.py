@@ -122,3 +122,59 @@ def test_spoken_chat_streams_dropped_mid_answer_leave_all_seven_processes_idle(s
         "stream": True,
     }
     drop_streams_then_wait_idle(server.url, body, 20)
+
+
+def _thinker_copied(server) -> float:
+    """The thinker's copied prompt positions once two reports agree (heartbeats, 0.5 s)."""
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    last = None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as reply:
+            families = text_string_to_metric_families(reply.read().decode())
+        copied = sum(
+            sample.value
+            for family in families
+            for sample in family.samples
+            if sample.name == "omni_engine_prompt_positions_total"
+            and sample.labels["stage"] == "thinker"
+            and sample.labels["source"] == "cached"
+        )
+        if copied == last:
+            return copied
+        last = copied
+        time.sleep(1.1)
+    raise AssertionError(f"the thinker's copied positions kept changing: {last}")
+
+
+def test_a_voice_conversation_copies_the_earlier_turn_audio_included(server):
+    """Turn 2 of a spoken chat sends turn 1 (the user's audio in it) back: the thinker
+    copies that head with the talker's rows at its audio positions, and both turns speak."""
+    from media_samples import audio_part, user
+
+    first = user(audio_part(1.0), text="What did I say?")
+    client = server.client()
+    spoken = {"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
+    one = client.chat.completions.create(
+        model="tiny", messages=first, max_tokens=4, temperature=0, **spoken
+    )
+    second = [
+        *first,
+        {"role": "assistant", "content": one.choices[0].message.content},
+        {"role": "user", "content": "Say it again."},
+    ]
+    before = _thinker_copied(server)
+    two = client.chat.completions.create(
+        model="tiny", messages=second, max_tokens=4, temperature=0, **spoken
+    )
+    copied = _thinker_copied(server) - before
+    assert copied >= 16 * ((one.usage.prompt_tokens - 1) // 16) > 0
+    for reply in (one, two):
+        wav, rate = soundfile.read(
+            io.BytesIO(base64.b64decode(reply.choices[0].message.audio.data))
+        )
+        assert rate == 24000 and wav.size > 0

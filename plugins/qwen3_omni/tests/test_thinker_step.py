@@ -212,3 +212,50 @@ async def test_the_next_turn_copies_the_previous_answer_as_well():
     # turn 1 again computes its 30 positions; turn 2 copies 30 + 5 fed answer positions,
     # two whole blocks (its prompt alone would give one)
     assert counts == {"cached": 32, "computed": 30 + len(head) + 6 + 1 - 32}
+
+
+async def test_spoken_requests_copy_a_head_with_its_media_rows_for_the_talker():
+    """A speech deployment (``expected_captures``) keeps the accept layer's rows at media
+    positions per slot: a spoken request copies a head with an image in it, from a spoken
+    or a text request's slot, and hands the talker what a whole prefill would have."""
+    model, config = _thinker()
+    accept = config.text.num_hidden_layers - 1
+    model.expected_captures = (accept,)
+    for name in ("spoken1", "spoken2", "spoken3"):
+        model.capture(name, accept)
+    hidden = config.text.hidden_size
+    g = torch.Generator().manual_seed(2)
+    image = torch.randn(4, hidden, generator=g)
+    additions = [torch.randn(4, hidden, generator=g) * 0.1 for _ in range(2)]
+    head = [872 + (i * 37) % 500 for i in range(40)]
+    prompts = {
+        "spoken1": _media_prompt([*head, 5, 6, 7], image, additions),
+        "spoken2": _media_prompt([*head, 9, 10, 11, 12], image, additions),
+        "text": _media_prompt([*head, 13, 14], image, additions),
+        "spoken3": _media_prompt([*head, 15], image, additions),
+    }
+    shared, counts = await _run(model, prompts)
+    whole, _ = await _run(model, prompts, radix=False)
+    assert counts["cached"] == 3 * 32  # every request after the first copies two blocks
+    media = torch.arange(20, 24)
+    for name in ("spoken1", "spoken2", "spoken3"):
+        assert [o["token"] for o in shared[name]] == [o["token"] for o in whole[name]]
+        (layer0, rows), (layer0_whole, rows_whole) = shared[name][0]["rows"], whole[name][0]["rows"]
+        assert layer0.shape[0] == rows.shape[0] == len(prompts[name])
+        torch.testing.assert_close(layer0, layer0_whole, rtol=0, atol=0)
+        torch.testing.assert_close(rows[media], rows_whole[media], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(rows[32:], rows_whole[32:], rtol=1e-5, atol=1e-5)
+    assert shared["text"] == whole["text"]
+
+
+def test_media_rows_follow_a_copied_head_and_stop_where_it_does():
+    model, config = _thinker()
+    accept = config.text.num_hidden_layers - 1
+    model.expected_captures = (accept,)
+    rows = torch.randn(4, config.text.hidden_size)
+    model.media_rows[0] = {accept: (torch.tensor([3, 10, 20, 30]), rows)}
+    model.media_rows[1] = {accept: (torch.tensor([5]), torch.randn(1, config.text.hidden_size))}
+    model.prefix_copied(0, 1, 16)  # slot 1 now holds slot 0's first 16 positions
+    index, kept = model.media_rows[1][accept]
+    assert index.tolist() == [3, 10] and torch.equal(kept, rows[:2])
+    assert model.media_rows[0][accept][0].tolist() == [3, 10, 20, 30]  # the source keeps its own

@@ -13,7 +13,12 @@ input row and the hidden state after ``accept_hidden_layer`` (what the
 talker reads). For such a request (:meth:`ThinkerStepModel.capture`) a step
 returns ``{"token": id, "rows": (layer0 [n, H], accept [n, H])}``: the rows of
 the positions that step consumed (the whole prompt at prefill, then the
-previous token), so they cost no extra forward pass.
+previous token), so they cost no extra forward pass. Where the prompt's
+head was copied from another slot (the engine's shared prompt heads), the
+prefill's rows cover the whole prompt all the same: layer 0's are the
+prompt's embeddings, the accept layer's come from the slot's kept rows at
+media positions (the only ones the talker reads there) and are zero at the
+others.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ class ThinkerStepModel:
         self.lm, self.config, self.eos_ids = lm, config, set(eos_ids)
         self.device, self.dtype = torch.device(device), dtype
         self.captured: dict[str, int] = {}  # request id -> accept_hidden_layer
+        # slot -> {layer: (prompt positions [m], rows [m, H])}: the expected_captures
+        # layers' rows at the media positions its cache holds (MediaRows)
+        self.media_rows: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
         # Rank 0 of a tensor-parallel group: each pass's inputs go to the other ranks first
         # (omni_core.engine.tp.Mirror), and this rank's cache holds its share of the KV heads.
         self.mirror, self.tp_size = mirror, tp_size
@@ -72,6 +80,27 @@ class ThinkerStepModel:
         wanted = {self.captured[s.request_id] for s in sequences if s.request_id in self.captured}
         return {0, *wanted} if wanted else None
 
+    def _keeps_media_rows(self) -> bool:
+        """Whether prefills keep the talker's rows at media positions per slot.
+
+        Why: a spoken request's talker reads the accept layer's rows at the
+        media positions of the prompt (layer 0's are its embeddings, which
+        need no forward pass), so a spoken request may copy a head (the
+        earlier turns of a voice conversation, their audio included) only if
+        those rows come with it. Kept for the layers a speech deployment
+        captures (:attr:`expected_captures`), for every prefill with media,
+        spoken or not, so that any slot a head is copied from has them.
+        """
+        return bool(self.expected_captures) and self.tp_size == 1
+
+    def prefix_copied(self, source: int, slot: int, length: int) -> None:
+        """The engine copied ``source``'s first ``length`` positions into ``slot``: their
+        media rows come along (engine hook, beside ``SlotKVCache.copy_prefix``)."""
+        held = self.media_rows.get(source, {})
+        self.media_rows[slot] = {
+            layer: _before(index, rows, length) for layer, (index, rows) in held.items()
+        }
+
     def cache_layout(self) -> CacheLayout:
         return CacheLayout.of(self.config, self.dtype, self.device, self.tp_size)
 
@@ -81,10 +110,13 @@ class ThinkerStepModel:
     def prefix_rows(self, seq: Any) -> torch.Tensor | None:
         """Token ids, M-RoPE positions and a digest of the encoders' rows, per position: the
         engine may copy a shared head (a system prompt, an image, a conversation's previous
-        turn, with ``generated_rows``) from another request's slot. Never for a spoken
-        request: its talker reads every prompt position's rows, which only a prefill of
-        them all computes."""
-        if seq.request_id in self.captured:
+        turn, with ``generated_rows``) from another request's slot. A spoken request only
+        where the slots keep its talker's rows at media positions (``_keeps_media_rows``):
+        otherwise only a prefill of its whole prompt computes them."""
+        accept = self.captured.get(seq.request_id)
+        if accept is not None and not (
+            self._keeps_media_rows() and accept in self.expected_captures
+        ):
             return None
         return prefix_rows(_as_prompt(seq.prompt))
 
@@ -131,16 +163,74 @@ class ThinkerStepModel:
         mask = causal_mask(starts_t, news_t, steps, total)
         slots = [int(s.slot) for s in sequences]
         layers = self._layers(sequences)
+        keep = self._keeps_media_rows() and any(p.embeddings is not None for p in prompts)
+        if keep:
+            layers = {*(layers or {0}), *self.expected_captures}
         deepstack = _deepstack(prompts, starts, steps, self.device)
         out = self._forward(cache, [x, positions, mask, slots, starts, total, deepstack], layers)
         out, captured = out if layers else (out, {})
         last = out[torch.arange(batch, device=self.device), news_t - 1]
+        if self._keeps_media_rows():
+            self._keep_media_rows(sequences, prompts, starts, captured)
         for seq, prompt in zip(sequences, prompts, strict=True):
             seq.cached = len(prompt)
             seq.state["position"] = prompt.first_decode_position
             seq.state["history"] = []
-        rows = [slice(0, n) for n in news]  # a spoken request's start is 0: prefix_rows
+        rows: list[Any] = [slice(0, n) for n in news]
+        for row, (seq, prompt, start) in enumerate(zip(sequences, prompts, starts, strict=True)):
+            if start and seq.request_id in self.captured:
+                rows[row] = self._whole_prompt_rows(seq, prompt, start, captured, row)
         return self._emit(sequences, self.lm.logits(last), captured, rows)
+
+    def _keep_media_rows(
+        self,
+        sequences: list[Any],
+        prompts: list[EmbeddedPrompt],
+        starts: list[int],
+        captured: dict[int, torch.Tensor],
+    ) -> None:
+        """Each slot's media rows: those before its start, and this prefill's."""
+        for row, (seq, prompt, start) in enumerate(zip(sequences, prompts, starts, strict=True)):
+            held = self.media_rows.get(int(seq.slot), {})
+            kept = {}
+            for layer in self.expected_captures:
+                index, rows = held.get(layer, (_NO_POSITIONS, None))
+                index, rows = _before(index, rows, start)
+                if prompt.embeddings is not None and layer in captured:
+                    at = prompt.embedding_index.to("cpu", torch.long)
+                    at = at[at >= start]
+                    new = captured[layer][row, (at - start).to(self.device)].detach()
+                    index = torch.cat([index, at])
+                    rows = new if rows is None else torch.cat([rows, new.to(rows.device)])
+                kept[layer] = (index, rows)
+            self.media_rows[int(seq.slot)] = kept
+
+    def _whole_prompt_rows(
+        self,
+        seq: Any,
+        prompt: EmbeddedPrompt,
+        start: int,
+        captured: dict[int, torch.Tensor],
+        row: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A spoken request's rows for its whole prompt when its head was copied.
+
+        Layer 0's rows are the prompt's embeddings (computed again: no forward
+        pass); the accept layer's are this prefill's from ``start`` on and,
+        before it, the slot's kept rows at the media positions, zeros at the
+        others: the talker reads that layer at media positions only
+        (``TalkerPrompt.add_prompt``).
+        """
+        accept = self.captured[seq.request_id]
+        ids = torch.tensor(prompt.token_ids, dtype=torch.long, device=self.device)
+        layer0 = splice_embeddings(self.lm.embed(ids), prompt).float().cpu()
+        hidden = torch.zeros_like(layer0)
+        hidden[start:] = captured[accept][row, : len(prompt) - start].float().cpu()
+        index, rows = self.media_rows.get(int(seq.slot), {}).get(accept, (_NO_POSITIONS, None))
+        index, rows = _before(index, rows, start)
+        if rows is not None and len(index):
+            hidden[index] = rows.float().cpu()
+        return layer0, hidden
 
     @torch.no_grad()
     def decode(self, sequences: list[Any], cache: Any) -> list[StepResult]:
@@ -234,8 +324,11 @@ class ThinkerStepModel:
         sequences: list[Any],
         logits: torch.Tensor,
         captured: dict[int, torch.Tensor],
-        rows: list[slice],
+        rows: list[Any],
     ) -> list[StepResult]:
+        """Sample each row's token; a spoken request's output carries its rows: the
+        ``captured`` ones of its ``rows[i]`` slice, or ``rows[i]`` itself where that is a
+        pair already (a prompt whose head was copied: ``_whole_prompt_rows``)."""
         penalised = any(s.sampling.repetition_penalty != 1.0 for s in sequences)
         previous = [s.state["history"] for s in sequences] if penalised else None
         tokens = sample_sequences(logits, sequences, previous).tolist()  # one sync per step
@@ -247,15 +340,30 @@ class ThinkerStepModel:
             accept = self.captured.get(seq.request_id)
             if accept is not None:
                 span = rows[row]
-                output = {
-                    "token": token,
-                    "rows": (
+                whole = (
+                    span
+                    if isinstance(span, tuple)
+                    else (
                         captured[0][row, span].float().cpu(),
                         captured[accept][row, span].float().cpu(),
-                    ),
-                }
+                    )
+                )
+                output = {"token": token, "rows": whole}
             results.append(StepResult(output=output, finished=token in self.eos_ids))
         return results
+
+
+_NO_POSITIONS = torch.zeros(0, dtype=torch.long)
+
+
+def _before(
+    index: torch.Tensor, rows: torch.Tensor | None, length: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The kept media rows at positions before ``length``."""
+    if rows is None:
+        return index, None
+    keep = index < length
+    return index[keep], rows[keep.to(rows.device)]
 
 
 def _static_forward(
