@@ -134,6 +134,16 @@ def _media_prompt(ids: list[int], image: torch.Tensor, additions: list[torch.Ten
     )
 
 
+def _shared_media(config, seed: int):
+    """Prompts of a 40-token head with one image (and its deepstack rows), then ``tail``."""
+    hidden = config.text.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    image = torch.randn(4, hidden, generator=g)
+    additions = [torch.randn(4, hidden, generator=g) * 0.1 for _ in range(2)]
+    head = [872 + (i * 37) % 500 for i in range(40)]
+    return lambda tail: _media_prompt([*head, *tail], image, additions)
+
+
 async def _run(model, prompts, *, radix: bool = True, tokens: int = 5):
     """Greedy answers of ``prompts`` sent one after another, and the positions computed."""
     settings = EngineSettings(
@@ -152,15 +162,8 @@ async def test_a_shared_head_with_an_image_is_copied_and_answers_as_computed_who
     """A system prompt and an image, then two different questions: the second request
     computes only what follows the shared blocks; every answer is the one computed whole."""
     model, config = _thinker()
-    hidden = config.text.hidden_size
-    g = torch.Generator().manual_seed(0)
-    image = torch.randn(4, hidden, generator=g)
-    additions = [torch.randn(4, hidden, generator=g) * 0.1 for _ in range(2)]
-    head = [872 + (i * 37) % 500 for i in range(40)]
-    prompts = {
-        "first": _media_prompt([*head, 5, 6, 7], image, additions),
-        "second": _media_prompt([*head, 9, 10, 11, 12, 13], image, additions),
-    }
+    media = _shared_media(config, seed=0)
+    prompts = {"first": media([5, 6, 7]), "second": media([9, 10, 11, 12, 13])}
     shared, counts = await _run(model, prompts)
     whole, plain = await _run(model, prompts, radix=False)
     assert shared == whole
@@ -223,27 +226,23 @@ async def test_spoken_requests_copy_a_head_with_its_media_rows_for_the_talker():
     model.expected_captures = (accept,)
     for name in ("spoken1", "spoken2", "spoken3"):
         model.capture(name, accept)
-    hidden = config.text.hidden_size
-    g = torch.Generator().manual_seed(2)
-    image = torch.randn(4, hidden, generator=g)
-    additions = [torch.randn(4, hidden, generator=g) * 0.1 for _ in range(2)]
-    head = [872 + (i * 37) % 500 for i in range(40)]
+    media = _shared_media(config, seed=2)
     prompts = {
-        "spoken1": _media_prompt([*head, 5, 6, 7], image, additions),
-        "spoken2": _media_prompt([*head, 9, 10, 11, 12], image, additions),
-        "text": _media_prompt([*head, 13, 14], image, additions),
-        "spoken3": _media_prompt([*head, 15], image, additions),
+        "spoken1": media([5, 6, 7]),
+        "spoken2": media([9, 10, 11, 12]),
+        "text": media([13, 14]),
+        "spoken3": media([15]),
     }
     shared, counts = await _run(model, prompts)
     whole, _ = await _run(model, prompts, radix=False)
     assert counts["cached"] == 3 * 32  # every request after the first copies two blocks
-    media = torch.arange(20, 24)
+    at_image = torch.arange(20, 24)
     for name in ("spoken1", "spoken2", "spoken3"):
         assert [o["token"] for o in shared[name]] == [o["token"] for o in whole[name]]
         (layer0, rows), (layer0_whole, rows_whole) = shared[name][0]["rows"], whole[name][0]["rows"]
         assert layer0.shape[0] == rows.shape[0] == len(prompts[name])
         torch.testing.assert_close(layer0, layer0_whole, rtol=0, atol=0)
-        torch.testing.assert_close(rows[media], rows_whole[media], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(rows[at_image], rows_whole[at_image], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(rows[32:], rows_whole[32:], rtol=1e-5, atol=1e-5)
     assert shared["text"] == whole["text"]
 
