@@ -17,7 +17,11 @@ then ``--turns`` turns, each a ``--turn``-token user message and a greedy
 Each setting runs the whole conversation, taking turns with the other, ``--repeats``
 times; each turn's fastest time to first token is kept. Without the cache a turn
 computes every position of its prompt; with it, only what follows the previous
-turn's prompt and fed answer, in whole blocks of 16.
+turn's prompt and fed answer, in whole blocks of 16. ``--audio N`` leads each user
+message with N positions of encoder rows (random, as an audio clip's would be);
+``--spoken`` asks for the talker's rows with every step, as the speech pipeline's
+thinker stage does (the voice-agent case: its copied heads bring the rows the
+talker reads at media positions).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -67,16 +72,41 @@ def build(layers: int, dtype: torch.dtype, seed: int, tiny: bool) -> ThinkerStep
     return ThinkerStepModel(lm, cfg.text, eos_ids=set(), device=torch.device("cpu"), dtype=dtype)
 
 
-def prompt_of(ids: list[int]) -> EmbeddedPrompt:
+def prompt_of(ids: list[int], media: dict[int, torch.Tensor] | None = None) -> EmbeddedPrompt:
+    """Text with three equal M-RoPE streams; ``media``: encoder rows spliced in by position."""
     flat = torch.arange(len(ids))
-    return EmbeddedPrompt(ids, positions=torch.stack([flat, flat, flat]), next_position=len(ids))
+    rows = dict(sorted((media or {}).items()))
+    return EmbeddedPrompt(
+        ids,
+        positions=torch.stack([flat, flat, flat]),
+        next_position=len(ids),
+        embeddings=torch.stack(list(rows.values())) if rows else None,
+        embedding_index=torch.tensor(list(rows)) if rows else None,
+    )
+
+
+@dataclass
+class Turn:
+    """A user message: its ids, and rows an audio encoder would splice in (by offset)."""
+
+    ids: list[int]
+    audio: dict[int, torch.Tensor]
 
 
 async def conversation(
-    model: ThinkerStepModel, turns: list[list[int]], system: list[int], answer: int, radix: bool
+    model: ThinkerStepModel,
+    turns: list[Turn],
+    system: list[int],
+    answer: int,
+    radix: bool,
+    accept: int | None,
 ) -> tuple[list[float], list[int], dict[str, int]]:
-    """Each turn's time to first token (s) and prompt length; the positions computed/copied."""
-    total = len(system) + sum(map(len, turns)) + answer * len(turns) + 16
+    """Each turn's time to first token (s) and prompt length; the positions computed/copied.
+
+    ``accept``: spoken turns, whose talker rows (layers 0 and ``accept``) come back with
+    every step, as the speech pipeline's thinker stage asks for them.
+    """
+    total = len(system) + sum(len(t.ids) for t in turns) + answer * len(turns) + 16
     settings = EngineSettings(
         max_running_requests=2,
         max_total_tokens=2 * total,
@@ -88,16 +118,21 @@ async def conversation(
         warm = SamplingParams(0.0, max_new_tokens=2)  # the first call at a shape pays more
         _ = [t async for t in engine.enqueue("warm", prompt_of([11, 12, 13]), warm)]
         engine.prompt_positions.update(computed=0, cached=0)
-        history = list(system)
+        history, media = list(system), {}
         for number, message in enumerate(turns):
-            history += message
+            media.update({len(history) + at: row for at, row in message.audio.items()})
+            history += message.ids
             lengths.append(len(history))
             sampling = SamplingParams(0.0, max_new_tokens=answer)
+            name = f"turn{number}"
+            if accept is not None:
+                model.capture(name, accept)
             begin, first, said = time.perf_counter(), None, []
-            async for token in engine.enqueue(f"turn{number}", prompt_of(history), sampling):
+            async for out in engine.enqueue(name, prompt_of(history, media), sampling):
                 if first is None:
                     first = time.perf_counter() - begin
-                said.append(int(token))
+                said.append(int(out["token"] if isinstance(out, dict) else out))
+            model.release(name)
             ttfts.append(float(first))
             history += said  # the client sends the answer back with the next turn
         counts = dict(engine.prompt_positions)
@@ -114,6 +149,17 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=4, help="user turns")
     parser.add_argument("--turn", type=int, default=64, help="tokens per user message")
     parser.add_argument("--answer", type=int, default=32, help="tokens per answer (greedy)")
+    parser.add_argument(
+        "--audio",
+        type=int,
+        default=0,
+        help="audio positions leading each user message (rows an encoder splices in)",
+    )
+    parser.add_argument(
+        "--spoken",
+        action="store_true",
+        help="spoken turns: the talker's rows come back with each step (a speech deployment)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="conversations per setting")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--seed", type=int, default=0)
@@ -123,6 +169,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.smoke:
         args.system, args.turns, args.turn, args.answer, args.repeats = 40, 2, 8, 4, 1
+        args.audio, args.spoken = 6, True  # every path: media rows and the talker's
     torch.set_num_threads(args.threads)
     try:
         dtype = torch_dtype(args.dtype, "cpu")
@@ -137,14 +184,30 @@ def main() -> int:
     def text(n: int) -> list[int]:
         return [rng.randrange(thinker_bench.PLAIN_VOCAB) for _ in range(n)]
 
-    system, turns = text(args.system), [text(args.turn) for _ in range(args.turns)]
+    hidden = model.config.hidden_size
+    noise = torch.Generator().manual_seed(args.seed)
+    audio_id = thinker_bench.IDS["audio_token_id"]
+    system = text(args.system)
+    turns = [
+        Turn(
+            [audio_id] * args.audio + text(args.turn),
+            {at: torch.randn(hidden, generator=noise) for at in range(args.audio)},
+        )
+        for _ in range(args.turns)
+    ]
+    accept = None
+    if args.spoken:  # what the speech pipeline's thinker stage sets up (stages.py)
+        accept = model.config.num_hidden_layers
+        model.expected_captures = (accept,)
     width = "a tiny" if args.smoke else "the release's"
     print(
         f"Qwen3-Omni thinker at {width} width, {args.layers} of 48 layers, "
         f"{str(dtype).removeprefix('torch.')}, "
         f"{args.threads} torch thread(s), built in {time.perf_counter() - started:.1f} s; "
-        f"a {args.system}-token system prompt, {args.turns} turns of {args.turn} tokens, "
-        f"{args.answer}-token answers"
+        f"a {args.system}-token system prompt, {args.turns} turns of {args.turn} tokens"
+        + (f" after {args.audio} audio positions" if args.audio else "")
+        + f", {args.answer}-token answers"
+        + (", spoken (the talker's rows captured)" if args.spoken else "")
     )
     best: dict[bool, list[float]] = {}
     counts: dict[bool, dict[str, int]] = {}
@@ -152,7 +215,7 @@ def main() -> int:
     for _ in range(args.repeats):
         for radix in (False, True):
             ttfts, lengths, counts[radix] = anyio.run(
-                conversation, model, turns, system, args.answer, radix
+                conversation, model, turns, system, args.answer, radix, accept
             )
             old = best.get(radix, ttfts)
             best[radix] = [min(a, b) for a, b in zip(old, ttfts, strict=True)]
@@ -173,6 +236,8 @@ def main() -> int:
         "layers": args.layers,
         "dtype": str(dtype).removeprefix("torch."),
         "threads": args.threads,
+        "audio": args.audio,
+        "spoken": args.spoken,
         "prompt_lengths": lengths,
         "ttft_whole_s": best[False],
         "ttft_copied_s": best[True],
