@@ -44,7 +44,17 @@ class EngineSettings(BaseModel):
     max_total_tokens: int = Field(
         default=16384, ge=1, description="KV-cache positions across all running sequences"
     )
-    max_prefill_tokens: int = Field(default=8192, ge=1, description="prompt tokens per step")
+    max_prefill_tokens: int = Field(
+        default=8192, ge=1, description="prompt positions the prefills of one step compute"
+    )
+    chunked_prefill_size: int | None = Field(
+        default=None,
+        description="a prompt longer than this is prefilled in chunks of at most this many "
+        "positions, one chunk per step, the running sequences decoding between chunks "
+        "(models that offer chunked_prefill: the Qwen3-Omni thinker, MOSS-TTS); default "
+        "max_prefill_tokens; -1 never chunks (a prompt over max_prefill_tokens is refused); "
+        "SGLang's key of that name",
+    )
     mem_fraction_static: float | None = Field(
         default=None, gt=0, le=1, description="GPU memory share for weights and KV cache"
     )
@@ -77,6 +87,21 @@ class EngineSettings(BaseModel):
         "(faster products; one packed copy of those weights per compiled graph); needs "
         "enable_torch_compile",
     )
+
+    @model_validator(mode="after")
+    def _chunk_size(self) -> EngineSettings:
+        size = self.chunked_prefill_size
+        if size is not None and size != -1 and size < 1:
+            raise ValueError(f"chunked_prefill_size must be >= 1, or -1 to never chunk, got {size}")
+        return self
+
+    @property
+    def prefill_chunk(self) -> int | None:
+        """The most positions of one prompt a step computes, or None: prompts are not chunked."""
+        size = self.chunked_prefill_size
+        if size == -1:
+            return None
+        return min(size, self.max_prefill_tokens) if size is not None else self.max_prefill_tokens
 
     @model_validator(mode="after")
     def _prepack_needs_compile(self) -> EngineSettings:
@@ -130,7 +155,9 @@ class Sequence:
     positions of that slot are filled (the model advances it). ``generator``
     is a ``torch.Generator`` seeded from ``sampling.seed`` so that one request
     samples the same whether it runs alone or batched. ``state`` is the
-    model's own per-sequence scratch space.
+    model's own per-sequence scratch space. ``prefill_end``: where the
+    backend wants this prefill to stop (a chunk of a long prompt, for a model
+    that offers ``chunked_prefill``), None for the prompt's end.
     """
 
     request_id: str
@@ -142,6 +169,7 @@ class Sequence:
     generator: Any = None
     state: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
+    prefill_end: int | None = None
 
 
 @dataclass
@@ -245,5 +273,16 @@ class StepModel(Protocol):
         ``prefix_copied(source, slot, length)``: the engine copied ``source``'s
         first ``length`` positions into ``slot``, for state a model keeps per
         slot beside the cache (the thinker's rows at media positions).
+
+        And ``chunked_prefill(seq) -> bool`` (cheap: the event loop asks it
+        at submit): whether ``seq``'s prompt may be prefilled over several
+        steps. For such a sequence the backend may set ``seq.prefill_end``
+        below the prompt's length; ``prefill`` then computes positions
+        ``seq.cached .. prefill_end - 1`` only, writes them to the cache,
+        advances ``seq.cached`` to ``prefill_end``, samples nothing and
+        returns ``StepResult(None)``; the backend calls ``prefill`` again, a
+        step later, from there. A long prompt then no longer stalls the
+        running sequences for its whole prefill, and no prompt is refused
+        for being longer than one step's ``max_prefill_tokens``.
         """
         ...

@@ -8,7 +8,12 @@ iteration, between steps:
 
 1. drop aborted and finished sequences, freeing their slots;
 2. admit waiting requests in arrival order while a slot is free and the
-   step's prompt positions stay within ``engine.max_prefill_tokens``;
+   step's prompt positions stay within ``engine.max_prefill_tokens``; a
+   prompt longer than the step has room for, or than
+   ``engine.chunked_prefill_size``, is prefilled in chunks, one per step
+   (first the chunk of the prompt in progress, then newcomers), where the
+   model offers ``chunked_prefill``: the running sequences decode between
+   its chunks instead of waiting for all of it;
 3. in one compute-thread call, prefill the newcomers (copying the longest
    prompt prefix another slot holds first, :mod:`.prefix_cache`; a newcomer
    that shares a head with one admitted before it in this step is prefilled
@@ -83,6 +88,15 @@ class _Request:
     keys: list[bytes] | None = None
     #: the model's ``prefix_rows`` of the prompt (None: not shareable)
     rows: torch.Tensor | None = None
+    #: the model may prefill this prompt in chunks (``chunked_prefill``)
+    chunkable: bool = False
+    #: prompt positions this step's prefill computes at most (0: the rest of the prompt)
+    chunk: int = 0
+    #: a chunk of the prompt was prefilled, not all of it: the next step goes on
+    partial: bool = False
+    #: ``seq.cached`` when this step's prefill began, and the positions copied into the slot
+    start: int = 0
+    copied: int = 0
 
 
 @dataclass
@@ -225,12 +239,14 @@ class TorchEngine:
         sampling = sampling if sampling is not None else SamplingParams()
         check_sampling(sampling)
         length = self.model.prompt_length(prompt)
-        self._check_fits(request_id, length)
+        seq = Sequence(request_id, prompt, sampling)
+        chunkable = self._chunkable(seq)
+        self._check_fits(request_id, length, chunkable)
         self._ensure_started()
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
         send, receive = anyio.create_memory_object_stream[Any](math.inf)
         stream = RequestStream(self, request_id, receive)
-        request = _Request(Sequence(request_id, prompt, sampling), seed, length, send, stream)
+        request = _Request(seq, seed, length, send, stream, chunkable=chunkable)
         self._requests[request_id] = request
         self._waiting.append(request)
         self._poke()
@@ -274,7 +290,18 @@ class TorchEngine:
     def free_slots(self) -> int:
         return len(self.cache.free)
 
-    def _check_fits(self, request_id: str, length: int) -> None:
+    def _chunkable(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s prompt may be prefilled over several steps."""
+        offered = getattr(self.model, "chunked_prefill", None)
+        if self.settings.prefill_chunk is None or offered is None:
+            return False
+        try:
+            return bool(offered(seq))
+        except Exception:  # a model bug costs this request its chunking, not the caller
+            log.exception("engine: chunked_prefill failed for %r", seq.request_id)
+            return False
+
+    def _check_fits(self, request_id: str, length: int, chunkable: bool) -> None:
         limits = []
         if length > self.plan.slot_len:
             why = {
@@ -285,8 +312,16 @@ class TorchEngine:
                 f"a cache slot holds {self.plan.slot_len} "
                 f"({why} / engine.max_running_requests {self.plan.num_slots})"
             )
-        if length > self.settings.max_prefill_tokens:
-            limits.append(f"engine.max_prefill_tokens is {self.settings.max_prefill_tokens}")
+        if length > self.settings.max_prefill_tokens and not chunkable:
+            if self.settings.prefill_chunk is None:
+                why = "engine.chunked_prefill_size is -1"
+            elif getattr(self.model, "chunked_prefill", None) is None:
+                why = "this model prefills a prompt in one step"
+            else:
+                why = "the model prefills this request's prompt in one step"
+            limits.append(
+                f"engine.max_prefill_tokens is {self.settings.max_prefill_tokens} ({why})"
+            )
         if limits:
             raise RequestError(
                 f"request {request_id!r}: its prompt takes {length} cache positions, but "
@@ -316,16 +351,16 @@ class TorchEngine:
                     self._wake = anyio.Event()
                     await self._wake.wait()
                     continue
-                newcomers = self._admit()
-                batch = [r for r in self._running if self._ready(r)]
-                self._running += newcomers
-                if not newcomers and not batch:
+                prefill = self._admit()
+                batch = [r for r in self._running if not r.partial and self._ready(r)]
+                self._running += [r for r in prefill if not r.partial]
+                if not prefill and not batch:
                     # Every running sequence waits for input (a streamed prompt):
                     # sleep until wake() says some arrived, or a request joins.
                     self._wake = anyio.Event()
                     await self._wake.wait()
                     continue
-                outcome = await run_compute(self._compute, newcomers, batch)
+                outcome = await run_compute(self._compute, prefill, batch)
                 self.steps += 1
                 self._deliver(outcome)
         except BaseException as exc:  # a bug here must not leave consumers waiting forever
@@ -342,14 +377,34 @@ class TorchEngine:
         return ready is None or bool(ready(request.seq))
 
     def _admit(self) -> list[_Request]:
-        admitted: list[_Request] = []
-        budget = self.settings.max_prefill_tokens
-        while self._waiting and self.cache.free:
+        """This step's prefills: the next chunk of the prompt in progress, then newcomers.
+
+        One prompt at a time is chunked (as SGLang's single chunked request):
+        a second long prompt waits at the head of the queue until the first
+        is in, and nobody overtakes it.
+        """
+        budget, size = self.settings.max_prefill_tokens, self.settings.prefill_chunk
+        admitted = [r for r in self._running if r.partial]
+        chunking = False  # a prompt goes on being chunked after this step
+        for request in admitted:
+            assert size is not None  # a partial prefill means chunks are on
+            left = request.length - request.seq.cached
+            request.chunk = min(size, budget, left)
+            budget -= request.chunk
+            chunking = chunking or request.chunk < left
+        while self._waiting and self.cache.free and budget > 0:
             request = self._waiting[0]
-            if request.length > budget:
+            whole = request.length <= budget and (
+                not request.chunkable or size is None or request.length <= size
+            )
+            if whole:
+                request.chunk = 0
+            elif request.chunkable and size is not None and not chunking:
+                request.chunk, chunking = min(size, budget), True
+            else:
                 break  # first come, first served: nobody overtakes the head of the queue
             self._waiting.popleft()
-            budget -= request.length
+            budget -= request.chunk or request.length
             request.seq.slot = self.cache.allocate()
             admitted.append(request)
         return admitted
@@ -423,8 +478,8 @@ class TorchEngine:
             if not request.aborted:
                 self._fail(request, error)
         for request, result in outcome.results:
-            if request.aborted or request.stream.finish_reason is not None:
-                continue
+            if request.aborted or request.stream.finish_reason is not None or request.partial:
+                continue  # a chunk of a prompt in progress yields nothing
             seq = request.seq
             seq.steps += 1
             request.stream.steps = seq.steps
@@ -468,14 +523,14 @@ class TorchEngine:
         self._running, self._waiting = [], deque()
 
     # -- in the worker thread ------------------------------------------------
-    def _compute(self, newcomers: list[_Request], batch: list[_Request]) -> _StepOutcome:
-        """Prefill ``newcomers`` and decode ``batch``: the only code off the event loop."""
+    def _compute(self, prefill: list[_Request], batch: list[_Request]) -> _StepOutcome:
+        """Prefill ``prefill`` and decode ``batch``: the only code off the event loop."""
         outcome = _StepOutcome()
         with torch.inference_mode():
             if self.prefixes is not None:
-                for request in newcomers:
+                for request in prefill:
                     self._prompt_keys(request)
-            pending = newcomers
+            pending = prefill
             while pending:
                 wave, pending = self._wave(pending)
                 self._prefill(wave, outcome)
@@ -505,10 +560,18 @@ class TorchEngine:
         return wave, later
 
     def _prefill(self, requests: list[_Request], outcome: _StepOutcome) -> None:
+        """Prefill each request's next chunk: from its start (copying a cached head
+        first), or, for a prompt in progress, from where its last chunk ended."""
         for request in requests:
-            _reset(request, self.device)
-            if self.prefixes is not None:
-                self._reuse_prefix(request)
+            seq = request.seq
+            if not request.partial:
+                _reset(request, self.device)
+                if self.prefixes is not None:
+                    self._reuse_prefix(request)
+                request.copied = seq.cached
+            request.start = seq.cached
+            end = seq.cached + request.chunk
+            seq.prefill_end = end if request.chunk and end < request.length else None
         self._step(self.model.prefill, requests, outcome, retry=True)
 
     def _reuse_prefix(self, request: _Request) -> None:
@@ -527,21 +590,27 @@ class TorchEngine:
         seq.cached = blocks * self.prefixes.block
 
     def _prefilled(self, requests: list[_Request], outcome: _StepOutcome) -> None:
-        """Count the prompt positions computed and copied; index the prompts written,
-        and forget the slots of the ones that failed."""
+        """Count the prompt positions computed and copied; index the prompt blocks
+        written (a chunked prompt's so far), and forget the slots of the ones that
+        failed."""
         done = {id(request) for request, _ in outcome.results}
         for request in requests:
-            slot = request.seq.slot
+            seq = request.seq
+            seq.prefill_end = None
             if id(request) not in done:
+                request.partial = False
                 if self.prefixes is not None:
-                    self.prefixes.forget(slot)
+                    self.prefixes.forget(seq.slot)
                 continue
-            cached = 0
+            request.partial = seq.cached < request.length
             if self.prefixes is not None:
-                cached = self.prefixes.held(slot) * self.prefixes.block
-                self.prefixes.register(slot, request.keys or [])
-            self.prompt_positions["cached"] += cached
-            self.prompt_positions["computed"] += request.length - cached
+                keys = request.keys or []
+                if request.partial:
+                    keys = keys[: seq.cached // self.prefixes.block]
+                self.prefixes.register(seq.slot, keys)
+            self.prompt_positions["cached"] += request.copied
+            self.prompt_positions["computed"] += seq.cached - request.start
+            request.copied = 0
 
     def _step(
         self,
@@ -583,10 +652,10 @@ class TorchEngine:
             outcome.errors += [(r, _wrap(error, r, where)) for r in culprits]
             others = [r for r in requests if r.seq.request_id not in named]
             if retry and others:
-                self._prefill(others, outcome)  # a prefill starts over from scratch
+                self._prefill(_from_scratch(others), outcome)
             return  # decode: the others are as they were, and step again next time
         if retry and len(requests) > 1:
-            for request in requests:  # one at a time, to find the culprit
+            for request in _from_scratch(requests):  # one at a time, to find the culprit
                 self._prefill([request], outcome)
             return
         outcome.errors += [(r, _wrap(error, r, where)) for r in requests]
@@ -624,6 +693,14 @@ def _prepare_static(model: Any, plan: StaticPlan, cache: SlotKVCache) -> float:
     for note in notes:
         print(f"engine: {note}", flush=True)
     return seconds
+
+
+def _from_scratch(requests: list[_Request]) -> list[_Request]:
+    """Requests whose failed prefill is retried from the start, a chunked prompt's too
+    (the model's state for it is unknown; the blocks it had indexed are copied back)."""
+    for request in requests:
+        request.partial = False
+    return requests
 
 
 def _reset(request: _Request, device: torch.device) -> None:

@@ -115,8 +115,12 @@ class TinyDecoder(nn.Module):
         fed = seq.cached - len(seq.prompt)
         return torch.as_tensor(seq.state.get("generated", [])[:fed], dtype=torch.long)
 
+    def chunked_prefill(self, seq: Sequence) -> bool:
+        """Every prompt may be prefilled over several steps (``seq.prefill_end``)."""
+        return True
+
     def prefill(self, sequences: list[Sequence], cache: SlotKVCache) -> list[StepResult]:
-        if any(seq.cached for seq in sequences):
+        if any(seq.cached or seq.prefill_end is not None for seq in sequences):
             return self._extend(sequences, cache)
         lengths = torch.tensor([len(s.prompt) for s in sequences], device=self.device)
         steps = int(lengths.max())
@@ -141,9 +145,10 @@ class TinyDecoder(nn.Module):
         return self._results(sequences, tokens)
 
     def _extend(self, sequences: list[Sequence], cache: SlotKVCache) -> list[StepResult]:
-        """A prefill whose first ``seq.cached`` positions are in the slot already."""
+        """A prefill whose first ``seq.cached`` positions are in the slot already, up to
+        ``seq.prefill_end`` (a chunk: nothing is sampled for it)."""
         starts = [s.cached for s in sequences]
-        news = [list(s.prompt)[s.cached :] for s in sequences]
+        news = [list(s.prompt)[s.cached : s.prefill_end] for s in sequences]
         lengths = torch.tensor([len(n) for n in news], device=self.device)
         steps = int(lengths.max())
         ids = torch.zeros(len(sequences), steps, dtype=torch.long, device=self.device)
@@ -162,12 +167,20 @@ class TinyDecoder(nn.Module):
             cache.write(index, slots, starts, k, v)
             k_all, v_all = cache.read(index, slots, total)
             x = block.finish(x, q, k_all, v_all, mask)
-        last = x[torch.arange(len(sequences), device=self.device), lengths - 1]
-        tokens = sample_sequences(self.head(self.norm(last)), sequences)
         for seq, length in zip(sequences, lengths.tolist(), strict=True):
             seq.cached += length
-            seq.state["generated"] = []
-        return self._results(sequences, tokens)
+        done = [row for row, seq in enumerate(sequences) if seq.cached == len(seq.prompt)]
+        results = [StepResult(output=None)] * len(sequences)
+        if done:
+            finished = [sequences[row] for row in done]
+            rows = torch.tensor(done, device=self.device)
+            last = x[rows, lengths[rows] - 1]
+            for seq in finished:
+                seq.state["generated"] = []
+            tokens = sample_sequences(self.head(self.norm(last)), finished)
+            for row, result in zip(done, self._results(finished, tokens), strict=True):
+                results[row] = result
+        return results
 
     def decode(self, sequences: list[Sequence], cache: SlotKVCache) -> list[StepResult]:
         starts = [s.cached for s in sequences]

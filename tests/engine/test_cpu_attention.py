@@ -185,3 +185,50 @@ def test_other_shapes_keep_the_fused_kernel(grouped, dtype, steps, keys):
     mask = torch.ones(2, 1, steps, keys, dtype=torch.bool).tril(keys - steps)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     assert torch.equal(attention(q, k, v, mask), expected)
+
+
+def _ragged_prefill(dtype):
+    """Two prompts in one prefill: 1100 new positions from 0, 900 from 300 (padded)."""
+    from omni_qwen3_tts.layers import causal_mask
+
+    q, k, v = _inputs(2, 8, 2, 1100, 1400, dtype, seed=3)
+    mask = causal_mask(torch.tensor([0, 300]), torch.tensor([1100, 900]), 1100, 1400)
+    return q, k, v, mask
+
+
+def test_a_long_bf16_prefill_runs_in_tiles_over_the_keys_each_sees(monkeypatch):
+    q, k, v, mask = _ragged_prefill(torch.bfloat16)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    exact = _exact(q, k, v, mask)
+    keys = []
+    fused = F.scaled_dot_product_attention
+
+    def counting(q, k, v, **kwargs):
+        keys.append((q.shape[2], k.shape[2]))
+        return fused(q, k, v, **kwargs)
+
+    monkeypatch.setattr(cpu_attention.F, "scaled_dot_product_attention", counting)
+    tiled = attention(q, k, v, mask)
+    # bf16 rounding apart from the single call (the kernel blocks by key count), and as
+    # close to the exact attention
+    assert (tiled.double() - expected.double()).abs().max() <= 2**-10
+    whole_error = (expected.double() - exact).abs().max()
+    assert (tiled.double() - exact).abs().max() <= whole_error + 2**-10
+    tile = cpu_attention.PREFILL_TILE
+    # the second row's queries sit at 300 + i and its keys end at 1200: tile one sees
+    # keys to 300 + 511, the others to 1199 (of the 1400 the call was given)
+    assert keys == [(tile, 300 + tile), (tile, 1200), (1100 - 2 * tile, 1200)]
+
+
+def test_a_long_float32_prefill_keeps_the_single_call(monkeypatch):
+    q, k, v, mask = _ragged_prefill(torch.float32)
+    calls = []
+    fused = F.scaled_dot_product_attention
+
+    def counting(q, k, v, **kwargs):
+        calls.append(k.shape[2])
+        return fused(q, k, v, **kwargs)
+
+    monkeypatch.setattr(cpu_attention.F, "scaled_dot_product_attention", counting)
+    attention(q, k, v, mask)
+    assert calls == [1400]

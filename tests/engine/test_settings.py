@@ -26,9 +26,9 @@ from omni_core.errors import ConfigError
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.toml"))
 TTS = next(p for p in EXAMPLES if p.stem == "qwen3_tts")
 ACCEPTED = (
-    "backend, cpu_weight_prepack, cuda_graph_max_bs, device, disable_cuda_graph, "
-    "disable_radix_cache, enable_torch_compile, max_prefill_tokens, max_running_requests, "
-    "max_total_tokens, mem_fraction_static"
+    "backend, chunked_prefill_size, cpu_weight_prepack, cuda_graph_max_bs, device, "
+    "disable_cuda_graph, disable_radix_cache, enable_torch_compile, max_prefill_tokens, "
+    "max_running_requests, max_total_tokens, mem_fraction_static"
 )
 
 

@@ -155,21 +155,39 @@ class MossTTSModel:
             dtype=self.dtype,
         )
 
+    def chunked_prefill(self, seq: Sequence) -> bool:
+        """A long prompt (a long reference clip to continue) may be prefilled over several
+        steps: every position's keys follow from its ids, like a shared head's."""
+        return True
+
     @torch.no_grad()
     def prefill(self, sequences: list[Sequence], cache: Any) -> list[StepResult]:
-        embeds, contexts = [], []
-        for seq in sequences:
+        """Each prompt from ``seq.cached`` on (a shared head, or the chunks before, are in
+        the slot already) to ``seq.prefill_end``: a chunk samples nothing."""
+        embeds, contexts, done = [], [], []
+        for row, seq in enumerate(sequences):
             request = _request(seq.prompt)
             ids = request.prompt.ids
+            end = len(ids) if seq.prefill_end is None else min(int(seq.prefill_end), len(ids))
+            embeds.append(self.network.embed(ids[seq.cached : end].to(self.device)))
+            if end < len(ids):
+                continue
             tracker = DelayTracker.after_prompt(self.config, ids, request.prompt.max_frames)
             seq.state.update(tracker=tracker, text=request.text, prompt_ids=ids, rows=[])
             contexts.append(tracker.complete_prefix(ids[_audio_rows(self.config, ids) :, 1:]))
-            # positions before seq.cached are in the slot already (a shared prompt head)
-            embeds.append(self.network.embed(ids[seq.cached :].to(self.device)))
-        results = self._emit(sequences, self._forward(sequences, embeds, cache))
-        for result, context in zip(results, contexts, strict=True):
+            done.append(row)
+        hidden = self._forward(sequences, embeds, cache)
+        results = [StepResult(output=None)] * len(sequences)
+        if not done:
+            return results
+        finished = [sequences[row] for row in done]
+        if len(done) < len(sequences):
+            hidden = hidden[torch.tensor(done, device=hidden.device)]
+        emitted = self._emit(finished, hidden)
+        for row, result, context in zip(done, emitted, contexts, strict=True):
             if result.output is not None and context.shape[0]:
                 result.output.context = torch.cat([context, result.output.context])
+            results[row] = result
         return results
 
     @torch.no_grad()

@@ -161,6 +161,30 @@ def test_requests_together_compute_the_instruction_template_once(model: MossTTSM
         assert shared[rid][1] == plain[rid][1]
 
 
+def test_prompts_prefilled_in_chunks_make_the_frames_of_whole_prefills(
+    model: MossTTSModel,
+) -> None:
+    """Chunks of 48 positions (about a third of a prompt), three requests at once, one of
+    them chunked at a time while the others decode: frames and reasons as prefilled whole."""
+    requests = []
+    for i, text in enumerate(["Chunked one.", "Chunked two, a little longer.", "Three."]):
+        sampling = model.audio_sampling(seed=40 + i)
+        sampling.max_new_tokens = 200
+        requests.append((f"c{i}", model.request(model.prompts.build(text, max_frames=5)), sampling))
+    lengths = [len(request.prompt) for _, request, _ in requests]
+    assert min(lengths) > 2 * 48
+    counts: dict = {}
+    chunked = run_engine(
+        model, requests, counts=counts, disable_radix_cache=True, max_prefill_tokens=48
+    )
+    whole = run_engine(model, requests, disable_radix_cache=True)
+    assert counts == {"cached": 0, "computed": sum(lengths)}
+    for rid, _, _ in requests:
+        assert chunked[rid][0], rid
+        assert torch.equal(torch.stack(chunked[rid][0]), torch.stack(whole[rid][0])), rid
+        assert chunked[rid][1] == whole[rid][1]
+
+
 def test_the_frame_cap_reports_length(model: MossTTSModel) -> None:
     prompt = model.prompts.build("Capped.", max_frames=5)
     sampling = model.audio_sampling(temperature=0.0)

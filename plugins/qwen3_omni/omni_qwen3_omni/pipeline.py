@@ -46,7 +46,8 @@ class PreprocessingArgs(FactoryArgs):
     max_video_pixels: int = Field(default=4096 * 2160, ge=1)  # one frame: 4K; 8K is refused
     # the prompt's tokens (text and media placeholders), estimated from the text and
     # the media's headers before anything is decoded; the thinker's engine checks the
-    # exact count against its own limits (engine.max_prefill_tokens, 8192 by default)
+    # exact count against a cache slot's length (a longer prompt than a step's
+    # engine.max_prefill_tokens is prefilled in chunks)
     max_prompt_tokens: int = Field(default=8192, ge=1)
     # the largest max_tokens a request may ask for (also its default)
     max_tokens: int = Field(default=2048, ge=1)

@@ -258,3 +258,70 @@ def test_media_rows_follow_a_copied_head_and_stop_where_it_does():
     index, kept = model.media_rows[1][accept]
     assert index.tolist() == [3, 10] and torch.equal(kept, rows[:2])
     assert model.media_rows[0][accept][0].tolist() == [3, 10, 20, 30]  # the source keeps its own
+
+
+async def _chunked(model, prompts, chunk: int, *, radix: bool = False, tokens: int = 5):
+    """``_run`` with every prompt longer than ``chunk`` prefilled in chunks of ``chunk``."""
+    settings = EngineSettings(
+        max_running_requests=2,
+        max_total_tokens=512,
+        max_prefill_tokens=chunk,
+        disable_radix_cache=not radix,
+    )
+    out = {}
+    async with create_engine(model, settings, device="cpu") as engine:
+        for name, prompt in prompts.items():
+            sampling = SamplingParams(0.0, max_new_tokens=tokens)
+            out[name] = [t async for t in engine.enqueue(name, prompt, sampling)]
+        steps = engine.steps
+    return out, steps
+
+
+async def test_a_prompt_with_an_image_prefilled_in_chunks_answers_as_whole():
+    """Chunks of 22 cut the image (positions 20..23) and its deepstack rows in two."""
+    model, config = _thinker()
+    media = _shared_media(config, seed=3)
+    prompts = {"one": media([5, 6, 7]), "two": media([9, 10])}
+    chunked, steps = await _chunked(model, prompts, 22)
+    whole, _ = await _run(model, prompts, radix=False)
+    assert chunked == whole
+    assert steps == 2 * (2 + 5 - 1)  # two chunks (22 + 21 or 20) and 4 decode steps each
+
+
+async def test_a_spoken_prompt_in_chunks_hands_the_talker_rows_for_all_of_it():
+    """Its last chunk hands the talker whole-prompt rows, as a copied head does: layer 0
+    exact, the accept layer at the image and in the last chunk as a whole prefill's."""
+    model, config = _thinker()
+    accept = config.text.num_hidden_layers - 1
+    model.expected_captures = (accept,)
+    model.capture("spoken", accept)
+    prompts = {"spoken": _shared_media(config, seed=4)([5, 6, 7])}
+    chunked, _ = await _chunked(model, prompts, 22)
+    whole, _ = await _run(model, prompts, radix=False)
+    assert [o["token"] for o in chunked["spoken"]] == [o["token"] for o in whole["spoken"]]
+    (layer0, rows), (layer0_whole, rows_whole) = (
+        chunked["spoken"][0]["rows"],
+        whole["spoken"][0]["rows"],
+    )
+    assert layer0.shape[0] == rows.shape[0] == len(prompts["spoken"])
+    torch.testing.assert_close(layer0, layer0_whole, rtol=0, atol=0)
+    at_image = torch.arange(20, 24)
+    torch.testing.assert_close(rows[at_image], rows_whole[at_image], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rows[22:], rows_whole[22:], rtol=1e-5, atol=1e-5)
+
+
+async def test_a_spoken_prompt_is_not_chunked_where_its_rows_would_be_lost():
+    """Without ``expected_captures`` no slot keeps its talker's rows: a spoken prompt over
+    a step's budget is refused at submit, a text prompt is chunked."""
+    from omni_core.errors import RequestError
+
+    model, config = _thinker(capture="spoken")
+    prompt = _shared_media(config, seed=5)([5, 6, 7])
+    settings = EngineSettings(max_running_requests=2, max_total_tokens=512, max_prefill_tokens=22)
+    async with create_engine(model, settings, device="cpu") as engine:
+        with pytest.raises(RequestError, match="prefills this request's prompt in one step"):
+            engine.enqueue("spoken", prompt, SamplingParams(0.0, max_new_tokens=2))
+        text = [
+            t async for t in engine.enqueue("text", prompt, SamplingParams(0.0, max_new_tokens=2))
+        ]
+    assert len(text) == 2

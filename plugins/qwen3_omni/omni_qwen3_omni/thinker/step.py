@@ -120,6 +120,14 @@ class ThinkerStepModel:
             return None
         return prefix_rows(_as_prompt(seq.prompt))
 
+    def chunked_prefill(self, seq: Any) -> bool:
+        """Whether a long prompt may be prefilled over several steps (``seq.prefill_end``):
+        any, but a spoken one only where the slots keep its talker's rows at media
+        positions, since its last chunk hands the talker rows for the whole prompt
+        (``_whole_prompt_rows``), as a copied head's do."""
+        accept = self.captured.get(seq.request_id)
+        return accept is None or (self._keeps_media_rows() and accept in self.expected_captures)
+
     def generated_rows(self, seq: Any) -> torch.Tensor | None:
         """The answer's positions in the cache as ``prefix_rows`` gives a prompt's (each
         token at its decode position in every M-RoPE stream): the next turn of the
@@ -141,56 +149,78 @@ class ThinkerStepModel:
     @torch.no_grad()
     def prefill(self, sequences: list[Any], cache: Any) -> list[StepResult]:
         """Each prompt from ``seq.cached`` on (the positions before are in its slot already:
-        a head the engine copied, ``prefix_rows``)."""
+        a head the engine copied, ``prefix_rows``, or the chunks before) up to
+        ``seq.prefill_end``: a chunk of a long prompt, which samples nothing."""
         prompts = [_as_prompt(seq.prompt) for seq in sequences]
         starts = [int(seq.cached) for seq in sequences]
         lengths = [len(p) for p in prompts]
-        news = [n - start for n, start in zip(lengths, starts, strict=True)]
+        ends = [
+            n if seq.prefill_end is None else min(int(seq.prefill_end), n)
+            for seq, n in zip(sequences, lengths, strict=True)
+        ]
+        news = [end - start for end, start in zip(ends, starts, strict=True)]
         batch, steps, hidden = len(prompts), max(news), self.config.hidden_size
         x = torch.zeros(batch, steps, hidden, dtype=self.dtype, device=self.device)
         positions = torch.zeros(3, batch, steps, dtype=torch.long, device=self.device)
-        for row, (prompt, start, new) in enumerate(zip(prompts, starts, news, strict=True)):
+        for row, (prompt, start, end) in enumerate(zip(prompts, starts, ends, strict=True)):
             ids = torch.tensor(prompt.token_ids, dtype=torch.long, device=self.device)
-            x[row, :new] = splice_embeddings(self.lm.embed(ids), prompt)[start:]
+            x[row, : end - start] = splice_embeddings(self.lm.embed(ids), prompt)[start:end]
             if prompt.positions is None:
-                where = torch.arange(start, len(prompt), device=self.device)
+                where = torch.arange(start, end, device=self.device)
             else:
-                where = prompt.positions[:, start:].to(self.device)
-            positions[:, row, :new] = where
+                where = prompt.positions[:, start:end].to(self.device)
+            positions[:, row, : end - start] = where
         news_t = from_host(news, self.device)
         starts_t = from_host(starts, self.device)
-        total = max(lengths)
+        total = max(ends)
         mask = causal_mask(starts_t, news_t, steps, total)
         slots = [int(s.slot) for s in sequences]
         layers = self._layers(sequences)
         keep = self._keeps_media_rows() and any(p.embeddings is not None for p in prompts)
         if keep:
             layers = {*(layers or {0}), *self.expected_captures}
-        deepstack = _deepstack(prompts, starts, steps, self.device)
+        deepstack = _deepstack(prompts, starts, ends, steps, self.device)
         out = self._forward(cache, [x, positions, mask, slots, starts, total, deepstack], layers)
         out, captured = out if layers else (out, {})
-        last = out[torch.arange(batch, device=self.device), news_t - 1]
         if self._keeps_media_rows():
-            self._keep_media_rows(sequences, prompts, starts, captured)
-        for seq, prompt in zip(sequences, prompts, strict=True):
-            seq.cached = len(prompt)
-            seq.state["position"] = prompt.first_decode_position
+            self._keep_media_rows(sequences, prompts, starts, ends, captured)
+        for seq, end in zip(sequences, ends, strict=True):
+            seq.cached = end
+        done = [row for row, (p, e) in enumerate(zip(prompts, ends, strict=True)) if e == len(p)]
+        results = [StepResult(output=None)] * batch  # a chunk yields nothing
+        if not done:
+            return results
+        finished = [sequences[row] for row in done]
+        for seq in finished:
+            seq.state["position"] = _as_prompt(seq.prompt).first_decode_position
             seq.state["history"] = []
-        rows: list[Any] = [slice(0, n) for n in news]
-        for row, (seq, prompt, start) in enumerate(zip(sequences, prompts, starts, strict=True)):
+        rows: list[Any] = [slice(0, news[row]) for row in done]
+        for at, row in enumerate(done):
+            seq, prompt, start = sequences[row], prompts[row], starts[row]
             if start and seq.request_id in self.captured:
-                rows[row] = self._whole_prompt_rows(seq, prompt, start, captured, row)
-        return self._emit(sequences, self.lm.logits(last), captured, rows)
+                rows[at] = self._whole_prompt_rows(seq, prompt, start, captured, row)
+        done_t = from_host(done, self.device)
+        last = out[done_t, news_t[done_t] - 1]
+        picked = captured
+        if len(done) < batch:
+            picked = {layer: rows_[done_t] for layer, rows_ in captured.items()}
+        emitted = self._emit(finished, self.lm.logits(last), picked, rows)
+        for row, result in zip(done, emitted, strict=True):
+            results[row] = result
+        return results
 
     def _keep_media_rows(
         self,
         sequences: list[Any],
         prompts: list[EmbeddedPrompt],
         starts: list[int],
+        ends: list[int],
         captured: dict[int, torch.Tensor],
     ) -> None:
         """Each slot's media rows: those before its start, and this prefill's."""
-        for row, (seq, prompt, start) in enumerate(zip(sequences, prompts, starts, strict=True)):
+        for row, (seq, prompt, start, end) in enumerate(
+            zip(sequences, prompts, starts, ends, strict=True)
+        ):
             held = self.media_rows.get(int(seq.slot), {})
             kept = {}
             for layer in self.expected_captures:
@@ -198,7 +228,7 @@ class ThinkerStepModel:
                 index, rows = _before(index, rows, start)
                 if prompt.embeddings is not None and layer in captured:
                     at = prompt.embedding_index.to("cpu", torch.long)
-                    at = at[at >= start]
+                    at = at[(at >= start) & (at < end)]
                     new = captured[layer][row, (at - start).to(self.device)].detach()
                     index = torch.cat([index, at])
                     rows = new if rows is None else torch.cat([rows, new.to(rows.device)])
@@ -380,20 +410,25 @@ def _as_prompt(prompt: Any) -> EmbeddedPrompt:
 
 
 def _deepstack(
-    prompts: list[EmbeddedPrompt], starts: list[int], steps: int, device: torch.device
+    prompts: list[EmbeddedPrompt],
+    starts: list[int],
+    ends: list[int],
+    steps: int,
+    device: torch.device,
 ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """Per deepstack layer: flat ``row * steps + position - start`` indexes and the rows to
-    add there (those of positions from each row's ``start`` on: the rest are computed)."""
+    add there (those of positions from each row's ``start`` to its ``end``: the positions
+    this prefill computes)."""
     layers = max((len(p.layer_additions) for p in prompts), default=0)
     if not layers:
         return None
     out = []
     for layer in range(layers):
         index, rows = [], []
-        for row, (prompt, start) in enumerate(zip(prompts, starts, strict=True)):
+        for row, (prompt, start, end) in enumerate(zip(prompts, starts, ends, strict=True)):
             if layer < len(prompt.layer_additions):
                 at = prompt.addition_index.to(device)
-                keep = at >= start
+                keep = (at >= start) & (at < end)
                 index.append(at[keep] - start + row * steps)
                 rows.append(prompt.layer_additions[layer].to(device)[keep])
         out.append((torch.cat(index), torch.cat(rows)))
