@@ -359,3 +359,23 @@ def test_a_video_declaring_8k_frames_is_refused_before_decoding(server):
     with pytest.raises(openai.BadRequestError) as caught:
         _chat(server, user(video_part(out.getvalue())), max_tokens=1)
     assert "7680 x 4320 = 33177600 pixels per frame" in caught.value.body["message"]
+
+
+@pytest.mark.slow
+def test_a_prompt_longer_than_a_steps_budget_is_served_in_chunks(server):
+    """A thinker whose steps prefill 24 positions at most (``engine.max_prefill_tokens``)
+    serves an image and audio prompt several times that long, in chunks, with the answer
+    the demo's one-step prefill gives."""
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        *user(image_part(64, 96), audio_part(1.0), text="What do you see and hear?"),
+    ]
+    whole = _chat(server, messages, max_completion_tokens=6, temperature=0)
+    assert whole.usage.prompt_tokens >= 3 * 24
+    with short_private_dir() as base:
+        flags = ["--thinker.engine.max_prefill_tokens", "24"]
+        planned = plan_on_cpu(OmniPlugins(env={}), base, deploy=DEMO, flags=flags)
+        with planned.serve() as live:
+            chunked = _chat(live, messages, max_completion_tokens=6, temperature=0)
+    assert chunked.choices[0].message.content == whole.choices[0].message.content
+    assert chunked.usage.prompt_tokens == whole.usage.prompt_tokens

@@ -178,3 +178,34 @@ def test_a_voice_conversation_copies_the_earlier_turn_audio_included(server):
             io.BytesIO(base64.b64decode(reply.choices[0].message.audio.data))
         )
         assert rate == 24000 and wav.size > 0
+
+
+def test_a_spoken_prompt_longer_than_a_steps_budget_is_prefilled_in_chunks(server):
+    """With 16 positions per step, a spoken question with audio is prefilled in chunks; the
+    talker gets rows for the whole prompt (the thinker keeps its rows at media positions
+    in a speech deployment) and speaks the transcript the one-step prefill gives."""
+    from media_samples import audio_part, user
+
+    messages = user(audio_part(1.0), text="What did I say?")
+    spoken = {"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
+
+    def ask(live):
+        return live.client().chat.completions.create(
+            model="tiny", messages=messages, max_tokens=4, temperature=0, **spoken
+        )
+
+    whole = ask(server)
+    assert whole.usage.prompt_tokens > 2 * 16
+    with short_private_dir() as base:
+        flags = [
+            "--talker_ar.factory.max_frames",
+            "30",
+            "--thinker.engine.max_prefill_tokens",
+            "16",
+        ]
+        planned = plan_on_cpu(OmniPlugins(env={}), base, deploy=DEMO, flags=flags)
+        with planned.serve() as live:
+            chunked = ask(live)
+    assert chunked.choices[0].message.content == whole.choices[0].message.content
+    wav, rate = soundfile.read(io.BytesIO(base64.b64decode(chunked.choices[0].message.audio.data)))
+    assert rate == 24000 and wav.size > 0
