@@ -256,14 +256,19 @@ def sum_in_expert_order(
     ascending expert order, rounding after each add; a single ``index_add_``
     over all pairs would not (in bfloat16 it accumulates duplicate rows more
     precisely on the CPU, and by atomics in no fixed order on a GPU). So the
-    rows go back to pair order, each token's slots are put in expert order,
-    and ``k`` plain adds run: the same roundings in every dtype, the same
-    result every run, nothing read on the host.
+    rows are taken token by token, each token's in expert order, with one
+    row gather, and ``k`` plain adds run: the same roundings in every dtype,
+    the same result every run, nothing read on the host. (A scatter back to
+    pair order and a gather over ``[N, k, H]`` with an expanded index did the
+    same and took 0.38 s of a 2.1 s release-width layer's prefill of 4096
+    tokens, bf16, 2 threads; the row gather takes 0.03 s.)
     """
     top_k, width = experts.shape[-1], weighted.shape[-1]
-    by_pair = torch.empty_like(weighted).index_copy_(0, order, weighted).view(-1, top_k, width)
+    where = torch.empty_like(order)  # the row of ``weighted`` that holds each pair
+    where[order] = torch.arange(order.shape[0], device=order.device, dtype=order.dtype)
     ranks = experts.argsort(dim=-1, stable=True)
-    ordered = by_pair.gather(1, ranks[..., None].expand(-1, -1, width))
+    rows = where.view(-1, top_k).gather(1, ranks)  # each token's rows, in expert order
+    ordered = weighted.index_select(0, rows.reshape(-1)).view(-1, top_k, width)
     total = ordered[:, 0]
     for slot in range(1, top_k):
         total = total + ordered[:, slot]
