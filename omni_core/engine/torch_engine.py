@@ -7,8 +7,10 @@ event loop keeps serving while a step runs. Each
 iteration, between steps:
 
 1. drop aborted and finished sequences, freeing their slots;
-2. admit waiting requests in arrival order while a slot is free and the
-   step's prompt positions stay within ``engine.max_prefill_tokens``; a
+2. when the step starts on the compute thread (so that requests arriving
+   while it waits there join it), admit waiting requests in arrival order
+   while a slot is free and the step's prompt positions stay within
+   ``engine.max_prefill_tokens``; a
    prompt longer than the step has room for, or than
    ``engine.chunked_prefill_size``, is prefilled in chunks, one per step
    (first the chunk of the prompt in progress, then newcomers), where the
@@ -37,6 +39,7 @@ import contextlib
 import logging
 import math
 import secrets
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,6 +108,10 @@ class _StepOutcome:
 
     results: list[tuple[_Request, StepResult]] = field(default_factory=list)
     errors: list[tuple[_Request, BaseException]] = field(default_factory=list)
+    #: requests taken from the queue for this step (they hold slots now)
+    admitted: list[_Request] = field(default_factory=list)
+    #: whether the step prefilled or decoded anything
+    computed: bool = False
 
 
 class RequestStream:
@@ -191,6 +198,10 @@ class TorchEngine:
         if use_static:
             self.warm_up_seconds = _prepare_static(model, self.static, self.cache)
         self._waiting: deque[_Request] = deque()
+        # the queue is added to and withdrawn from on the event loop and taken from on the
+        # compute thread, when a step starts (_admit)
+        self._queue_lock = threading.Lock()
+        self._admitting: list[_Request] = []  # taken by the step in flight
         self._running: list[_Request] = []
         self._requests: dict[str, _Request] = {}
         self._wake: anyio.Event | None = None
@@ -248,7 +259,8 @@ class TorchEngine:
         stream = RequestStream(self, request_id, receive)
         request = _Request(seq, seed, length, send, stream, chunkable=chunkable)
         self._requests[request_id] = request
-        self._waiting.append(request)
+        with self._queue_lock:
+            self._waiting.append(request)
         self._poke()
         return stream
 
@@ -262,8 +274,9 @@ class TorchEngine:
         if request is None:
             return False
         request.aborted = True
-        if request in self._waiting:
-            self._waiting.remove(request)
+        with self._queue_lock:
+            if request in self._waiting:
+                self._waiting.remove(request)
         self._finish(request, "abort")
         self._poke()
         return True
@@ -351,17 +364,17 @@ class TorchEngine:
                     self._wake = anyio.Event()
                     await self._wake.wait()
                     continue
-                prefill = self._admit()
                 batch = [r for r in self._running if not r.partial and self._ready(r)]
-                self._running += [r for r in prefill if not r.partial]
-                if not prefill and not batch:
+                if not batch and not self._admissible():
                     # Every running sequence waits for input (a streamed prompt):
                     # sleep until wake() says some arrived, or a request joins.
                     self._wake = anyio.Event()
                     await self._wake.wait()
                     continue
-                outcome = await run_compute(self._compute, prefill, batch)
-                self.steps += 1
+                outcome = await run_compute(self._compute, batch)
+                self._running += outcome.admitted
+                self._admitting = []
+                self.steps += outcome.computed
                 self._deliver(outcome)
         except BaseException as exc:  # a bug here must not leave consumers waiting forever
             if not isinstance(exc, anyio.get_cancelled_exc_class()):
@@ -376,8 +389,19 @@ class TorchEngine:
         ready = getattr(self.model, "ready", None)
         return ready is None or bool(ready(request.seq))
 
+    def _admissible(self) -> bool:
+        """Whether a step started now would prefill something."""
+        return any(r.partial for r in self._running) or bool(self._waiting and self.cache.free)
+
     def _admit(self) -> list[_Request]:
         """This step's prefills: the next chunk of the prompt in progress, then newcomers.
+
+        Taken on the compute thread when the step starts, not when the
+        scheduler submits it: the step may wait behind other work there (the
+        prompts of requests that arrived together, built on the same thread),
+        and the requests that arrive meanwhile join it. Taken at submission,
+        the first of eight MOSS-TTS requests sent at once ran a step ahead of
+        the other seven, and its codec chunks were decoded apart from theirs.
 
         One prompt at a time is chunked (as SGLang's single chunked request):
         a second long prompt waits at the head of the queue until the first
@@ -392,18 +416,22 @@ class TorchEngine:
             request.chunk = min(size, budget, left)
             budget -= request.chunk
             chunking = chunking or request.chunk < left
-        while self._waiting and self.cache.free and budget > 0:
-            request = self._waiting[0]
-            whole = request.length <= budget and (
-                not request.chunkable or size is None or request.length <= size
-            )
-            if whole:
-                request.chunk = 0
-            elif request.chunkable and size is not None and not chunking:
-                request.chunk, chunking = min(size, budget), True
-            else:
-                break  # first come, first served: nobody overtakes the head of the queue
-            self._waiting.popleft()
+        while self.cache.free and budget > 0:
+            with self._queue_lock:
+                if not self._waiting:
+                    break
+                request = self._waiting[0]
+                whole = request.length <= budget and (
+                    not request.chunkable or size is None or request.length <= size
+                )
+                if whole:
+                    request.chunk = 0
+                elif request.chunkable and size is not None and not chunking:
+                    request.chunk, chunking = min(size, budget), True
+                else:
+                    break  # first come, first served: nobody overtakes the head of the queue
+                self._waiting.popleft()
+                self._admitting.append(request)
             budget -= request.chunk or request.length
             request.seq.slot = self.cache.allocate()
             admitted.append(request)
@@ -515,17 +543,23 @@ class TorchEngine:
         self._finish(request, "error")
 
     def _fail_all(self, error: BaseException) -> None:
-        for request in [*self._running, *self._waiting]:
+        with self._queue_lock:
+            waiting = list(self._waiting)
+        for request in dict.fromkeys([*self._running, *self._admitting, *waiting]):
             self._fail(request, error)
             if request.seq.slot >= 0:
                 self.cache.release(request.seq.slot)
                 request.seq.slot = -1
-        self._running, self._waiting = [], deque()
+        self._running, self._admitting, self._waiting = [], [], deque()
 
     # -- in the worker thread ------------------------------------------------
-    def _compute(self, prefill: list[_Request], batch: list[_Request]) -> _StepOutcome:
-        """Prefill ``prefill`` and decode ``batch``: the only code off the event loop."""
+    def _compute(self, batch: list[_Request]) -> _StepOutcome:
+        """Admit and prefill this step's newcomers (and the next chunk of a prompt in
+        progress), and decode ``batch``: the only code off the event loop."""
         outcome = _StepOutcome()
+        prefill = self._admit()
+        outcome.admitted = [r for r in prefill if not r.partial]
+        outcome.computed = bool(prefill or batch)
         with torch.inference_mode():
             if self.prefixes is not None:
                 for request in prefill:

@@ -206,3 +206,33 @@ def test_chunked_prefill_size_is_checked_and_follows_max_prefill_tokens() -> Non
     assert EngineSettings(chunked_prefill_size=-1).prefill_chunk is None
     with pytest.raises(ConfigError, match=r"chunked_prefill_size must be >= 1, or -1"):
         validate_engine_settings("thinker", {"chunked_prefill_size": 0})
+
+
+async def test_requests_arriving_while_the_step_waits_for_the_compute_thread_join_it() -> None:
+    """Admission happens when the step starts on the compute thread: requests that arrive
+    while it waits behind other work there (their own prompts being built) join it."""
+    import threading
+
+    from omni_core.engine.compute import compute_thread
+
+    model = Recording()
+    held, started = threading.Event(), threading.Event()
+
+    def busy() -> None:  # another stage's work, ahead of the engine's step
+        started.set()
+        held.wait(10)
+
+    async with TorchEngine(model, settings()) as engine:
+        blocker = compute_thread().submit(busy)
+        await anyio.to_thread.run_sync(started.wait)
+        streams = [engine.enqueue("first", [1, 2, 3], greedy(2))]
+        for _ in range(5):
+            await anyio.sleep(0)  # the scheduler has submitted its step by now
+        streams += [engine.enqueue(f"then{i}", [4, 5, i], greedy(2)) for i in range(3)]
+        held.set()
+        blocker.result()
+        outputs = []
+        for stream in streams:
+            outputs.append([t async for t in stream])
+    assert [rid for rid, _, _ in model.prefills[0]] == ["first", "then0", "then1", "then2"]
+    assert all(len(tokens) == 2 for tokens in outputs)
