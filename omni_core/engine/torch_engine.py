@@ -212,6 +212,8 @@ class TorchEngine:
         self.prefixes: PrefixIndex | None = _prefix_index(model, settings)
         #: prompt positions computed by prefills, and copied from a cached prefix instead
         self.prompt_positions = {"computed": 0, "cached": 0}
+        #: prefills that computed a chunk of a long prompt, not its last
+        self.prefill_chunks = 0
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -637,6 +639,7 @@ class TorchEngine:
                     self.prefixes.forget(seq.slot)
                 continue
             request.partial = seq.cached < request.length
+            self.prefill_chunks += request.partial
             if self.prefixes is not None:
                 keys = request.keys or []
                 if request.partial:

@@ -97,11 +97,17 @@ def _engine_counts(stage: Any) -> dict[str, int]:
 
 def _prompt_counts(stage: Any) -> dict[str, int]:
     """A torch engine stage's prompt positions computed and copied from a cached prefix
-    (``prompt_computed``/``prompt_cached``, cumulative); none for other stages."""
-    prompts = getattr(getattr(stage, "engine", None), "prompt_positions", None)
+    (``prompt_computed``/``prompt_cached``) and its chunks of long prompts
+    (``prefill_chunks``), cumulative; none for other stages."""
+    engine = getattr(stage, "engine", None)
+    prompts = getattr(engine, "prompt_positions", None)
     if not isinstance(prompts, dict):
         return {}
-    return {f"prompt_{source}": int(n) for source, n in prompts.items()}
+    counts = {f"prompt_{source}": int(n) for source, n in prompts.items()}
+    chunks = getattr(engine, "prefill_chunks", None)
+    if isinstance(chunks, int):
+        counts["prefill_chunks"] = chunks
+    return counts
 
 
 def child_main(spec: ChildSpec, conn: Any, environ: dict[str, str] | None = None) -> None:

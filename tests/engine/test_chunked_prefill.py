@@ -70,6 +70,7 @@ async def test_a_long_prompt_is_prefilled_in_chunks_and_says_what_it_says_whole(
     async with TorchEngine(model, settings(max_prefill_tokens=16)) as engine:
         chunked = await collect(engine, "long", LONG, 5)
         assert engine.prompt_positions == {"computed": 50, "cached": 0}
+        assert engine.prefill_chunks == 3  # the fourth finishes the prompt
     assert [p[0][1:] for p in model.prefills] == [(0, 16), (16, 32), (32, 48), (48, 50)]
     whole_model = Recording()
     async with TorchEngine(whole_model, settings(max_prefill_tokens=64)) as engine:

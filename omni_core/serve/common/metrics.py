@@ -59,6 +59,9 @@ Metrics (type; labels): meaning
   computed|cached): prompt positions the torch engine's prefills computed, and
   those copied from a prompt head another request had computed
   (``engine.disable_radix_cache``), since the process started.
+- ``omni_engine_prefill_chunks`` (counter; process, stage): prefills the torch
+  engine ran on a chunk of a long prompt, not its last
+  (``engine.chunked_prefill_size``), since the process started.
 - ``omni_stage_run_seconds`` (summary; process, stage): ``_count`` runs of
   the stage that ended and ``_sum`` their seconds, since the process started
   (a restart resets them, as Prometheus expects of counters).

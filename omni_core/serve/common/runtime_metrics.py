@@ -112,6 +112,12 @@ def _processes(processes: dict[str, dict[str, Any]]) -> Iterator[Metric]:
         "prompt head another request had computed (engine.disable_radix_cache).",
         labels=["process", "stage", "source"],
     )
+    chunks = CounterMetricFamily(
+        "omni_engine_prefill_chunks",
+        "Prefills each torch engine stage ran on a chunk of a long prompt, not its last "
+        "(engine.chunked_prefill_size).",
+        labels=["process", "stage"],
+    )
     runs = SummaryMetricFamily(
         "omni_stage_run_seconds",
         "Time requests spent in each stage (runs that ended), since the process started.",
@@ -134,4 +140,6 @@ def _processes(processes: dict[str, dict[str, Any]]) -> Iterator[Metric]:
             for source in PROMPT_SOURCES:
                 if f"prompt_{source}" in run:
                     prompts.add_metric([name, stage, source], run[f"prompt_{source}"])
-    yield from (up, state, restarts, depth, engine, prompts, runs)
+            if "prefill_chunks" in run:
+                chunks.add_metric([name, stage], run["prefill_chunks"])
+    yield from (up, state, restarts, depth, engine, prompts, chunks, runs)

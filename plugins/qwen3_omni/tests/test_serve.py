@@ -113,6 +113,8 @@ def _thinker_positions(server) -> dict[str, float]:
             name, labels = sample.name, sample.labels
             if name == "omni_engine_prompt_positions_total" and labels["stage"] == "thinker":
                 counts[labels["source"]] = sample.value
+            if name == "omni_engine_prefill_chunks_total" and labels["stage"] == "thinker":
+                counts["chunks"] = sample.value
     return counts
 
 
@@ -377,5 +379,13 @@ def test_a_prompt_longer_than_a_steps_budget_is_served_in_chunks(server):
         planned = plan_on_cpu(OmniPlugins(env={}), base, deploy=DEMO, flags=flags)
         with planned.serve() as live:
             chunked = _chat(live, messages, max_completion_tokens=6, temperature=0)
+            # at least two chunks before the last (the warm-up request's are counted too)
+            import time
+
+            deadline = time.monotonic() + 30
+            while _thinker_positions(live).get("chunks", 0) < 2 and time.monotonic() < deadline:
+                time.sleep(0.5)  # heartbeats carry the engine's counts
+            assert _thinker_positions(live)["chunks"] >= 2
+            assert _thinker_positions(server)["chunks"] == 0
     assert chunked.choices[0].message.content == whole.choices[0].message.content
     assert chunked.usage.prompt_tokens == whole.usage.prompt_tokens
