@@ -78,7 +78,7 @@ class EngineSettings(BaseModel):
         default=False,
         description="compute every prompt whole, instead of copying the KV of a leading "
         "part another request already computed (models that offer prefix_rows: MOSS-TTS, "
-        "the Qwen3-Omni thinker; SGLang's key of that name)",
+        "the Qwen3-Omni thinker and talker; SGLang's key of that name)",
     )
     cpu_weight_prepack: bool = Field(
         default=False,

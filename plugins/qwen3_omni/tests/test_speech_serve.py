@@ -124,8 +124,8 @@ def test_spoken_chat_streams_dropped_mid_answer_leave_all_seven_processes_idle(s
     drop_streams_then_wait_idle(server.url, body, 20)
 
 
-def _thinker_copied(server) -> float:
-    """The thinker's copied prompt positions once two reports agree (heartbeats, 0.5 s)."""
+def _thinker_copied(server, stage: str = "thinker") -> float:
+    """A stage's copied prompt positions once two reports agree (heartbeats, 0.5 s)."""
     import time
     import urllib.request
 
@@ -141,19 +141,20 @@ def _thinker_copied(server) -> float:
             for family in families
             for sample in family.samples
             if sample.name == "omni_engine_prompt_positions_total"
-            and sample.labels["stage"] == "thinker"
+            and sample.labels["stage"] == stage
             and sample.labels["source"] == "cached"
         )
         if copied == last:
             return copied
         last = copied
         time.sleep(1.1)
-    raise AssertionError(f"the thinker's copied positions kept changing: {last}")
+    raise AssertionError(f"the {stage}'s copied positions kept changing: {last}")
 
 
 def test_a_voice_conversation_copies_the_earlier_turn_audio_included(server):
     """Turn 2 of a spoken chat sends turn 1 (the user's audio in it) back: the thinker
-    copies that head with the talker's rows at its audio positions, and both turns speak."""
+    copies that head with the talker's rows at its audio positions, the talker copies turn
+    1's user segment its own prompt starts with, and both turns speak."""
     from media_samples import audio_part, user
 
     first = user(audio_part(1.0), text="What did I say?")
@@ -167,12 +168,15 @@ def test_a_voice_conversation_copies_the_earlier_turn_audio_included(server):
         {"role": "assistant", "content": one.choices[0].message.content},
         {"role": "user", "content": "Say it again."},
     ]
-    before = _thinker_copied(server)
+    before, talker_before = _thinker_copied(server), _thinker_copied(server, "talker_ar")
     two = client.chat.completions.create(
         model="tiny", messages=second, max_tokens=4, temperature=0, **spoken
     )
     copied = _thinker_copied(server) - before
     assert copied >= 16 * ((one.usage.prompt_tokens - 1) // 16) > 0
+    # the talker's prompt starts with turn 1's user segment (answers are left out): it
+    # copies that segment's whole blocks from turn 1's slot
+    assert _thinker_copied(server, "talker_ar") - talker_before >= 16
     for reply in (one, two):
         wav, rate = soundfile.read(
             io.BytesIO(base64.b64decode(reply.choices[0].message.audio.data))

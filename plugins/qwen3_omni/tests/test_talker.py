@@ -671,3 +671,79 @@ def test_the_talker_stage_routes_its_cpu_weights_as_the_thinkers(monkeypatch, pa
     finally:
         anyio.run(stage.aclose)
         load_part.cache_clear()  # no packed part left for other tests
+
+
+def _turns(feed: Feed) -> tuple[TalkerPrompt, TalkerPrompt]:
+    """A voice conversation's two talker prompts: turn 1 (system, user 1, the generation
+    prompt) and turn 2 (``feed``'s whole chat). Turn 2 starts with turn 1's user segment,
+    with the same rows: what the thinker hands over for a conversation's earlier turn."""
+    system = len(turn(SYSTEM, [0] * 4))
+    head = system + len(feed.user_turns[0])
+    keep = [*range(head), *range(len(feed.ids) - 3, len(feed.ids))]
+    ids = [feed.ids[i] for i in keep]
+    first = TalkerPrompt(CFG, "ethan")
+    first.add_prompt(
+        ids,
+        feed.embeds[keep],
+        feed.accept[keep],
+        tts_embeddings=feed.tts,
+        positions=prompt_positions(ids, MEDIA, image_grids=feed.grids).positions,
+    )
+    first.add_tokens(feed.tokens[:3], feed.token_rows[:3])
+    first.finish()
+    return first, feed.prompt()
+
+
+def _conversation(model: TalkerStepModel, prompts, radix: bool):
+    async def main():
+        settings = EngineSettings(
+            max_running_requests=2, max_total_tokens=256, disable_radix_cache=not radix
+        )
+        out = []
+        async with TorchEngine(model, settings) as engine:
+            for i, prompt in enumerate(prompts):
+                params = copy.copy(GREEDY)
+                params.max_new_tokens = 6
+                out.append([f async for f in engine.enqueue(f"turn{i}", prompt, params)])
+            return out, dict(engine.prompt_positions)
+
+    return anyio.run(main)
+
+
+def test_a_voice_conversations_next_turn_copies_the_earlier_user_turn(talker):
+    """The talker's prompt leaves earlier answers out, so turn 2 starts with turn 1's user
+    segment (an image and audio in it): its first block comes from turn 1's slot, and
+    the frames are those of a prefill computed whole."""
+    feed = Feed(30, media=True)
+    model = TalkerStepModel(talker, CFG, device="cpu", dtype=torch.float32)
+    first, second = _turns(feed)
+    assert second.prefix_rows()[:16].equal(first.prefix_rows()[:16])
+    widths: list[int] = []  # positions each talker pass computes
+    hook = talker.register_forward_hook(lambda _m, args, _o: widths.append(args[0].shape[1]))
+    try:
+        shared, counts = _conversation(model, _turns(feed), radix=True)
+    finally:
+        hook.remove()
+    whole, plain = _conversation(model, _turns(feed), radix=False)
+    assert counts["cached"] == 16 and plain["cached"] == 0
+    prefills = [w for w in widths if w > 1]
+    assert prefills == [first.prefill_length, second.prefill_length - 16]
+    assert counts["computed"] == plain["computed"] - 16
+    for a, b in zip(shared, whole, strict=True):
+        assert len(a) >= 2 and same(a, b)
+
+
+def test_talker_prefix_rows_tell_media_rows_and_speakers_apart():
+    feed = Feed(31, media=True)
+    rows = feed.prompt().prefix_rows()
+    other = Feed(31, media=True)
+    other.accept = other.accept.clone()
+    media_at = int((rows[:, 0] == 1).nonzero()[0])  # the first media position
+    kept = [i for i in range(len(feed.ids)) if feed.ids[i] == MEDIA.image]
+    other.accept[kept[0]] += 1.0  # another image's rows at the same positions
+    changed = other.prompt().prefix_rows()
+    assert not changed[media_at].equal(rows[media_at])
+    assert changed[:media_at].equal(rows[:media_at])
+    voice = feed.prompt(speaker="aiden").prefix_rows()
+    users = len(rows) - 9
+    assert voice[:users].equal(rows[:users]) and not voice[users:].equal(rows[users:])

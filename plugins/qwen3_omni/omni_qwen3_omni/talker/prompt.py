@@ -120,6 +120,8 @@ class TalkerPrompt:
             positions = torch.arange(length)[None].expand(3, length)
         positions = _flatten_audio_in_video(positions.to("cpu", torch.long), ids, cfg)
         keep = torch.tensor(user, dtype=torch.long)
+        self._user_ids = [ids[i] for i in user]
+        self._assistant_ids = ids[assistant_start:]
         media = torch.tensor([ids[i] in media_ids for i in user], dtype=torch.bool)
         if media.any() and accept_hidden is None:
             raise ValueError("the prompt has media placeholders: accept_hidden is needed there")
@@ -273,6 +275,43 @@ class TalkerPrompt:
         tail = torch.arange(base, base + ASSISTANT_POSITIONS)[None].expand(3, -1)
         positions = torch.cat([self._user_positions, tail], dim=1)
         return x, positions.to(device)
+
+    def prefix_rows(self) -> torch.Tensor:
+        """What decides each prefill position's keys and values, one int64 row each.
+
+        For the engine's shared prompt heads: ``[source, id, 3 positions, 2 digest
+        words]``. A user text position is its thinker token id (its row is that
+        token's embedding); a media position adds a 16-byte digest of its accept
+        row; the assistant part names its text ids and codec parts (the speaker
+        among them). So a voice conversation's next turn, whose talker prompt
+        starts with the earlier user turns (earlier answers are left out),
+        copies them from the slot that computed them.
+        """
+        import hashlib
+
+        if not self.prefill_ready or self.speechless:
+            raise ValueError("the prefill needs the first generated token's row")
+        users, cfg = self._user_length or 0, self.config
+        rows = torch.zeros(self.prefill_length, 7, dtype=torch.long)
+        rows[:users, 1] = torch.tensor(self._user_ids, dtype=torch.long)
+        base = self._assistant_base()
+        tail = torch.arange(base, base + ASSISTANT_POSITIONS)[None].expand(3, -1)
+        rows[:, 2:5] = torch.cat([self._user_positions, tail], dim=1).T
+        if self._media_rows is not None:
+            rows[self._media_index, 0] = 1
+            data = self._media_rows.detach().to("cpu").contiguous()
+            raw = data.reshape(data.shape[0], -1).view(torch.uint8).numpy()
+            for at, row in zip(self._media_index.tolist(), raw, strict=True):
+                digest = hashlib.blake2b(row, digest_size=16).digest()
+                rows[at, 5:] = torch.frombuffer(bytearray(digest), dtype=torch.long)
+        said = [*self._assistant_ids, *self._token_ids]  # a0, a1, a2, a3 (rows by id)
+        first = [*said[:3], -1, -1, -1, -1, -2, *said[3:4]]  # tts_pad -1, tts_bos -2
+        codec = [-1, -1, -1, cfg.codec_nothink_id, cfg.codec_think_bos_id]
+        codec += [cfg.codec_think_eos_id, self.speaker_code, cfg.codec_pad_id, cfg.codec_bos_id]
+        rows[users:, 0] = 2
+        rows[users:, 1] = torch.tensor(first[:ASSISTANT_POSITIONS], dtype=torch.long)
+        rows[users:, 5] = torch.tensor(codec, dtype=torch.long)
+        return rows
 
     # -- helpers --------------------------------------------------------------------------
 

@@ -70,6 +70,15 @@ class TalkerStepModel:
     def prompt_length(self, prompt: Any) -> int:
         return _as_prompt(prompt).prefill_length
 
+    def prefix_rows(self, seq: Any) -> torch.Tensor | None:
+        """The prefill's rows as :meth:`TalkerPrompt.prefix_rows` gives them: a voice
+        conversation's next turn copies the earlier user turns (the engine's shared
+        prompt heads); None for a request with nothing to say."""
+        prompt = _as_prompt(seq.prompt)
+        if not prompt.prefill_ready or prompt.speechless:
+            return None
+        return prompt.prefix_rows()
+
     def ready(self, seq: Any) -> bool:
         """Whether ``seq`` can take its next step (its prefill, or its next decode)."""
         prompt = _as_prompt(seq.prompt)
@@ -96,21 +105,24 @@ class TalkerStepModel:
         if run:
             batch = [sequences[i] for i in run]
             inputs = [prompts[i].prefill_inputs(self.talker, self.device, self.dtype) for i in run]
-            lengths = [x.shape[0] for x, _ in inputs]
-            steps, hidden = max(lengths), self.config.text.hidden_size
+            # positions before seq.cached are in the slot already: a head the engine
+            # copied from another request's (prefix_rows)
+            starts = [int(s.cached) for s in batch]
+            totals = [x.shape[0] for x, _ in inputs]
+            news = [n - start for n, start in zip(totals, starts, strict=True)]
+            steps, hidden = max(news), self.config.text.hidden_size
             x = torch.zeros(len(run), steps, hidden, dtype=self.dtype, device=self.device)
             positions = torch.zeros(3, len(run), steps, dtype=torch.long, device=self.device)
-            for row, (rows, where) in enumerate(inputs):
-                x[row, : rows.shape[0]] = rows
-                positions[:, row, : rows.shape[0]] = where
-            lengths_t = from_host(lengths, self.device)
-            starts = torch.zeros(len(run), dtype=torch.long, device=self.device)
-            mask = causal_mask(starts, lengths_t, steps, steps)
-            store = SlotStore(cache, [int(s.slot) for s in batch], [0] * len(run), steps)
+            for row, ((rows, where), start) in enumerate(zip(inputs, starts, strict=True)):
+                x[row, : rows.shape[0] - start] = rows[start:]
+                positions[:, row, : rows.shape[0] - start] = where[:, start:]
+            news_t = from_host(news, self.device)
+            mask = causal_mask(from_host(starts, self.device), news_t, steps, max(totals))
+            store = SlotStore(cache, [int(s.slot) for s in batch], starts, max(totals))
             out = self.talker(x, positions, mask, store)
-            for seq, n in zip(batch, lengths, strict=True):
+            for seq, n in zip(batch, totals, strict=True):
                 seq.cached = n
-            last = out[torch.arange(len(run), device=self.device), lengths_t - 1]
+            last = out[torch.arange(len(run), device=self.device), news_t - 1]
             for i, result in zip(run, self._emit(batch, last), strict=True):
                 results[i] = result
         return [r for r in results if r is not None]
