@@ -51,7 +51,8 @@ class EngineSettings(BaseModel):
         default=None,
         description="a prompt longer than this is prefilled in chunks of at most this many "
         "positions, one chunk per step, the running sequences decoding between chunks "
-        "(models that offer chunked_prefill: the Qwen3-Omni thinker, MOSS-TTS); default "
+        "(models that offer chunked_prefill: the Qwen3-Omni thinker and talker, MOSS-TTS); "
+        "default "
         "max_prefill_tokens; -1 never chunks (a prompt over max_prefill_tokens is refused); "
         "SGLang's key of that name",
     )

@@ -629,7 +629,7 @@ class TorchEngine:
         """Count the prompt positions computed and copied; index the prompt blocks
         written (a chunked prompt's so far), and forget the slots of the ones that
         failed."""
-        done = {id(request) for request, _ in outcome.results}
+        done = {id(request): result for request, result in outcome.results}
         for request in requests:
             seq = request.seq
             seq.prefill_end = None
@@ -638,7 +638,8 @@ class TorchEngine:
                 if self.prefixes is not None:
                     self.prefixes.forget(seq.slot)
                 continue
-            request.partial = seq.cached < request.length
+            # a model may end a request at its first chunk (a talker with nothing to say)
+            request.partial = seq.cached < request.length and not done[id(request)].finished
             self.prefill_chunks += request.partial
             if self.prefixes is not None:
                 keys = request.keys or []

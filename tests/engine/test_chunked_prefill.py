@@ -237,3 +237,23 @@ async def test_requests_arriving_while_the_step_waits_for_the_compute_thread_joi
             outputs.append([t async for t in stream])
     assert [rid for rid, _, _ in model.prefills[0]] == ["first", "then0", "then1", "then2"]
     assert all(len(tokens) == 2 for tokens in outputs)
+
+
+async def test_a_model_that_ends_a_request_at_its_first_chunk_ends_it() -> None:
+    """A chunk's result that says finished (a talker with nothing to say) ends the request
+    there: it is not continued, and its stream ends."""
+    from omni_core.engine.interface import StepResult
+
+    class EndsAtOnce(Recording):
+        def prefill(self, sequences, cache):
+            super().prefill(sequences, cache)
+            return [StepResult(output=None, finished=True) for _ in sequences]
+
+    model = EndsAtOnce()
+    async with TorchEngine(model, settings(max_prefill_tokens=16)) as engine:
+        async with engine.enqueue("quiet", LONG, greedy(3)) as stream:
+            assert [t async for t in stream] == [None]
+            assert stream.finish_reason == "stop"
+        await collect(engine, "next", [1, 2], 1)  # a step after: the slot was freed
+        assert engine.free_slots == 4 and engine.num_running == 0
+    assert [step[0][1:] for step in model.prefills] == [(0, 16), (0, 2)]

@@ -747,3 +747,37 @@ def test_talker_prefix_rows_tell_media_rows_and_speakers_apart():
     voice = feed.prompt(speaker="aiden").prefix_rows()
     users = len(rows) - 9
     assert voice[:users].equal(rows[:users]) and not voice[users:].equal(rows[users:])
+
+
+def test_talker_prompts_prefilled_in_chunks_make_the_frames_of_whole_prefills(talker):
+    """Three requests at once, chunks of 12 positions (one prompt chunked at a time while
+    the others decode): the frames of one-step prefills."""
+    feeds = [Feed(40, media=True), Feed(41), Feed(42, media=True)]
+    model = TalkerStepModel(talker, CFG, device="cpu", dtype=torch.float32)
+
+    async def main(chunk: int | None):
+        settings = EngineSettings(
+            max_running_requests=4,
+            max_total_tokens=512,
+            disable_radix_cache=True,
+            **({"max_prefill_tokens": chunk} if chunk else {}),
+        )
+        out = {}
+        async with TorchEngine(model, settings) as engine:
+
+            async def one(i, prompt):
+                params = copy.copy(GREEDY)
+                params.max_new_tokens = 5
+                out[i] = [f async for f in engine.enqueue(f"r{i}", prompt, params)]
+
+            async with anyio.create_task_group() as group:
+                for i, feed in enumerate(feeds):
+                    group.start_soon(one, i, feed.prompt())
+            chunks = engine.prefill_chunks
+        return [out[i] for i in range(len(feeds))], chunks
+
+    chunked, chunks = anyio.run(main, 12)
+    whole, none = anyio.run(main, None)
+    assert chunks >= len(feeds) and none == 0
+    for a, b in zip(chunked, whole, strict=True):
+        assert len(a) >= 2 and same(a, b)

@@ -79,6 +79,11 @@ class TalkerStepModel:
             return None
         return prompt.prefix_rows()
 
+    def chunked_prefill(self, seq: Any) -> bool:
+        """A long prompt (a voice conversation's many user turns) may be prefilled over
+        several steps, so that the other requests' frames keep coming meanwhile."""
+        return True
+
     def ready(self, seq: Any) -> bool:
         """Whether ``seq`` can take its next step (its prefill, or its next decode)."""
         prompt = _as_prompt(seq.prompt)
@@ -106,25 +111,42 @@ class TalkerStepModel:
             batch = [sequences[i] for i in run]
             inputs = [prompts[i].prefill_inputs(self.talker, self.device, self.dtype) for i in run]
             # positions before seq.cached are in the slot already: a head the engine
-            # copied from another request's (prefix_rows)
+            # copied from another request's (prefix_rows), or the chunks before; a chunk
+            # (seq.prefill_end) samples nothing
             starts = [int(s.cached) for s in batch]
-            totals = [x.shape[0] for x, _ in inputs]
+            totals = [
+                x.shape[0] if s.prefill_end is None else min(int(s.prefill_end), x.shape[0])
+                for s, (x, _) in zip(batch, inputs, strict=True)
+            ]
             news = [n - start for n, start in zip(totals, starts, strict=True)]
             steps, hidden = max(news), self.config.text.hidden_size
             x = torch.zeros(len(run), steps, hidden, dtype=self.dtype, device=self.device)
             positions = torch.zeros(3, len(run), steps, dtype=torch.long, device=self.device)
-            for row, ((rows, where), start) in enumerate(zip(inputs, starts, strict=True)):
-                x[row, : rows.shape[0] - start] = rows[start:]
-                positions[:, row, : rows.shape[0] - start] = where[:, start:]
+            for row, ((rows, where), start, end) in enumerate(
+                zip(inputs, starts, totals, strict=True)
+            ):
+                x[row, : end - start] = rows[start:end]
+                positions[:, row, : end - start] = where[:, start:end]
             news_t = from_host(news, self.device)
             mask = causal_mask(from_host(starts, self.device), news_t, steps, max(totals))
             store = SlotStore(cache, [int(s.slot) for s in batch], starts, max(totals))
             out = self.talker(x, positions, mask, store)
             for seq, n in zip(batch, totals, strict=True):
                 seq.cached = n
-            last = out[torch.arange(len(run), device=self.device), news_t - 1]
-            for i, result in zip(run, self._emit(batch, last), strict=True):
-                results[i] = result
+            done = [
+                row
+                for row, ((rows, _), end) in enumerate(zip(inputs, totals, strict=True))
+                if end == rows.shape[0]
+            ]
+            for row in range(len(run)):
+                if row not in done:
+                    results[run[row]] = StepResult(output=None)  # a chunk yields nothing
+            if done:
+                done_t = from_host(done, self.device)
+                last = out[done_t, news_t[done_t] - 1]
+                finished = [batch[row] for row in done]
+                for row, result in zip(done, self._emit(finished, last), strict=True):
+                    results[run[row]] = result
         return [r for r in results if r is not None]
 
     @torch.no_grad()
