@@ -407,7 +407,10 @@ class TorchEngine:
 
         One prompt at a time is chunked (as SGLang's single chunked request):
         a second long prompt waits at the head of the queue until the first
-        is in, and nobody overtakes it.
+        is in, and nobody overtakes it. A newcomer is charged the positions
+        it will compute, not those it will copy (a cached head, or one a
+        request admitted before it in this step computes): a conversation's
+        next turn, its history copied, does not take the step's whole budget.
         """
         budget, size = self.settings.max_prefill_tokens, self.settings.prefill_chunk
         admitted = [r for r in self._running if r.partial]
@@ -420,24 +423,38 @@ class TorchEngine:
             chunking = chunking or request.chunk < left
         while self.cache.free and budget > 0:
             with self._queue_lock:
-                if not self._waiting:
-                    break
-                request = self._waiting[0]
-                whole = request.length <= budget and (
-                    not request.chunkable or size is None or request.length <= size
-                )
-                if whole:
-                    request.chunk = 0
-                elif request.chunkable and size is not None and not chunking:
-                    request.chunk, chunking = min(size, budget), True
-                else:
-                    break  # first come, first served: nobody overtakes the head of the queue
+                request = self._waiting[0] if self._waiting else None
+            if request is None:
+                break
+            cost = request.length - self._copied(request, admitted)
+            whole = cost <= budget and (not request.chunkable or size is None or cost <= size)
+            if whole:
+                request.chunk = 0
+            elif request.chunkable and size is not None and not chunking:
+                request.chunk, chunking = min(size, budget), True
+            else:
+                break  # first come, first served: nobody overtakes the head of the queue
+            with self._queue_lock:
+                if not self._waiting or self._waiting[0] is not request:
+                    continue  # aborted while it was priced: look at the new head
                 self._waiting.popleft()
                 self._admitting.append(request)
-            budget -= request.chunk or request.length
+            budget -= request.chunk or cost
             request.seq.slot = self.cache.allocate()
             admitted.append(request)
         return admitted
+
+    def _copied(self, request: _Request, admitted: list[_Request]) -> int:
+        """Prompt positions ``request`` will copy rather than compute: the longest head the
+        cache holds, or that a whole prefill admitted before it in this step computes."""
+        if self.prefixes is None:
+            return 0
+        keys = self._prompt_keys(request)
+        blocks, _ = self.prefixes.longest(keys)
+        for other in admitted:
+            if not other.partial and not other.chunk and other.keys:
+                blocks = max(blocks, shared_blocks(keys, other.keys))
+        return blocks * self.prefixes.block
 
     def _prompt_keys(self, request: _Request) -> list[bytes]:
         """The request's reusable prefix blocks (computed once, on the compute thread: a

@@ -204,3 +204,15 @@ async def test_a_follow_up_that_sends_the_answer_back_copies_it_too() -> None:
     plain_model = Recording()
     async with TorchEngine(plain_model, settings()) as engine:
         assert await run(engine, {"turn2": follow_up}) == second
+
+
+async def test_a_newcomer_is_charged_the_positions_it_computes_not_those_it_copies() -> None:
+    """Two follow-ups of 43 positions, 32 of them a head the cache holds, each compute 11:
+    with a budget of 48 they share one step (charged 43 each they would not)."""
+    model = Recording(share_prefixes=True)
+    engine = TorchEngine(model, settings(max_prefill_tokens=48, chunked_prefill_size=-1))
+    async with engine:
+        await run(engine, {"first": [*HEAD, 1, 2, 3]})
+        model.prefills.clear()
+        await run(engine, {"b": [*HEAD, 4, 5, 6], "c": [*HEAD, 7, 8, 9]})
+    assert model.prefills[0] == [("b", 32, 43), ("c", 32, 43)]
