@@ -72,6 +72,41 @@ def build(layers: int, dtype: torch.dtype, seed: int, tiny: bool) -> ThinkerStep
     return ThinkerStepModel(lm, cfg.text, eos_ids=set(), device=torch.device("cpu"), dtype=dtype)
 
 
+def add_thinker_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the thinker these benchmarks build (``bench_long_prompt`` too)."""
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers (release: 48)")
+    parser.add_argument(
+        "--dtype", default="bfloat16", help="weights (the stage's factory.dtype: auto, ...)"
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def thinker_of(args: argparse.Namespace) -> tuple[ThinkerStepModel, torch.dtype] | None:
+    """The thinker ``add_thinker_arguments`` describe, on a dedicated compute thread as a
+    stage process runs it; None (said on stderr) for a dtype this CPU cannot run."""
+    torch.set_num_threads(args.threads)
+    try:
+        dtype = torch_dtype(args.dtype, "cpu")
+    except (PrecisionError, ValueError) as exc:
+        print(f"--dtype: {exc}", file=sys.stderr)
+        return None
+    model = build(args.layers, dtype, args.seed, tiny=args.smoke)
+    dedicate(args.threads)  # what a stage process does once built (engine/compute.py)
+    return model, dtype
+
+
+def print_record(args: argparse.Namespace, dtype: torch.dtype, **figures: object) -> None:
+    """The run's figures as one ``BENCH_JSON`` line, after the thinker they ran on."""
+    record = {
+        "layers": args.layers,
+        "dtype": str(dtype).removeprefix("torch."),
+        "threads": args.threads,
+        **figures,
+    }
+    print("BENCH_JSON " + json.dumps(record))
+
+
 def prompt_of(ids: list[int], media: dict[int, torch.Tensor] | None = None) -> EmbeddedPrompt:
     """Text with three equal M-RoPE streams; ``media``: encoder rows spliced in by position."""
     flat = torch.arange(len(ids))
@@ -141,10 +176,7 @@ async def conversation(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=2, help="decoder layers (release: 48)")
-    parser.add_argument(
-        "--dtype", default="bfloat16", help="weights (the stage's factory.dtype: auto, ...)"
-    )
+    add_thinker_arguments(parser)
     parser.add_argument("--system", type=int, default=512, help="system prompt tokens")
     parser.add_argument("--turns", type=int, default=4, help="user turns")
     parser.add_argument("--turn", type=int, default=64, help="tokens per user message")
@@ -161,8 +193,6 @@ def main() -> int:
         help="spoken turns: the talker's rows come back with each step (a speech deployment)",
     )
     parser.add_argument("--repeats", type=int, default=2, help="conversations per setting")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--smoke", action="store_true", help="tiny widths, two short turns: checks the script runs"
     )
@@ -170,15 +200,11 @@ def main() -> int:
     if args.smoke:
         args.system, args.turns, args.turn, args.answer, args.repeats = 40, 2, 8, 4, 1
         args.audio, args.spoken = 6, True  # every path: media rows and the talker's
-    torch.set_num_threads(args.threads)
-    try:
-        dtype = torch_dtype(args.dtype, "cpu")
-    except (PrecisionError, ValueError) as exc:
-        print(f"--dtype: {exc}", file=sys.stderr)
-        return 2
     started = time.perf_counter()
-    model = build(args.layers, dtype, args.seed, tiny=args.smoke)
-    dedicate(args.threads)  # what a stage process does once built (engine/compute.py)
+    built = thinker_of(args)
+    if built is None:
+        return 2
+    model, dtype = built
     rng = random.Random(args.seed)
 
     def text(n: int) -> list[int]:
@@ -232,19 +258,17 @@ def main() -> int:
         f"positions computed {counts[False]['computed']} -> {counts[True]['computed']}, "
         f"copied {counts[True]['cached']}"
     )
-    record = {
-        "layers": args.layers,
-        "dtype": str(dtype).removeprefix("torch."),
-        "threads": args.threads,
-        "audio": args.audio,
-        "spoken": args.spoken,
-        "prompt_lengths": lengths,
-        "ttft_whole_s": best[False],
-        "ttft_copied_s": best[True],
-        "positions_whole": counts[False],
-        "positions_copied": counts[True],
-    }
-    print("BENCH_JSON " + json.dumps(record))
+    print_record(
+        args,
+        dtype,
+        audio=args.audio,
+        spoken=args.spoken,
+        prompt_lengths=lengths,
+        ttft_whole_s=best[False],
+        ttft_copied_s=best[True],
+        positions_whole=counts[False],
+        positions_copied=counts[True],
+    )
     return 0
 
 

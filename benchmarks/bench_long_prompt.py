@@ -20,7 +20,6 @@ runs ``--repeats`` times, taking turns; each figure's best run is kept.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -28,12 +27,9 @@ import time
 from pathlib import Path
 
 import anyio
-import torch
 
 from omni_core.engine.backends import create_engine
-from omni_core.engine.compute import dedicate
 from omni_core.engine.interface import EngineSettings, SamplingParams
-from omni_core.engine.precision import PrecisionError, torch_dtype
 from omni_qwen3_omni.thinker.step import ThinkerStepModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -97,18 +93,13 @@ async def run_once(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=2, help="decoder layers (release: 48)")
-    parser.add_argument(
-        "--dtype", default="bfloat16", help="weights (the stage's factory.dtype: auto, ...)"
-    )
+    conversation.add_thinker_arguments(parser)
     parser.add_argument("--prompt", type=int, default=4096, help="the long prompt's tokens")
     parser.add_argument("--chunk", type=int, default=512, help="chunked_prefill_size")
     parser.add_argument("--decoders", type=int, default=4, help="requests decoding meanwhile")
     parser.add_argument("--short", type=int, default=32, help="their prompts' tokens")
     parser.add_argument("--answer", type=int, default=48, help="their answers' tokens (greedy)")
     parser.add_argument("--repeats", type=int, default=2, help="runs per setting")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--smoke", action="store_true", help="tiny widths, a short prompt: checks the script runs"
     )
@@ -118,15 +109,11 @@ def main() -> int:
     if not 1 <= args.chunk < args.prompt:
         print(f"--chunk must be in 1..{args.prompt - 1} (below --prompt)", file=sys.stderr)
         return 2
-    torch.set_num_threads(args.threads)
-    try:
-        dtype = torch_dtype(args.dtype, "cpu")
-    except (PrecisionError, ValueError) as exc:
-        print(f"--dtype: {exc}", file=sys.stderr)
-        return 2
     started = time.perf_counter()
-    model = conversation.build(args.layers, dtype, args.seed, tiny=args.smoke)
-    dedicate(args.threads)  # what a stage process does once built (engine/compute.py)
+    built = conversation.thinker_of(args)
+    if built is None:
+        return 2
+    model, dtype = built
     rng = random.Random(args.seed)
 
     def text(n: int) -> list[int]:
@@ -163,17 +150,15 @@ def main() -> int:
         f"chunks; the long prompt's first token "
         f"{chunked['long_first_token_s'] / whole['long_first_token_s']:.2f}x as late"
     )
-    record = {
-        "layers": args.layers,
-        "dtype": str(dtype).removeprefix("torch."),
-        "threads": args.threads,
-        "prompt": args.prompt,
-        "chunk": args.chunk,
-        "decoders": args.decoders,
-        "one_step": whole,
-        "chunked": chunked,
-    }
-    print("BENCH_JSON " + json.dumps(record))
+    conversation.print_record(
+        args,
+        dtype,
+        prompt=args.prompt,
+        chunk=args.chunk,
+        decoders=args.decoders,
+        one_step=whole,
+        chunked=chunked,
+    )
     return 0
 
 

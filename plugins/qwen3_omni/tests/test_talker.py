@@ -562,22 +562,26 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def _engine_frames(model, prompts, sampling, static=None):
-    """Each prompt's frames through the engine (``static``: a static plan to run under)."""
+def _engine_frames(model, prompts, sampling, static=None, *, frames=8, counts=None, **keys):
+    """Each prompt's frames through the engine, all submitted at once (``static``: a static
+    plan to run under; ``keys``: more engine settings; ``counts``: a dict that receives
+    the engine's ``prefill_chunks``)."""
 
     async def main():
-        settings = EngineSettings(max_running_requests=4, max_total_tokens=512)
+        settings = EngineSettings(max_running_requests=4, max_total_tokens=512, **keys)
         out = {}
         async with TorchEngine(model, settings, static=static) as engine:
 
             async def one(i, prompt):
                 params = copy.copy(sampling)
-                params.max_new_tokens = 8
+                params.max_new_tokens = frames
                 out[i] = [f async for f in engine.enqueue(f"r{i}", prompt, params)]
 
             async with anyio.create_task_group() as group:
                 for i, prompt in enumerate(prompts):
                     group.start_soon(one, i, prompt)
+            if counts is not None:
+                counts["prefill_chunks"] = engine.prefill_chunks
         return [out[i] for i in range(len(prompts))]
 
     return anyio.run(main)
@@ -754,30 +758,17 @@ def test_talker_prompts_prefilled_in_chunks_make_the_frames_of_whole_prefills(ta
     the others decode): the frames of one-step prefills."""
     feeds = [Feed(40, media=True), Feed(41), Feed(42, media=True)]
     model = TalkerStepModel(talker, CFG, device="cpu", dtype=torch.float32)
-
-    async def main(chunk: int | None):
-        settings = EngineSettings(
-            max_running_requests=4,
-            max_total_tokens=512,
-            disable_radix_cache=True,
-            **({"max_prefill_tokens": chunk} if chunk else {}),
-        )
-        out = {}
-        async with TorchEngine(model, settings) as engine:
-
-            async def one(i, prompt):
-                params = copy.copy(GREEDY)
-                params.max_new_tokens = 5
-                out[i] = [f async for f in engine.enqueue(f"r{i}", prompt, params)]
-
-            async with anyio.create_task_group() as group:
-                for i, feed in enumerate(feeds):
-                    group.start_soon(one, i, feed.prompt())
-            chunks = engine.prefill_chunks
-        return [out[i] for i in range(len(feeds))], chunks
-
-    chunked, chunks = anyio.run(main, 12)
-    whole, none = anyio.run(main, None)
-    assert chunks >= len(feeds) and none == 0
+    counts: dict = {}
+    chunked = _engine_frames(
+        model,
+        [f.prompt() for f in feeds],
+        GREEDY,
+        frames=5,
+        counts=counts,
+        disable_radix_cache=True,
+        max_prefill_tokens=12,
+    )
+    whole = _engine_frames(model, [f.prompt() for f in feeds], GREEDY, frames=5)
+    assert counts["prefill_chunks"] >= len(feeds)
     for a, b in zip(chunked, whole, strict=True):
         assert len(a) >= 2 and same(a, b)
