@@ -362,6 +362,8 @@ class DeploymentPlan:
     precisions: dict[str, Any] = field(default_factory=dict)
     # torch engine stage -> how it decodes (eager, compiled, CUDA graphs, prepacked), in words
     decodes: dict[str, str] = field(default_factory=dict)
+    # torch engine stage -> its prompt budget a step and where longer prompts go, in words
+    prefills: dict[str, str] = field(default_factory=dict)
     # torch engine stage on a GPU -> how its KV cache will be sized from its share, in words
     caches: dict[str, str] = field(default_factory=dict)
     # torch engine stage on a GPU -> the engine.max_running_requests the plan sized from
@@ -404,6 +406,7 @@ class DeploymentPlan:
             "estimates": {k: self.estimates[k].to_dict() for k in sorted(self.estimates)},
             "precisions": {k: self.precisions[k].to_dict() for k in sorted(self.precisions)},
             "decodes": {k: self.decodes[k] for k in sorted(self.decodes)},
+            "prefills": {k: self.prefills[k] for k in sorted(self.prefills)},
             "caches": {k: self.caches[k] for k in sorted(self.caches)},
             "running_requests": dict(sorted(self.running_requests.items())),
             "notes": list(self.notes),

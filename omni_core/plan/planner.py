@@ -39,6 +39,7 @@ from .mps import plan_mps
 from .nodes import assign_nodes
 from .pages import plan_huge_pages
 from .precision import plan_precisions
+from .prefill import plan_prefills
 from .processes import build_processes
 from .threads import plan_cpu_threads
 from .transports import check_cross_node, check_transports, plan_edges
@@ -180,6 +181,7 @@ def _plan(
         estimates=dict(estimates),
         precisions=precisions,
         decodes=decodes,
+        prefills=plan_prefills(config, set(stage_of.values())),
         caches=caches,
         running_requests=running,
         notes=notes,

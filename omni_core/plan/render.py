@@ -158,6 +158,8 @@ def render_plan(
         say(f"precision {stage}: {precision.describe()}")
     for stage, how in sorted(plan.decodes.items()):
         say(f"decode {stage}: {how}")
+    for stage, how in sorted(plan.prefills.items()):
+        say(f"prefill {stage}: {how}")
     for stage, how in sorted(plan.caches.items()):
         say(f"cache {stage}: {how}")
     for stage, estimate in sorted(plan.estimates.items()):

@@ -90,3 +90,19 @@ def test_the_note_names_every_compiling_stage_and_none_that_runs_eagerly():
     assert note.startswith("talker_ar, thinker compile their decode steps")
     assert "their processes say ready" in note and "asr" not in note
     assert "runtime.startup_timeout is 300 s" in note
+
+
+def test_the_prefill_plan_says_where_long_prompts_go(capsys):
+    code, out = plan(capsys, TTS)
+    assert code == 0, out
+    line = next(s for s in out.splitlines() if s.startswith("prefill tts_engine:"))
+    assert "at most 8192 prompt positions a step (engine.max_prefill_tokens)" in line
+    assert "a longer prompt in chunks of 8192" in line and "where the model offers it" in line
+    assert "prefill vocoder" not in out  # not an engine stage
+    code, out = plan(capsys, TTS, "--tts_engine.engine.chunked_prefill_size", "512", "--json")
+    assert code == 0, out
+    words = json.loads(out)["prefills"]["tts_engine"]
+    assert "a prompt over 512 positions in chunks of 512" in words
+    code, out = plan(capsys, TTS, "--tts_engine.engine.chunked_prefill_size", "-1")
+    assert code == 0, out
+    assert "a longer prompt is refused (engine.chunked_prefill_size is -1)" in out
