@@ -1,4 +1,5 @@
-"""Attention for one new position per sequence, on the CPU in bf16, as two batched products.
+"""Attention for one new position per sequence, on the CPU in bf16, with each KV head's query
+heads taken together.
 
 Why: a decode step asks attention for one query per sequence, and torch's
 fused CPU kernel (``scaled_dot_product_attention``'s flash path) runs that
@@ -22,9 +23,19 @@ which is why the upcast is worth its copy of the keys and values. Float32,
 other devices and several query positions (a prompt) keep the fused
 kernel, which is fast and exact there.
 
+The same grouping through the fused kernel (:func:`fused_rows`: each KV
+head's query heads handed to it as that head's query rows) reads each key
+once for the group and copies nothing to float32; with more than a little
+work it is as fast or faster, and it keeps the kernel's numerics, the
+references' own (:func:`grouped_decode` picks; 32 query / 4 KV heads, one
+sequence of 16384 keys: 3.1 ms a layer against the products' 22.4, whose
+float32 copies fall out of the caches; the products now take many long
+sequences a few at a time, which brought 8 of 4096 keys from 46.9 to 6.4 ms
+against the rows' 6.8; ``benchmarks/bench_decode_attention.py``).
+
 Where it runs (``OMNI_CPU_ATTENTION``):
 
-* ``auto`` (the default) and ``grouped``: the grouped form in every bf16
+* ``auto`` (the default) and ``grouped``: the grouped forms in every bf16
   decode step on the CPU, eager and compiled. It is faster at every batch
   size and context measured (above), and it is what bf16 fidelity asks of
   us: within the references' own bf16 noise, not bit for bit (the bf16
@@ -85,7 +96,7 @@ def attention(
     ):
         if torch.compiler.is_compiling():
             return torch.ops.omni.grouped_attention(q, k, v, mask)
-        return grouped_single_query(q, k, v, mask)
+        return grouped_decode(q, k, v, mask)
     if (
         mask is not None
         and q.shape[2] >= 2 * PREFILL_TILE
@@ -156,12 +167,82 @@ def attention_mode() -> str:
     return _mode
 
 
+#: Above this many float32 bytes of keys (a chunk of sequences' ``[KV, S, D]``), the
+#: grouped products take the sequences a few at a time: the float32 copies of all of
+#: them fell out of the caches (8 sequences of 4096 keys, 8 KV heads of 128: 84.6 ms a
+#: layer at once, 4.7 ms one sequence at a time).
+GROUPED_CHUNK_BYTES = 8 << 20
+
+
+def grouped_decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """One query position per sequence, each KV head's query heads taken together.
+
+    Two forms compute it. :func:`fused_rows` hands each KV head's query
+    heads to torch's fused kernel as that head's query rows: the kernel then
+    reads each key once for the group, with no float32 copy of the keys and
+    values, and it wins or ties wherever there is more than a little work (32
+    query / 4 KV heads of 128, 2 threads, one sequence of 16384 keys: 3.1 ms a
+    layer against 22.4 for the products and 46.4 for the kernel per query
+    head; 8 of 240: 0.31 against 0.36 and 5.32). :func:`grouped_single_query`'s two
+    float32 products win where there is little work in groups of 2-4 (16 / 8
+    heads, 8 sequences of 4-32 keys, a code predictor's: 80-99 against
+    105-121 us) and where each KV head has one query head (the fused kernel's
+    slow shape).
+    """
+    if decode_form(q.shape[0], q.shape[1], k.shape[1], k.shape[2]) == "rows":
+        return fused_rows(q, k, v, mask)
+    return grouped_single_query(q, k, v, mask)
+
+
+def decode_form(batch: int, heads: int, kv_heads: int, keys: int) -> str:
+    """Which form :func:`grouped_decode` takes: ``rows`` (:func:`fused_rows`) or
+    ``products`` (:func:`grouped_single_query`), from the measured ranges above
+    (``benchmarks/bench_decode_attention.py`` prints them for every layout)."""
+    group = heads // kv_heads
+    if group >= 2 and (group >= 8 or batch == 1 or batch * keys > 512):
+        return "rows"
+    return "products"
+
+
+def fused_rows(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Each KV head's query heads as the query rows of one fused-kernel call.
+
+    The kernel's numerics, those the references run (scores in float32,
+    probabilities rounded to bf16 before the values), for every row: the
+    output equals the per-head call's within a bf16 rounding (the kernel
+    blocks its work by the rows it is given; often bit for bit).
+    """
+    batch, heads, _, head_dim = q.shape
+    kv_heads = k.shape[1]
+    rows = q.reshape(batch, kv_heads, heads // kv_heads, head_dim)
+    # a [B, 1, 1, S] mask broadcasts over KV heads and their query rows
+    out = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask)
+    return out.reshape(batch, heads, 1, head_dim)
+
+
 def grouped_single_query(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
-    """One query position per sequence: each KV head's query heads as the rows of one product."""
+    """One query position per sequence: each KV head's query heads as the rows of one
+    product, in float32 (a few sequences at a time where their keys are many)."""
     batch, heads, _, head_dim = q.shape
-    kv_heads = k.shape[1]
+    kv_heads, keys = k.shape[1], k.shape[2]
+    step = max(1, GROUPED_CHUNK_BYTES // (kv_heads * keys * head_dim * 4))
+    if batch > step:
+        parts = [
+            grouped_single_query(
+                q[at : at + step],
+                k[at : at + step],
+                v[at : at + step],
+                mask if mask is None or mask.shape[0] == 1 else mask[at : at + step],
+            )
+            for at in range(0, batch, step)
+        ]
+        return torch.cat(parts)
     rows = q.reshape(batch, kv_heads, heads // kv_heads, head_dim).float()
     scores = torch.matmul(rows, k.float().transpose(-1, -2))  # [B, KV, G, S]
     if mask is not None:
@@ -175,7 +256,7 @@ def grouped_single_query(
 def _grouped_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
-    return grouped_single_query(q, k, v, mask)  # looked up per call: tests may count calls
+    return grouped_decode(q, k, v, mask)  # looked up per call: tests may count calls
 
 
 def _grouped_attention_shape(

@@ -16,6 +16,8 @@ from omni_core.engine.cpu_attention import (  # noqa: E402
     GROUPED_MIN_KEYS,
     attention,
     attention_mode,
+    fused_rows,
+    grouped_decode,
     grouped_single_query,
 )
 
@@ -232,3 +234,56 @@ def test_a_long_float32_prefill_keeps_the_single_call(monkeypatch):
     monkeypatch.setattr(cpu_attention.F, "scaled_dot_product_attention", counting)
     attention(q, k, v, mask)
     assert calls == [1400]
+
+
+@pytest.mark.parametrize(
+    "batch, heads, kv_heads, keys, form",
+    [
+        (8, 16, 8, 17, "products"),  # little work in pairs: a code predictor at c=8
+        (8, 16, 8, 64, "products"),
+        (1, 16, 8, 17, "rows"),  # one sequence: the kernel's single call
+        (8, 16, 8, 240, "rows"),  # more than a little work
+        (8, 32, 4, 17, "rows"),  # groups of 8 read each key once for 8 query heads
+        (8, 8, 8, 240, "products"),  # one query head a KV head: the kernel's slow shape
+    ],
+)
+def test_decode_attention_takes_the_form_that_pays(monkeypatch, batch, heads, kv_heads, keys, form):
+    q, k, v = _inputs(batch, heads, kv_heads, 1, keys, torch.bfloat16)
+    mask = torch.ones(batch, 1, 1, keys, dtype=torch.bool)
+    assert cpu_attention.decode_form(batch, heads, kv_heads, keys) == form
+    taken = []
+    for name in ("fused_rows", "grouped_single_query"):
+        real = getattr(cpu_attention, name)
+        monkeypatch.setattr(
+            cpu_attention, name, lambda *a, _r=real, _n=name: taken.append(_n) or _r(*a)
+        )
+    grouped_decode(q, k, v, mask)
+    assert taken == ["fused_rows" if form == "rows" else "grouped_single_query"]
+
+
+def test_fused_rows_are_the_kernels_numerics_for_every_query_head():
+    """Each KV head's query heads as the kernel's query rows: the per-head call's numbers
+    (the references' kernel) within a bf16 rounding, and as close to the exact attention."""
+    q, k, v = _inputs(8, 32, 4, 1, 300, torch.bfloat16, seed=6)
+    mask = torch.rand(8, 1, 1, 300, generator=torch.Generator().manual_seed(2)) > 0.3
+    mask[..., 0] = True
+    got = fused_rows(q, k, v, mask)
+    per_head = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    exact = _exact(q, k, v, mask)
+    assert (got.double() - per_head.double()).abs().max() <= 2**-8
+    assert (got.double() - exact).abs().max() <= (per_head.double() - exact).abs().max() + 2**-9
+
+
+def test_grouped_products_take_many_long_sequences_a_few_at_a_time(monkeypatch):
+    """The float32 copies of many long sequences' keys stay small: chunks of sequences give
+    the same numbers as all at once."""
+    q, k, v = _inputs(6, 4, 4, 1, 100, torch.bfloat16, seed=7)
+    mask = torch.ones(6, 1, 1, 100, dtype=torch.bool)
+    mask[2, ..., 60:] = False
+    whole = grouped_single_query(q, k, v, mask)
+    monkeypatch.setattr(cpu_attention, "GROUPED_CHUNK_BYTES", 4 * 100 * 64 * 4 * 2)  # 2 rows
+    assert torch.equal(grouped_single_query(q, k, v, mask), whole)
+    broadcast = torch.ones(1, 1, 1, 100, dtype=torch.bool)  # one mask for every sequence
+    assert torch.equal(
+        grouped_single_query(q, k, v, broadcast), grouped_single_query(q, k, v, None)
+    )
