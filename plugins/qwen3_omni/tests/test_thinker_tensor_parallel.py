@@ -34,11 +34,13 @@ RANK = textwrap.dedent(
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     SETTINGS = EngineSettings(max_running_requests=4, max_total_tokens=2048)
+    # the split run prefills in chunks of 16: the 40-token prompt takes three steps
+    CHUNKED = EngineSettings(max_running_requests=4, max_total_tokens=2048, max_prefill_tokens=16)
 
     def build(tp_size):
         return create_thinker("tiny", load_format="dummy", dtype="float32", seed=0,
                               tp_rank=rank if tp_size > 1 else 0, tp_size=tp_size,
-                              engine_settings=SETTINGS)
+                              engine_settings=SETTINGS if tp_size == 1 else CHUNKED)
 
     def prompts():
         g = torch.Generator().manual_seed(5)
@@ -78,8 +80,9 @@ RANK = textwrap.dedent(
         if rank == 0:
             split = await decode(stage)
             kv = stage.engine.cache.k.shape[2]
+            chunks = stage.engine.prefill_chunks
             await stage.aclose()
-            result = {"reference": reference, "split": split, "kv_heads": kv}
+            result = {"reference": reference, "split": split, "kv_heads": kv, "chunks": chunks}
         else:
             await anyio.to_thread.run_sync(stage.join)
             await stage.aclose()
@@ -94,6 +97,8 @@ RANK = textwrap.dedent(
 
 
 def test_two_ranks_decode_the_greedy_tokens_of_one(tmp_path: Path):
+    """Two tensor-parallel ranks, prompts prefilled in chunks, say what one rank says
+    prefilling them whole."""
     procs = [
         subprocess.Popen(
             [
@@ -115,7 +120,8 @@ def test_two_ranks_decode_the_greedy_tokens_of_one(tmp_path: Path):
         assert proc.returncode == 0, output
     leader = json.loads((tmp_path / "0").read_text())
     follower = json.loads((tmp_path / "1").read_text())
-    assert leader["split"] == leader["reference"]
+    assert leader["split"] == leader["reference"]  # the split run's prompts in chunks
+    assert leader["chunks"] >= 2
     assert all(len(tokens) == 16 for tokens in leader["split"].values())
     assert leader["kv_heads"] == follower["kv_heads"] == 1  # 2 KV heads over 2 ranks
     assert follower["steps"] >= 16  # it ran the passes itself (prefills and decodes)
