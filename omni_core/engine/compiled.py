@@ -12,7 +12,9 @@ shortest slot span that holds its rows (:func:`attention_spans`;
 capture) and returns the real rows; for a batch above the largest bucket it
 returns None and the model runs its eager step. All buckets and spans are
 compiled at start-up (:meth:`StaticContext.warm_up`), before the process
-says ready.
+says ready; each decoder layer is traced and built once per shape and run
+as every layer of its kind (:mod:`.layer_regions`), which is most of what
+that start-up costs.
 
 The sampling around a step stays eager where it is per-request Python
 (seeded generators, repetition penalties). A model may capture more around
@@ -34,6 +36,7 @@ import torch
 from .buckets import StaticPlan, bucket_for
 from .compute import call_on_compute_thread
 from .cuda_graphs import CapturedStep, graph_pool
+from .layer_regions import regions_wanted
 from .static_kv import StaticSlotStore, static_mask
 
 log = logging.getLogger(__name__)
@@ -146,6 +149,9 @@ class StaticDecoder:
         self._step: Callable[..., Any] = self._eager_step
         self.spans = attention_spans(k_cache.shape[3], self.use_graphs, plan.compile)
         self.prepacked = False
+        #: compiled: each layer built once and run as every layer (layer_regions); not where
+        #: the weights are frozen into the graph (prepacked), which differ in every layer
+        self.regions = plan.compile and regions_wanted()
         if plan.compile:
             self._step = self._compiled_step(plan)
         self._graphs: dict[tuple[int, int, int], CapturedStep] = {}  # bucket, steps, span
@@ -163,6 +169,7 @@ class StaticDecoder:
                 assert module is not None  # refusal() checked it
                 prepack.route_to_template(module)
                 self.prepacked = True
+                self.regions = False
                 graphs = len(self.buckets) * len(self.steps) * len(self.spans)
                 size = prepack.product_bytes(module)
                 self.note = (
@@ -199,7 +206,9 @@ class StaticDecoder:
         span: int | None = None,
     ) -> Any:
         span = self.spans[-1] if span is None else span
-        store = StaticSlotStore(self.k_cache, self.v_cache, slots, cache_pos, span)
+        store = StaticSlotStore(
+            self.k_cache, self.v_cache, slots, cache_pos, span, regions=self.regions
+        )
         return self.forward(x, positions, static_mask(cache_pos, span), store)
 
     def span_for(self, cache_pos: torch.Tensor, longest: int | None = None) -> int:
@@ -304,12 +313,28 @@ class StaticDecoder:
                     return
         # Compiled (or, a failed capture's fallback, compiled now): every shape before
         # serving, so that no request waits for a compile.
+        try:
+            self._compile_all()
+        except Exception as exc:
+            if not self.regions:
+                raise
+            # A layer dynamo cannot take whole as a region (a graph break in it) still
+            # compiles as before, in pieces: slower to start, never refused.
+            self.regions = False
+            self.note = (
+                f"{self.name}: each layer compiled on its own, not once for all "
+                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0]})"
+            )
+            log.warning("engine: %s", self.note)
+            self._compile_all()
+        self.warm = self.plan.compile
+
+    def _compile_all(self) -> None:
         for bucket in sorted(self.buckets, reverse=True):
             for steps in self.steps:
                 example = self.example(bucket, steps)
                 for span in self.spans:
                     self._step(*example, span)
-        self.warm = self.plan.compile
 
     def _capture_all(self) -> None:
         """One CUDA graph per bucket, step length and span, in one pool, largest first."""

@@ -6,8 +6,8 @@ decides whether to use it (:mod:`.cpu_kernel_choice`) need these two, and
 the layer's module already imports the timing's.
 
 A compiled decode step calls the product through an operator of its own,
-``omni::blocked_linear``, which names the weight by a number
-(:func:`register_blocked`): a oneDNN blocked tensor is opaque, so neither
+``omni::blocked_linear``, which names the weight by a number, held in the
+layer's ``handle`` tensor (:func:`register_blocked`): a oneDNN blocked tensor is opaque, so neither
 dynamo nor inductor can take it as an input, and turning the weights dense
 again for compiling (as before) put the step on inductor's own bf16 products,
 which read them slower: Qwen3-TTS 0.6B's bf16 step at concurrency 1 took
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .graph_handles import Handles
+from .graph_handles import Handles, number_tensor
 
 
 def block_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -63,19 +63,27 @@ def blocked_product(
 _BLOCKED = Handles()
 
 
-def register_blocked(layer: Any) -> int:
-    """The number ``omni::blocked_linear`` names ``layer``'s weight (``layer.packed``) by."""
-    return _BLOCKED.add(layer)
+def register_blocked(layer: Any) -> None:
+    """Give ``layer`` the ``handle`` tensor ``omni::blocked_linear`` finds its ``packed`` by."""
+    number_tensor(layer, _BLOCKED.add(layer))
 
 
 def _blocked_linear(
-    x: torch.Tensor, weight: int, out_features: int, min_rows: int, bias: torch.Tensor | None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out_features: int,
+    min_rows: int,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    return blocked_product(x, _BLOCKED[weight].packed, bias, min_rows)
+    return blocked_product(x, _BLOCKED[int(weight)].packed, bias, min_rows)
 
 
 def _blocked_linear_shape(
-    x: torch.Tensor, weight: int, out_features: int, min_rows: int, bias: torch.Tensor | None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out_features: int,
+    min_rows: int,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], out_features))
 
@@ -84,7 +92,8 @@ def _blocked_linear_shape(
 # decorator's wrapper costs a few microseconds per call, and a frame makes hundreds.
 _LIBRARY = torch.library.Library("omni", "FRAGMENT")
 _LIBRARY.define(
-    "blocked_linear(Tensor x, int weight, int out_features, int min_rows, Tensor? bias) -> Tensor"
+    "blocked_linear(Tensor x, Tensor weight, int out_features, int min_rows, Tensor? bias)"
+    " -> Tensor"
 )
 _LIBRARY.impl("blocked_linear", _blocked_linear, "CPU")
 torch.library.register_fake("omni::blocked_linear", _blocked_linear_shape, lib=_LIBRARY)

@@ -141,8 +141,8 @@ class BlockedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed = block_weight(linear.weight.detach())
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), False)
-        # what a compiled step names the weight by (omni::blocked_linear)
-        self.number = register_blocked(self)
+        # what a compiled step names the weight by (omni::blocked_linear): tensor `handle`
+        register_blocked(self)
 
     @classmethod
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> BlockedLinear:
@@ -169,7 +169,7 @@ class BlockedLinear(nn.Module):
             return x.new_empty((*x.shape[:-1], self.out_features))
         if torch.compiler.is_compiling():  # the opaque weight by its number, as it is
             return torch.ops.omni.blocked_linear(
-                x, self.number, self.out_features, _routes.bf16_blocked_min_rows, self.bias
+                x, self.handle, self.out_features, _routes.bf16_blocked_min_rows, self.bias
             )
         return blocked_product(x, self.packed, self.bias, _routes.bf16_blocked_min_rows)
 

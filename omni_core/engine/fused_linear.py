@@ -53,10 +53,16 @@ class _Fusion:
     addresses: tuple[int, ...] | None
 
     def serves(self, layers: Sequence[nn.Module]) -> bool:
+        if torch.compiler.is_compiling():
+            # Not traced: the members' ids would be constants of the graph, so one
+            # compiled layer could not serve its siblings (layer_regions). A compiled
+            # step always runs eagerly first (StaticDecoder.warm_up), and that call
+            # dropped any fusion whose members were replaced or moved.
+            return len(layers) == len(self.members)
         if tuple(id(layer) for layer in layers) != self.members:
             return False
-        if self.addresses is None or torch.compiler.is_compiling():
-            return True  # the graph was traced from these layers; guards cover the rest
+        if self.addresses is None:
+            return True
         return all(
             layer._parameters["weight"].data_ptr() == address
             for layer, address in zip(layers, self.addresses, strict=True)

@@ -35,9 +35,13 @@ class StaticSlotStore:
         slots: torch.Tensor,
         positions: torch.Tensor,
         span: int | None = None,
+        regions: bool = False,
     ):
         self.k, self.v = k_cache, v_cache
         self.span = k_cache.shape[3] if span is None else span
+        #: whether a compiled step runs each layer as one shared region (:mod:`.layer_regions`)
+        self.regions = regions
+        self.slots = slots
         self.rows = slots[:, None].expand_as(positions)
         self.positions = positions
         heads = torch.arange(k_cache.shape[2], device=k_cache.device)
@@ -56,6 +60,51 @@ class StaticSlotStore:
         slots, span = self.rows[:, 0], self.span
         keys = self.k[layer, :, :, :span].index_select(0, slots)
         return keys, self.v[layer, :, :, :span].index_select(0, slots)
+
+    def layer_inputs(self, layer: int) -> tuple[torch.Tensor, ...]:
+        """What a :class:`LayerSlotStore` for ``layer`` is made of, every one a tensor."""
+        layer_id = torch.full((1,), layer, dtype=torch.long, device=self.k.device)
+        return self.k, self.v, layer_id, self.slots, self.positions
+
+
+class LayerSlotStore:
+    """:class:`StaticSlotStore`'s update for one layer named by a tensor, not a number.
+
+    So that one traced layer serves every layer of a stack
+    (:mod:`.layer_regions`): the same writes and reads, with the layer index
+    an input of the graph. ``update`` ignores the number it is given. The
+    whole cache, not the layer's view of it: inductor copies a cache it
+    writes through a view.
+    """
+
+    def __init__(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        layer_id: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        span: int,
+    ):
+        self.k, self.v, self.span, self.slots = k_cache, v_cache, span, slots
+        batch, steps = positions.shape
+        heads = torch.arange(k_cache.shape[2], device=k_cache.device)
+        self._where = (
+            layer_id.view(1, 1, 1).expand(batch, steps, 1),
+            slots.view(batch, 1, 1).expand(batch, steps, 1),
+            heads[None, None, :],
+            positions[..., None],
+        )
+        self._rows = (layer_id.expand(batch), slots)
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``k``/``v`` ``[B, heads, T, dim]``; return the slots ``[B, heads, span, dim]``."""
+        self.k.index_put_(self._where, k.transpose(1, 2))
+        self.v.index_put_(self._where, v.transpose(1, 2))
+        span = self.span
+        return self.k[:, :, :, :span][self._rows], self.v[:, :, :, :span][self._rows]
 
 
 def static_mask(positions: torch.Tensor, capacity: int) -> torch.Tensor:

@@ -19,6 +19,7 @@ from ..errors import RequestError
 from .cpu_attention import attention
 from .interface import CacheLayout, Sequence, StepResult
 from .kv_cache import SlotKVCache
+from .layer_regions import call_layer
 from .sampling import sample_sequences
 
 
@@ -31,9 +32,9 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int):
+    def __init__(self, dim: int, num_heads: int, index: int = 0):
         super().__init__()
-        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.num_heads, self.head_dim, self.index = num_heads, dim // num_heads, index
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
@@ -51,6 +52,12 @@ class Block(nn.Module):
         attended = attention(q, k, v, mask)  # as every decoder does (cpu_attention)
         x = x + self.out(attended.transpose(1, 2).flatten(2))
         return x + self.mlp(self.norm2(x))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, store: Any) -> torch.Tensor:
+        """The block over a KV store: its keys and values written at its ``index``."""
+        q, k, v = self.heads(x)
+        k_all, v_all = store.update(self.index, k, v)
+        return self.finish(x, q, k_all, v_all, mask)
 
 
 class TinyDecoder(nn.Module):
@@ -73,7 +80,7 @@ class TinyDecoder(nn.Module):
         self.vocab_size, self.dim, self.eos_id = vocab_size, dim, eos_id
         self.share_prefixes = share_prefixes
         self.embed = nn.Embedding(vocab_size, dim)
-        self.blocks = nn.ModuleList(Block(dim, num_heads) for _ in range(num_layers))
+        self.blocks = nn.ModuleList(Block(dim, num_heads, i) for i in range(num_layers))
         self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab_size)
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -218,10 +225,8 @@ class TinyDecoder(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, store: Any
     ) -> torch.Tensor:
         """The blocks and final norm over a KV store (positions are already in ``x``)."""
-        for index, block in enumerate(self.blocks):
-            q, k, v = block.heads(x)
-            k_all, v_all = store.update(index, k, v)
-            x = block.finish(x, q, k_all, v_all, mask)
+        for block in self.blocks:  # a compiled step builds one block for all (layer_regions)
+            x = call_layer(block, block.index, x, mask, store=store)
         return self.norm(x)
 
     def _results(self, sequences: list[Sequence], tokens: torch.Tensor) -> list[StepResult]:

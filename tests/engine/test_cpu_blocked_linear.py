@@ -278,7 +278,7 @@ def test_a_compiled_step_keeps_the_blocked_products_and_their_numbers(
         # the compiled graph reaches the weight through its number, nowhere else
         from omni_core.engine import cpu_blocked_weight
 
-        monkeypatch.delitem(cpu_blocked_weight._BLOCKED, net[0].out.number)
+        monkeypatch.delitem(cpu_blocked_weight._BLOCKED, int(net[0].out.handle))
         with pytest.raises(KeyError):
             compiled(x)
 
@@ -303,7 +303,7 @@ def test_a_freed_blocked_layer_leaves_the_numbered_weights(blocked_routes):
     from omni_core.engine import cpu_blocked_weight
 
     layer = BlockedLinear(nn.Linear(256, 512).to(torch.bfloat16))
-    number = layer.number
+    number = int(layer.handle)
     assert cpu_blocked_weight._BLOCKED[number] is layer
     del layer
     gc.collect()

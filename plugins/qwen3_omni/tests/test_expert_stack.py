@@ -477,7 +477,7 @@ def test_a_compiled_mixture_loops_through_one_operator_without_a_graph_break(mon
             torch.testing.assert_close(compiled(x), want, atol=0, rtol=0)
             assert calls == [moe]  # the loop ran once, through the operator
         # the graph reaches the mixture through its number only
-        monkeypatch.delitem(looped_op.MIXTURES, moe.number)
+        monkeypatch.delitem(looped_op.MIXTURES, int(moe.handle))
         with pytest.raises(KeyError):
             compiled(x)
 
@@ -492,9 +492,10 @@ def test_a_copied_mixture_is_found_by_a_number_of_its_own():
 
     moe = _moe(seed=2)
     twin = copy.deepcopy(moe)
-    assert twin.number != moe.number
-    assert looped_op.MIXTURES[twin.number] is twin and looped_op.MIXTURES[moe.number] is moe
-    number = twin.number
+    assert int(twin.handle) != int(moe.handle)
+    assert looped_op.MIXTURES[int(twin.handle)] is twin
+    assert looped_op.MIXTURES[int(moe.handle)] is moe
+    number = int(twin.handle)
     del twin
     gc.collect()
     assert number not in looped_op.MIXTURES

@@ -408,3 +408,42 @@ def test_inconsistent_prompts_are_refused(kwargs, ids, match):
 
 def test_audio_token_count_follows_the_release_formula():
     assert [audio_token_count(m) for m in (30, 99, 100, 130, 250, 400)] == [4, 13, 13, 17, 33, 52]
+
+
+def test_a_compiled_static_step_traces_one_layer_per_kind_of_layer():
+    """``engine.enable_torch_compile``: the sparse layers (0 and 2) call one traced layer
+    (omni_core.engine.layer_regions); the dense one (1), a body used once, dynamo
+    inlines into the step. The step computes what eager does; each layer writes its keys."""
+    from omni_core.engine.static_kv import StaticSlotStore, static_mask
+
+    lm = _model()
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(graph, example):
+        graphs.append(graph)
+        return graph.forward
+
+    def step(caches):
+        def run(x, positions, cache_pos, slots):
+            store = StaticSlotStore(*caches, slots, cache_pos, 16, regions=True)
+            return lm(x, positions, static_mask(cache_pos, 16), store)
+
+        return run
+
+    caches = [torch.zeros(3, 3, 2, 16, 8) for _ in range(4)]
+    x = torch.randn(2, 1, 32)
+    cache_pos, slots = torch.tensor([[2], [6]]), torch.tensor([0, 1])
+    positions = cache_pos[None].expand(3, -1, -1).contiguous()
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        compiled = torch.compile(step(caches[:2]), backend=record, fullgraph=True)
+        got = compiled(x, positions, cache_pos, slots)
+        want = step(caches[2:])(x, positions, cache_pos, slots)
+    invoke = torch.ops.higher_order.invoke_subgraph
+    bodies = [n.args[0].target for n in graphs[0].graph.nodes if n.target is invoke]
+    assert bodies == ["subgraph_0", "subgraph_0"]
+    assert "topk" in graphs[0].subgraph_0.code  # the sparse layer's router
+    assert "silu" in graphs[0].code and "topk" not in graphs[0].code  # the dense one, inline
+    torch.testing.assert_close(got, want)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert caches[0].abs().sum(dim=(1, 2, 3, 4)).gt(0).all()

@@ -19,6 +19,7 @@ from torch import nn
 
 from omni_core.engine.cpu_attention import attention
 from omni_core.engine.fused_linear import project
+from omni_core.engine.layer_regions import call_layer
 
 from .config import TransformerConfig
 
@@ -311,9 +312,13 @@ class DecoderStack(nn.Module):
         mask: torch.Tensor | None,
         store: Any,
     ) -> torch.Tensor:
-        """Rows ``x`` ``[B, T, H]`` through every layer, then the final norm."""
+        """Rows ``x`` ``[B, T, H]`` through every layer, then the final norm.
+
+        Through :func:`~omni_core.engine.layer_regions.call_layer`: a compiled
+        static step builds one layer and runs it as every layer.
+        """
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, store)
+            x = call_layer(layer, layer.self_attn.layer, x, cos, sin, mask, store=store)
         return self.norm(x)
 
 

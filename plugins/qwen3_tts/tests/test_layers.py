@@ -67,3 +67,50 @@ def test_rotating_queries_and_keys_together_changes_no_bit(dtype):
     q_both, k_both = rope_both(q, k, cos, sin)
     assert torch.equal(q_both, apply_rope(q, cos, sin))
     assert torch.equal(k_both, apply_rope(k, cos, sin))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dtype):
+    """``engine.enable_torch_compile``: the stack's layers, their q/k/v and gate/up fused as
+    the engine packs them, call one traced layer (omni_core.engine.layer_regions), and
+    the step computes what the eager static step does."""
+    from omni_core.engine.cpu_linear import pack_linear_weights
+    from omni_core.engine.static_kv import StaticSlotStore, static_mask
+    from omni_qwen3_tts.config import TransformerConfig
+    from omni_qwen3_tts.layers import DecoderStack
+
+    cfg = TransformerConfig(
+        vocab_size=32, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    stack = DecoderStack(cfg).to(dtype).eval()
+    with torch.no_grad():
+        for param in stack.parameters():
+            param.normal_(0, 0.05)
+    pack_linear_weights(stack)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(graph, example):
+        graphs.append(graph)
+        return graph.forward
+
+    def step(caches):
+        def run(x, positions, slots):
+            store = StaticSlotStore(*caches, slots, positions, 16, regions=True)
+            return stack(x, positions, static_mask(positions, 16), store)
+
+        return run
+
+    caches = [torch.zeros(3, 3, 2, 16, 32, dtype=dtype) for _ in range(4)]
+    x = torch.randn(2, 1, 128).to(dtype)
+    positions, slots = torch.tensor([[2], [6]]), torch.tensor([0, 1])
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        got = torch.compile(step(caches[:2]), backend=record, fullgraph=True)(x, positions, slots)
+        want = step(caches[2:])(x, positions, slots)
+    invoke = torch.ops.higher_order.invoke_subgraph
+    bodies = [n.args[0].target for n in graphs[0].graph.nodes if n.target is invoke]
+    assert len(bodies) == 3 and len(set(bodies)) == 1
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])

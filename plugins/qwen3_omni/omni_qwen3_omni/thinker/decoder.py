@@ -30,6 +30,7 @@ from typing import overload
 import torch
 from torch import nn
 
+from omni_core.engine.layer_regions import call_layer
 from omni_qwen3_tts.layers import DecoderLayer, KVStore, RMSNorm, mrope_cos_sin, register_rope
 
 from ..config import TextConfig
@@ -125,7 +126,8 @@ class ThinkerTextModel(nn.Module):
         if 0 in wanted:
             captured[0] = x
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask, store)
+            # one compiled layer serves them all in a compiled step (layer_regions)
+            x = call_layer(layer, layer.self_attn.layer, x, cos, sin, mask, store=store)
             if deepstack is not None and i < len(deepstack):
                 x = add_at(x, *deepstack[i])
             if i + 1 in wanted and i + 1 < len(self.layers):

@@ -11,7 +11,8 @@ traces the router, norms, attention and residuals of every layer into one
 graph, inductor fuses them, and the experts run as eagerly as before, on
 the same kernels, in the same order, so their numbers are eager's.
 
-The graph names the mixture by a number (:mod:`omni_core.engine.graph_handles`);
+The graph names the mixture by a number, its ``handle`` tensor
+(:mod:`omni_core.engine.graph_handles`);
 its fake returns a tensor shaped like ``x``, which is all the graph needs.
 """
 
@@ -21,25 +22,25 @@ from typing import Any
 
 import torch
 
-from omni_core.engine.graph_handles import Handles
+from omni_core.engine.graph_handles import Handles, number_tensor
 
 #: Mixtures by the number a compiled step names them with (weak: a freed one leaves).
 MIXTURES = Handles()
 
 
-def register_mixture(mixture: Any) -> int:
-    """The number ``omni::looped_mixture`` finds ``mixture`` by."""
-    return MIXTURES.add(mixture)
+def register_mixture(mixture: Any) -> None:
+    """Give ``mixture`` the ``handle`` tensor ``omni::looped_mixture`` finds it by."""
+    number_tensor(mixture, MIXTURES.add(mixture))
 
 
 def _looped_mixture(
-    x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, mixture: int
+    x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, mixture: torch.Tensor
 ) -> torch.Tensor:
-    return MIXTURES[mixture]._loop(x, weights, experts)
+    return MIXTURES[int(mixture)]._loop(x, weights, experts)
 
 
 def _looped_mixture_shape(
-    x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, mixture: int
+    x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, mixture: torch.Tensor
 ) -> torch.Tensor:
     return torch.empty_like(x)
 
@@ -48,6 +49,8 @@ def _looped_mixture_shape(
 # no per-call wrapper. CompositeExplicitAutograd: one implementation for every device,
 # since int8 experts and GPUs without a fused grouped product loop too.
 _LIBRARY = torch.library.Library("omni", "FRAGMENT")
-_LIBRARY.define("looped_mixture(Tensor x, Tensor weights, Tensor experts, int mixture) -> Tensor")
+_LIBRARY.define(
+    "looped_mixture(Tensor x, Tensor weights, Tensor experts, Tensor mixture) -> Tensor"
+)
 _LIBRARY.impl("looped_mixture", _looped_mixture, "CompositeExplicitAutograd")
 torch.library.register_fake("omni::looped_mixture", _looped_mixture_shape, lib=_LIBRARY)

@@ -103,12 +103,13 @@ class SparseMoE(nn.Module):
         self.num_experts, self.top_k, self.norm_topk_prob = num_experts, top_k, norm_topk_prob
         self.gate = nn.Linear(hidden, num_experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(hidden, intermediate) for _ in range(num_experts))
-        # what a compiled step names this mixture by when its experts loop (looped_op.py)
-        self.number = register_mixture(self)
+        # what a compiled step names this mixture by when its experts loop (looped_op.py):
+        # tensor `handle`
+        register_mixture(self)
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        self.number = register_mixture(self)  # a copy (deepcopy, pickle) is another mixture
+        register_mixture(self)  # a copy (deepcopy, pickle) is another mixture
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Routing weights (``x.dtype``) and expert indexes, both ``[N, k]``, of ``x`` ``[N, H]``.
@@ -149,7 +150,7 @@ class SparseMoE(nn.Module):
         if torch.compiler.is_compiling():
             # the router is traced; the loop is one opaque operator (looped_op.py)
             weights, experts = self.route(flat)
-            looped = torch.ops.omni.looped_mixture(flat, weights, experts, self.number)
+            looped = torch.ops.omni.looped_mixture(flat, weights, experts, self.handle)
             return looped.view(shape)
         return self._looped(flat).view(shape)
 

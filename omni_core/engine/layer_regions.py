@@ -1,0 +1,84 @@
+"""Each decoder layer of a compiled step traced and compiled once, then reused for the rest.
+
+Why: inductor compiled a decode step's whole stack as one graph, every layer
+generated and built again as C++ (or Triton) of its own, per batch bucket
+and attention span. A Qwen3-TTS 0.6B talker is 28 identical layers, and
+its buckets 1-8 took 494 s to start with a cold cache on 2 cores. With the
+layer a nested compile region (``torch.compiler.nested_compile_region``)
+inductor builds it once per shape; each layer of the stack calls that code
+with its own weights (28 layers at release width, one bucket: 44 -> 13 s,
+the step as fast; all the buckets: 494 -> 120 s).
+
+What it takes: the layer's graph must not depend on which layer it is. So
+the region gets the whole cache and this layer's index as a tensor (a
+:class:`LayerSlotStore` over them; the layer's own ``layer`` number goes
+unused), and the operators that name an object by a number take it as a
+tensor (:mod:`.graph_handles`). Anything else that differs between layers
+(another block type, another width) makes dynamo trace the region again for
+it, which is correct, only slower to start.
+
+Where: :func:`call_layer`, which a model's layer loop calls instead of the
+layer. Outside a compiled trace, or over any store but a static step's
+whose decoder asks for regions, it is the plain call.
+
+What it costs: dynamo still traces every layer (it compares each call with
+the body it keeps), so with a warm inductor cache, where building was
+already skipped, a start takes longer (the same Qwen3-TTS buckets: 32 ->
+51-87 s; cold 494 -> 120 s); decode steps take the same time (28 layers,
+one row: 25.9 against 26.0 ms). ``OMNI_COMPILE_REGIONS=0`` compiles each
+step as one graph, for a deployment whose inductor cache always survives.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .static_kv import LayerSlotStore, StaticSlotStore
+
+
+def call_layer(layer: Callable[..., Any], index: int, *args: Any, store: Any) -> Any:
+    """``layer(*args, store)``: as a shared region where a compiled static step asks for one.
+
+    ``index``: the layer's place in the cache (the number its attention
+    passes to ``store.update``); ``args``: its inputs before the store.
+    """
+    if isinstance(store, StaticSlotStore) and store.regions and torch.compiler.is_compiling():
+        return _layer_region(layer, *store.layer_inputs(index), store.span, *args)
+    return layer(*args, store)
+
+
+#: The environment variable that turns regions off (``0``); read when a decoder is built.
+SWITCH = "OMNI_COMPILE_REGIONS"
+
+
+def regions_wanted() -> bool:
+    """Whether compiled steps should build each layer once (:data:`SWITCH` is not ``0``)."""
+    value = os.environ.get(SWITCH, "1").strip().lower()
+    if value not in ("0", "1", "false", "true", "off", "on"):
+        raise ValueError(f"{SWITCH}={value!r}: expected 1 (regions, the default) or 0")
+    return value in ("1", "true", "on")
+
+
+#: How many traced shapes one region function may keep: every batch bucket, attention span
+#: and step length of every decoder whose layers it runs is one (Qwen3-TTS at buckets 1-8:
+#: the talker's 4 x 4 and the code predictor's 4 x 2). torch's default, 8, ran out.
+REGION_SHAPES = 256
+
+
+@functools.partial(torch.compiler.nested_compile_region, max_reuse_entries=REGION_SHAPES)
+def _layer_region(
+    layer: Callable[..., Any],
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    layer_id: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    span: int,
+    *args: Any,
+) -> Any:
+    return layer(*args, LayerSlotStore(k_cache, v_cache, layer_id, slots, positions, span))
