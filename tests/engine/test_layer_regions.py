@@ -47,9 +47,8 @@ def _inputs(dim: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor,
     return x, torch.tensor([[3], [5]]), torch.tensor([1, 2])
 
 
-@pytest.mark.parametrize("regions", [True, False])
-def test_every_layer_calls_one_traced_region_and_computes_what_eager_does(regions):
-    model = TinyDecoder(dim=32, num_heads=2, num_layers=4, seed=5)
+def _compiled_and_eager(step, eager_step, inputs) -> tuple[list[torch.fx.GraphModule], Any, Any]:
+    """``step`` compiled through a backend that keeps dynamo's graphs; its output and eager's."""
     graphs: list[torch.fx.GraphModule] = []
 
     def record(graph: torch.fx.GraphModule, example: Any):
@@ -57,12 +56,18 @@ def test_every_layer_calls_one_traced_region_and_computes_what_eager_does(region
         return graph.forward
 
     torch._dynamo.reset()
-    step, compiled_cache = _static_step(model, regions, 4)
-    eager_step, eager_cache = _static_step(model, regions, 4)
-    inputs = _inputs(32)
     with torch.inference_mode():
         got = torch.compile(step, backend=record, fullgraph=True, dynamic=False)(*inputs)
         want = eager_step(*inputs)
+    return graphs, got, want
+
+
+@pytest.mark.parametrize("regions", [True, False])
+def test_every_layer_calls_one_traced_region_and_computes_what_eager_does(regions):
+    model = TinyDecoder(dim=32, num_heads=2, num_layers=4, seed=5)
+    step, compiled_cache = _static_step(model, regions, 4)
+    eager_step, eager_cache = _static_step(model, regions, 4)
+    graphs, got, want = _compiled_and_eager(step, eager_step, _inputs(32))
     assert len(graphs) == 1
     called = _regions(graphs[0])
     if regions:
@@ -112,19 +117,9 @@ def test_blocked_bf16_layers_share_one_region_through_their_weight_numbers(monke
     model = TinyDecoder(dim=256, num_heads=2, num_layers=3, seed=6, dtype=torch.bfloat16)
     pack_linear_weights(model)
     assert isinstance(model.blocks[0].qkv, BlockedLinear)
-    graphs: list[torch.fx.GraphModule] = []
-
-    def record(graph: torch.fx.GraphModule, example: Any):
-        graphs.append(graph)
-        return graph.forward
-
-    torch._dynamo.reset()
     step, _ = _static_step(model, True, 3)
     eager_step, _ = _static_step(model, True, 3)
-    inputs = _inputs(256, torch.bfloat16)
-    with torch.inference_mode():
-        got = torch.compile(step, backend=record, fullgraph=True, dynamic=False)(*inputs)
-        want = eager_step(*inputs)
+    graphs, got, want = _compiled_and_eager(step, eager_step, _inputs(256, torch.bfloat16))
     called = _regions(graphs[0])
     assert len(called) == 3 and len(set(called)) == 1
     torch.testing.assert_close(got, want, rtol=0, atol=0)  # the same kernels, in order
