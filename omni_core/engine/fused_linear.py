@@ -54,11 +54,12 @@ class _Fusion:
 
     def serves(self, layers: Sequence[nn.Module]) -> bool:
         if torch.compiler.is_compiling():
-            # Not traced: the members' ids would be constants of the graph, so one
-            # compiled layer could not serve its siblings (layer_regions). A compiled
-            # step always runs eagerly first (StaticDecoder.warm_up), and that call
-            # dropped any fusion whose members were replaced or moved.
-            return len(layers) == len(self.members)
+            # Nothing of the members read: their ids (even their count, read from the
+            # tuple) would be constants of the graph, so one compiled layer could not
+            # serve its siblings (layer_regions). A compiled step always runs eagerly
+            # first (StaticDecoder.warm_up), and that call dropped any fusion whose
+            # members were replaced or moved.
+            return True
         if tuple(id(layer) for layer in layers) != self.members:
             return False
         if self.addresses is None:

@@ -5,29 +5,30 @@ generated and built again as C++ (or Triton) of its own, per batch bucket
 and attention span. A Qwen3-TTS 0.6B talker is 28 identical layers, and
 its buckets 1-8 took 494 s to start with a cold cache on 2 cores. With the
 layer a nested compile region (``torch.compiler.nested_compile_region``)
-inductor builds it once per shape; each layer of the stack calls that code
-with its own weights (28 layers at release width, one bucket: 44 -> 13 s,
-the step as fast; all the buckets: 494 -> 120 s).
+dynamo traces it and inductor builds it once per shape; each layer of the
+stack calls that code with its own weights.
 
-What it takes: the layer's graph must not depend on which layer it is. So
-the region gets the whole cache and this layer's index as a tensor (a
-:class:`LayerSlotStore` over them; the layer's own ``layer`` number goes
-unused), and the operators that name an object by a number take it as a
-tensor (:mod:`.graph_handles`). Anything else that differs between layers
-(another block type, another width) gets a body of its own, which is
-correct, only slower to start.
+What it takes: the layer's graph must not depend on which layer it is, or
+dynamo traces each layer again (reading nothing it must check per layer, it
+traces one and stamps the others out). So the region gets the whole cache
+and this layer's index as a tensor (a :class:`LayerSlotStore` over them; the
+layer's own ``layer`` number goes unused), the operators that name an object
+by a number take it as a tensor (:mod:`.graph_handles`), and fused
+projections do not compare their members' ids while traced
+(:mod:`.fused_linear`). Anything else that differs between layers (another
+block type, another width) gets a body of its own, which is correct, only
+slower to start.
 
 Where: :func:`call_layer`, which a model's layer loop calls instead of the
 layer. Outside a compiled trace, or over any store but a static step's
 whose decoder asks for regions, it is the plain call.
 
-What it costs: dynamo still traces every layer (it compares each call with
-the body it keeps), so with a warm inductor cache, where building was
-already skipped, a start takes longer (the same Qwen3-TTS buckets: 32 ->
-51-87 s; cold 494 -> 120 s); decode steps take the same time (28 layers,
-one row: 25.9 against 26.0 ms; MOSS-TTS's width, 2 layers: 17.7 against
-17.7 ms, alternated in one process). ``OMNI_COMPILE_REGIONS=0`` compiles each
-step as one graph, for a deployment whose inductor cache always survives.
+What it gives (Qwen3-TTS 0.6B, buckets 1-8, 2 cores, bf16): ready in 75 s
+with a cold inductor cache instead of 494, and 14 s with a warm one instead
+of 32; the steps take the same time (the talker's 28 layers at one row,
+alternated in one process: 25.9 against 26.0 ms; MOSS-TTS's width, 2
+layers: 17.7 against 17.7 ms). ``OMNI_COMPILE_REGIONS=0`` compiles each step
+as one graph, as before.
 """
 
 from __future__ import annotations

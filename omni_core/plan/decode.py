@@ -19,8 +19,9 @@ from .model import Assignment
 #: Below this ``runtime.startup_timeout`` (seconds), a deployment whose stages compile
 #: their decode steps gets a note to raise it. Every bucket compiles before the process
 #: says ready, and with a cold inductor cache that takes minutes: measured on 2 cores,
-#: Qwen3-TTS 0.6B, batch sizes 1-8, compiled 120 s with a cold cache (each layer built
-#: once; 494 s as whole graphs), prepacked too 710 s (105 s warm), int8 prepacked 862 s;
+#: Qwen3-TTS 0.6B, batch sizes 1-8, compiled 75 s with a cold cache (each layer built
+#: once; 494 s as whole graphs; 14 s warm), prepacked too 710 s (105 s warm), int8
+#: prepacked 862 s;
 #: the default timeout is 120 s.
 COMPILE_STARTUP_SECONDS = 900.0
 
@@ -75,8 +76,8 @@ def compile_startup_note(config: Any, decodes: Mapping[str, str]) -> str | None:
     )
     return (
         f"{who}, which takes minutes with a cold inductor cache "
-        "(Qwen3-TTS 0.6B, batch sizes 1-8, 2 cores: 120 s, with cpu_weight_prepack 710 s; "
-        "51-87 and 105 s once inductor's cache, TORCHINDUCTOR_CACHE_DIR, holds them), but "
+        "(Qwen3-TTS 0.6B, batch sizes 1-8, 2 cores: 75 s, with cpu_weight_prepack 710 s; "
+        "14 and 105 s once inductor's cache, TORCHINDUCTOR_CACHE_DIR, holds them), but "
         f"runtime.startup_timeout is {timeout:g} s: raise it "
         f"(--runtime.startup_timeout {COMPILE_STARTUP_SECONDS * 2:g}) or the process is "
         "stopped while it compiles"

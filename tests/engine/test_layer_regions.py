@@ -48,7 +48,12 @@ def _inputs(dim: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor,
 
 
 def _compiled_and_eager(step, eager_step, inputs) -> tuple[list[torch.fx.GraphModule], Any, Any]:
-    """``step`` compiled through a backend that keeps dynamo's graphs; its output and eager's."""
+    """``step`` compiled through a backend that keeps dynamo's graphs; its output and eager's.
+
+    Eager first, as a static decoder's warm-up runs it: whatever a model fills
+    lazily on its first call is then there when dynamo traces. Dynamo is reset
+    first, its counts (:func:`_region_counts`) with it.
+    """
     graphs: list[torch.fx.GraphModule] = []
 
     def record(graph: torch.fx.GraphModule, example: Any):
@@ -57,9 +62,19 @@ def _compiled_and_eager(step, eager_step, inputs) -> tuple[list[torch.fx.GraphMo
 
     torch._dynamo.reset()
     with torch.inference_mode():
-        got = torch.compile(step, backend=record, fullgraph=True, dynamic=False)(*inputs)
         want = eager_step(*inputs)
+        got = torch.compile(step, backend=record, fullgraph=True, dynamic=False)(*inputs)
     return graphs, got, want
+
+
+def _region_counts() -> tuple[int, int]:
+    """How many region bodies dynamo traced, and how many calls reused one, since its reset."""
+    from torch._dynamo.utils import compilation_time_metrics as metrics
+
+    return (
+        len(metrics.get("invoke_subgraph_trace", ())),
+        len(metrics.get("invoke_subgraph_reuse_stamp_out", ())),
+    )
 
 
 @pytest.mark.parametrize("regions", [True, False])
@@ -68,6 +83,8 @@ def test_every_layer_calls_one_traced_region_and_computes_what_eager_does(region
     step, compiled_cache = _static_step(model, regions, 4)
     eager_step, eager_cache = _static_step(model, regions, 4)
     graphs, got, want = _compiled_and_eager(step, eager_step, _inputs(32))
+    # regions: one body traced, the other three layers reuse it untraced (a fast warm start)
+    assert _region_counts() == ((1, 3) if regions else (0, 0))
     assert len(graphs) == 1
     called = _regions(graphs[0])
     if regions:
@@ -120,6 +137,7 @@ def test_blocked_bf16_layers_share_one_region_through_their_weight_numbers(monke
     step, _ = _static_step(model, True, 3)
     eager_step, _ = _static_step(model, True, 3)
     graphs, got, want = _compiled_and_eager(step, eager_step, _inputs(256, torch.bfloat16))
+    assert _region_counts() == (1, 2)
     called = _regions(graphs[0])
     assert len(called) == 3 and len(set(called)) == 1
     torch.testing.assert_close(got, want, rtol=0, atol=0)  # the same kernels, in order

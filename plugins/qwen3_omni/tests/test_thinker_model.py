@@ -444,6 +444,8 @@ def test_a_compiled_static_step_traces_one_layer_per_kind_of_layer():
     assert bodies == ["subgraph_0", "subgraph_0"]
     assert "topk" in graphs[0].subgraph_0.code  # the sparse layer's router
     assert "silu" in graphs[0].code and "topk" not in graphs[0].code  # the dense one, inline
+    # close, not equal: a traced mixture may take the stacked experts where eager loops
     torch.testing.assert_close(got, want)
-    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    torch.testing.assert_close(caches[0], caches[2])
+    torch.testing.assert_close(caches[1], caches[3])
     assert caches[0].abs().sum(dim=(1, 2, 3, 4)).gt(0).all()
