@@ -74,7 +74,8 @@ Figures:
   a warm-up step (attention, the routed experts, the LM head, one embedding
   row) in the dtype used, plus the KV cache at the mean cached length, over
   the limit measured with the same threads at the start and the end (the
-  higher kept), as a percentage of the measured step (mean and median).
+  higher kept), as a percentage of the measured step (mean and median), and
+  of the sustained rate (the median pass) beside it.
 
 Threads: default 1. On this two-core machine, whenever another process
 holds a core, an OpenMP-parallel op at 2 threads waits for it: ``index_add_``

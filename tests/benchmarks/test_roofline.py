@@ -158,9 +158,28 @@ def test_kv_bytes_and_the_printed_percentage(roofline):
     assert "(10.0 GB/s, sum, 1 thread(s), 2 MB pages) " in roofline.limit_line("o", 1, 0, 1, paged)
 
 
+def test_the_sustained_rate_is_the_median_pass_of_every_measurement(roofline):
+    start = roofline.Bandwidth(gb_s=90.0, how="sum", threads=2, passes=(90.0, 52.0, 50.0))
+    end = roofline.Bandwidth(gb_s=54.0, how="sum", threads=2, passes=(54.0, 53.0))
+    kept = roofline.best(start, end)
+    assert kept.gb_s == 90.0 and kept.lowest_gb_s == 54.0
+    assert kept.passes == (90.0, 52.0, 50.0, 54.0, 53.0) and kept.sustained_gb_s == 53.0
+    # 1.06 GB: 11.8 ms at the best pass, 20 ms at the sustained 53 GB/s; the step takes 25 ms
+    line = roofline.limit_line("ours", 1.06e9, 0.0, 0.025, kept)
+    assert "47% of the memory-bandwidth limit" in line
+    assert "80% of the sustained rate (the median of 5 passes, 53.0 GB/s)" in line
+    one_pass = roofline.Bandwidth(gb_s=10.0, how="sum", threads=1, passes=(10.0,))
+    assert one_pass.sustained_gb_s is None
+    assert "sustained" not in roofline.limit_line("ours", 1e9, 0.0, 0.2, one_pass)
+
+
 def test_read_bandwidth_reports_a_rate_with_the_threads_in_use(roofline):
     measured = roofline.read_bandwidth(megabytes=4, passes=1)
     assert measured.gb_s > 0
+    assert measured.passes == (measured.gb_s,) and measured.sustained_gb_s is None
+    three = roofline.read_bandwidth(megabytes=4, passes=3)
+    assert len(three.passes) == 3 and max(three.passes) == three.gb_s
+    assert min(three.passes) <= three.sustained_gb_s <= three.gb_s
     assert measured.threads == torch.get_num_threads()
     assert measured.how in ("sum", "float32 matrix-vector")
     # which pages the buffer got, where /proc says (this test process did not ask for huge
