@@ -19,7 +19,8 @@ tokenizer files, weights seeded by our ``dummy`` loader) and measures:
   a first chunk of 4 frames, then 8, 16, 20, decoded statefully so that
   every frame is decoded once; ``--left-context 25`` re-decodes 25 frames
   before every chunk instead, the release's way; the talker's large linear
-  weights repacked for oneDNN as the stage does on the CPU,
+  weights repacked for oneDNN as the stage does on the CPU, and a float32
+  codec decoder's every linear layer as the vocoder stage's are,
   ``--no-pack-weights`` keeps them dense), driven directly without the
   runtime's processes, at concurrency 1, 4 and 8: every request's audio
   comes out in chunks while frames are generated. Figures: real-time factor
@@ -38,7 +39,8 @@ Also our frame at concurrency 1 against the memory-bandwidth limit
 (``roofline.py``): the bytes of weights one decode call reads (the talker
 once, the code predictor 15 times), counted op by op in the dtype used, plus
 the KV caches, over the limit measured with the same threads at the start
-and the end (the higher kept), as a percentage of the mean decode call.
+and the end (the higher kept), as a percentage of the mean decode call, and
+of the sustained rate (the median pass) beside it.
 
 Every request makes exactly ``--frames`` frames: EOS is banned until then
 (``min_new_tokens`` in our generation_config.json; the reference's hard-coded
@@ -74,7 +76,7 @@ from omni_core.engine.quantize import apply_quantization
 from omni_core.engine.torch_engine import TorchEngine
 from omni_qwen3_tts.model import Qwen3TTSModel
 from omni_qwen3_tts.prompt import assistant_text
-from omni_qwen3_tts.stages import SAMPLE_RATE, TTSEngine, Vocoder
+from omni_qwen3_tts.stages import SAMPLE_RATE, TTSEngine, Vocoder, route_float32_layers
 from omni_qwen3_tts.weights import PRESETS_DIR
 
 HERE = Path(__file__).resolve().parent
@@ -379,8 +381,9 @@ async def ours(
         cpu_weight_prepack=prepack,
     )
     on_cpu = next(model.network.parameters()).device.type == "cpu"
-    if pack_weights and on_cpu:  # what the tts_engine stage does on the CPU (factory.pack_weights)
+    if pack_weights and on_cpu:  # what the stages do on the CPU (their factory.pack_weights)
         pack_linear_weights(model.network)
+        route_float32_layers(model.speech_tokenizer.decoder)  # type: ignore[union-attr]
     engine = TTSEngine(model, TorchEngine(model, settings))
     assert model.speech_tokenizer is not None
     vocoder = Vocoder(
@@ -620,7 +623,8 @@ def main() -> None:
     parser.add_argument(
         "--no-pack-weights",
         action="store_true",
-        help="keep MKL's dense linear weights (the tts_engine stage's factory.pack_weights false)",
+        help="keep MKL's dense linear weights (the tts_engine and vocoder stages' "
+        "factory.pack_weights false)",
     )
     parser.add_argument(
         "--compile",

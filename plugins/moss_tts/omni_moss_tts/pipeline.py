@@ -35,8 +35,9 @@ class VocoderArgs(TypedWeightArgs, ChunkArgs):
     release_dtype: ClassVar[str] = "float32"
     dtype: DType | None = None
     codec_path: str | None = None
-    # CPU only: the decoder's large linear layers on the faster kernel for each chunk's
-    # row count (float32: MKL up to 3 rows, oneDNN beyond; bf16: torch.mv / transposed mm)
+    # CPU only: the decoder's linear layers (float32: every one) on the faster kernel for
+    # each chunk's row count (float32: MKL up to 3 rows, oneDNN beyond; bf16: the routes
+    # this machine measured)
     pack_weights: bool = True
     # frames in the first audio chunk (2 frames = 0.16 s): the delay pattern already
     # holds the first frame back 32 steps, so a short first chunk matters; later

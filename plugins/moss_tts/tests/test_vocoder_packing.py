@@ -4,8 +4,8 @@ A streamed chunk multiplies 8 to 48 frames' rows (and up to eight times
 more at the decoder's last transformer) by every decoder weight, the row
 counts where MKL's float32 kernel is slow and oneDNN's is not; the stage
 packs the decoder as the engines pack theirs (``factory.pack_weights``).
-The tiny preset's layers are below the size threshold, so these tests lower
-it; the routed decoder must stream the same audio as a plain one.
+Every decoder layer is routed, however small (a chunk's rows are where oneDNN
+wins at any size); the routed decoder must stream the same audio as a plain one.
 """
 
 from __future__ import annotations
@@ -27,6 +27,12 @@ def small_threshold(monkeypatch):
     stages.shared_codec.cache_clear()  # never leave a packed codec to other tests
 
 
+@pytest.fixture()
+def no_packed_codec_left():
+    yield
+    stages.shared_codec.cache_clear()
+
+
 def linear_kinds(codec) -> set[type]:
     return {
         type(m)
@@ -44,11 +50,16 @@ def stream(codec, codes: torch.Tensor, chunks: list[int]) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-@pytest.mark.usefixtures("small_threshold")
+@pytest.mark.usefixtures("no_packed_codec_left")
 def test_a_cpu_vocoder_streams_through_routed_layers_with_the_same_audio() -> None:
     vocoder = stages.create_vocoder("tiny", load_format="dummy", seed=11)
     plain = load_codec("tiny", None, "dummy", torch.device("cpu"), 11, torch.float32)
-    assert cpu_linear.PackedLinear in linear_kinds(vocoder.decoder)
+    # every layer, though the tiny preset's are far below the engines' size floor
+    assert (
+        max(m.weight.numel() for m in plain.decoder.modules() if isinstance(m, torch.nn.Linear))
+        < cpu_linear.DEFAULT_MIN_ELEMENTS
+    )
+    assert linear_kinds(vocoder.decoder) == {cpu_linear.PackedLinear}
     assert linear_kinds(plain) == {torch.nn.Linear}
     codes = torch.randint(0, plain.cfg.codebook_size, (1, plain.num_quantizers, 14))
     routed = stream(vocoder.decoder, codes, [2, 8, 4])  # 1-3 rows: MKL; more: oneDNN

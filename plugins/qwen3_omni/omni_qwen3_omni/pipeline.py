@@ -78,6 +78,9 @@ class Code2WavArgs(StreamingVocoderArgs):
     # the stream equals a full decode (the release re-decodes 25 frames of left
     # context per chunk instead; left_context_frames = 25 does that).
     dtype: DType = "float32"
+    # CPU, float32 decoder: every linear layer on the faster kernel for a chunk's row count
+    # (as Qwen3-TTS's vocoder; omni_qwen3_tts.stages.route_float32_layers)
+    pack_weights: bool = True
 
 
 def _front(fan_in: str, route_fn: str, process: dict[str, str]) -> list[StageConfig]:

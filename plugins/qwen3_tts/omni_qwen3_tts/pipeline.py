@@ -28,6 +28,9 @@ class VocoderArgs(StreamingVocoderArgs):
     # the speech tokenizer's weights: released in float32, kept so by auto (bf16 audio is worse)
     checkpoint_config: ClassVar[str] = "speech_tokenizer/config.json"
     release_dtype: ClassVar[str] = "float32"
+    # CPU, float32 decoder: every linear layer on the faster kernel for a chunk's row count
+    # (oneDNN over MKL from a few rows on; omni_qwen3_tts.stages.route_float32_layers)
+    pack_weights: bool = True
 
 
 class Qwen3TTSPipeline(TTSPipeline):
