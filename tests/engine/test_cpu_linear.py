@@ -16,6 +16,7 @@ from omni_core.engine.cpu_linear import (  # noqa: E402
     TRANSPOSED_MAX_ROWS,
     PackedLinear,
     RowLinear,
+    linear_gelu,
     pack_linear_weights,
     packing_available,
     row_linear,
@@ -75,6 +76,38 @@ def test_few_rows_go_to_mkl_and_more_to_onednn(monkeypatch):
             x = torch.randn(rows, 64)
             torch.testing.assert_close(routed(x), dense(x), atol=1e-5, rtol=1e-5)
     assert calls == [4, 9]  # one to three rows never reached oneDNN
+
+
+def test_linear_gelu_is_the_product_then_gelu_bit_for_bit(monkeypatch):
+    calls: list[str] = []
+    onednn = torch.ops.mkldnn._linear_pointwise
+
+    def counted(x, weight, bias, attr, *args):
+        calls.append(attr)
+        return onednn(x, weight, bias, attr, *args)
+
+    for bias in (True, False):
+        torch.manual_seed(3)
+        dense = nn.Linear(96, 384, bias=bias)
+        routed = PackedLinear(dense)
+        with torch.no_grad():
+            for shape in [(2, 96), (4, 96), (3, 70, 96), (2, 5, 7, 96)]:
+                x = torch.randn(*shape) * 3  # values across the GELU's whole bend
+                expected = F.gelu(routed(x))
+                calls.clear()
+                monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
+                got = linear_gelu(routed, x)
+                monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", onednn)
+                assert torch.equal(got, expected), (bias, shape)
+                # one fused call on oneDNN's route; MKL's few rows keep the two calls
+                rows = x.numel() // 96
+                assert calls == (["gelu"] if rows > routed.mkl_rows else []), shape
+            # a plain layer, a bf16 input, or a gradient wanted: the two calls, as before
+            torch.testing.assert_close(linear_gelu(dense, x), F.gelu(dense(x)))
+    bf16 = nn.Linear(96, 384).to(torch.bfloat16)
+    x = torch.randn(8, 96).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(linear_gelu(bf16, x), F.gelu(bf16(x)))
 
 
 def test_non_float32_layers_are_left_alone():

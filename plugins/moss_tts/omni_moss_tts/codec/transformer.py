@@ -17,9 +17,9 @@ younger than that).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from omni_core.engine.cpu_linear import linear_gelu
 from omni_qwen3_tts.speech_tokenizer.decoder import LayerScale
 
 from .attention import WindowedAttention, rope_tables, window_mask
@@ -53,7 +53,7 @@ class TransformerLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         update, keys, values = self.self_attn(self.norm1(x), rope, mask, past)
         x = x + self.layer_scale_1(update)
-        update = self.linear2(F.gelu(self.linear1(self.norm2(x))))
+        update = self.linear2(linear_gelu(self.linear1, self.norm2(x)))
         return x + self.layer_scale_2(update), keys, values
 
 

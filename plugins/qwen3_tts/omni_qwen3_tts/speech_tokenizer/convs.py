@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_core.engine.cpu_linear import linear_gelu
+
 if TYPE_CHECKING:
     from .streaming import StreamState
 
@@ -305,5 +307,5 @@ class ConvNeXtBlock(nn.Module):
         return self._pointwise(x, self.dwconv.stream(x, state))
 
     def _pointwise(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
-        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(mixed.transpose(1, 2)))))
+        h = self.pwconv2(linear_gelu(self.pwconv1, self.norm(mixed.transpose(1, 2))))
         return x + (self.gamma * h).transpose(1, 2)
