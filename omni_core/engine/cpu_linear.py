@@ -141,6 +141,30 @@ def linear_gelu(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.gelu(layer(x))
 
 
+def float32_matmul(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``rows @ weight`` (``[M, K] x [K, N]``); float32 on the CPU through oneDNN past
+    this machine's MKL row limit, where ``torch.mm`` takes MKL.
+
+    Why: a codec's transposed convolution computed as one product
+    (Qwen3-TTS's upsampling, ``[chunk rows, 1536] x [1536, 12288]``) sits on MKL's
+    float32 kernel, which ran at half oneDNN's speed on a 2-core AMD EPYC (128 rows:
+    29.2 against 13.9 ms; 32: 11.6 against 4.9). oneDNN reads ``weight`` transposed in
+    place (``weight.t()`` as its ``[N, K]``), so nothing is copied. Equal within float
+    rounding (another summation order). Inference only; other dtypes and devices, and
+    a build without oneDNN's kernel, take ``torch.mm``.
+    """
+    if (
+        rows.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and rows.device.type == "cpu"
+        and rows.shape[0] > _routes.mkl_max_rows
+        and not (torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad))
+        and packing_available()
+    ):
+        return torch.ops.mkldnn._linear_pointwise(rows, weight.t(), None, "none", [], "")
+    return torch.mm(rows, weight)
+
+
 class BlockedLinear(nn.Module):
     """A bf16 ``nn.Linear`` whose weight is reordered once to oneDNN's blocked layout.
 

@@ -16,6 +16,7 @@ from omni_core.engine.cpu_linear import (  # noqa: E402
     TRANSPOSED_MAX_ROWS,
     PackedLinear,
     RowLinear,
+    float32_matmul,
     linear_gelu,
     pack_linear_weights,
     packing_available,
@@ -108,6 +109,28 @@ def test_linear_gelu_is_the_product_then_gelu_bit_for_bit(monkeypatch):
     x = torch.randn(8, 96).to(torch.bfloat16)
     with torch.no_grad():
         assert torch.equal(linear_gelu(bf16, x), F.gelu(bf16(x)))
+
+
+def test_float32_matmul_takes_onednn_past_the_mkl_rows_and_equals_mm(monkeypatch):
+    calls: list[tuple[int, ...]] = []
+    onednn = torch.ops.mkldnn._linear_pointwise
+
+    def counted(x, weight, *args):
+        calls.append(tuple(weight.shape))
+        return onednn(x, weight, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
+    torch.manual_seed(4)
+    weight = torch.randn(96, 160)  # [K, N], read transposed in place
+    with torch.no_grad():
+        for rows in (1, 3, 4, 37):
+            x = torch.randn(rows, 96)
+            torch.testing.assert_close(float32_matmul(x, weight), x @ weight, rtol=1e-5, atol=1e-5)
+        assert calls == [(160, 96), (160, 96)]  # 4 and 37 rows; 1-3 stayed on torch.mm
+        calls.clear()
+        half = weight.to(torch.bfloat16)
+        x = torch.randn(8, 96).to(torch.bfloat16)
+        assert torch.equal(float32_matmul(x, half), torch.mm(x, half)) and not calls
 
 
 def test_non_float32_layers_are_left_alone():
