@@ -27,7 +27,6 @@ compute thread with ``--threads`` torch threads, as a stage process runs.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import torch
@@ -35,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_core.engine.compute import call_on_compute_thread, dedicate
+from omni_core.engine.cpu_kernel_choice import best_time
 from omni_core.engine.cpu_linear import (
     PackedLinear,
     float32_matmul,
@@ -59,13 +59,8 @@ SMOKE_ROWS = (8, 32)
 
 
 def best_ms(run: Callable[[], object], passes: int) -> float:
-    run()
-    fastest = float("inf")
-    for _ in range(passes):
-        started = time.perf_counter()
-        run()
-        fastest = min(fastest, time.perf_counter() - started)
-    return fastest * 1e3
+    """The fastest of ``passes`` calls after an untimed one, in milliseconds."""
+    return best_time(run, repeats=passes) * 1e3
 
 
 def print_linears(shapes: tuple, rows: tuple[int, ...], passes: int) -> None:
