@@ -8,32 +8,14 @@ manager and handed to the children by module name.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
-import omni_test_speech as ts  # noqa: E402
-
-from omni_core.plugins import OmniPlugins  # noqa: E402
-from omni_core.testing import LiveServer as ServerOf  # noqa: E402
-from omni_core.testing import plan_on_cpu  # noqa: E402
-
-
-def live_server(
-    pipeline: str, flags: list[str], base: Path, api_key: str | None = None
-) -> ServerOf:
-    """A server of the test pipeline ``pipeline`` (registered in-process) with ``flags``."""
-    plugins = OmniPlugins(env={})
-    plugins.register(ts, ts.HERE)
-    planned = plan_on_cpu(
-        plugins, base, pipeline=pipeline, flags=flags, policy=None, plugin_modules=[ts.HERE]
-    )
-    return ServerOf(planned, api_key=api_key)
+from live_servers import running_server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -43,44 +25,36 @@ def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _live(pipeline: str, flags: list[str], tmp: Path, **kw: Any) -> Iterator[ServerOf]:
-    server = live_server(pipeline, flags, tmp, **kw).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(scope="session")
 def speech_server(tmp_path_factory: pytest.TempPathFactory, media_dir: Path):
     """t-speech, auth off, a 4 KiB body limit, media allowed from ``media_dir``."""
     flags = ["--server.max_body_bytes", "4096", "--server.media_dirs", f'["{media_dir}"]']
-    yield from _live("t-speech", flags, tmp_path_factory.mktemp("speech"))
+    yield from running_server("t-speech", flags, tmp_path_factory.mktemp("speech"))
 
 
 @pytest.fixture(scope="session")
 def chat_server(tmp_path_factory: pytest.TempPathFactory):
-    yield from _live("t-chat", [], tmp_path_factory.mktemp("chat"))
+    yield from running_server("t-chat", [], tmp_path_factory.mktemp("chat"))
 
 
 @pytest.fixture(scope="session")
 def remote_media_server(tmp_path_factory: pytest.TempPathFactory):
     """t-speech whose operator allows remote media URLs (public addresses only)."""
     flags = ["--server.allow_remote_media", "true"]
-    yield from _live("t-speech", flags, tmp_path_factory.mktemp("remote"))
+    yield from running_server("t-speech", flags, tmp_path_factory.mktemp("remote"))
 
 
 @pytest.fixture(scope="session")
 def deadline_server(tmp_path_factory: pytest.TempPathFactory):
     """t-speech giving clients 1 s for a request's headers and 1 s for its body."""
     flags = ["--server.header_timeout", "1", "--server.body_timeout", "1"]
-    yield from _live("t-speech", flags, tmp_path_factory.mktemp("deadline"))
+    yield from running_server("t-speech", flags, tmp_path_factory.mktemp("deadline"))
 
 
 @pytest.fixture(scope="session")
 def guarded_server(tmp_path_factory: pytest.TempPathFactory):
     """t-speech with an API key and room for one request at a time."""
-    yield from _live(
+    yield from running_server(
         "t-speech",
         ["--runtime.max_inflight", "1"],
         tmp_path_factory.mktemp("guarded"),

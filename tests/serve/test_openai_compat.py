@@ -19,7 +19,8 @@ import pytest
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx2")
 
-from conftest import _live  # noqa: E402
+from live_servers import running_server  # noqa: E402
+
 from omni_core.plugins import OmniPlugins  # noqa: E402
 from omni_core.testing import plan_on_cpu, short_private_dir  # noqa: E402
 
@@ -39,7 +40,7 @@ def preset_server(tmp_path_factory: pytest.TempPathFactory):
         "--server.served_model_name",
         '["mine", "my-alias"]',
     ]
-    yield from _live("t-speech", flags, tmp_path_factory.mktemp("openai"))
+    yield from running_server("t-speech", flags, tmp_path_factory.mktemp("openai"))
 
 
 def test_the_preset_speaks_mp3_to_openai_model_names(preset_server) -> None:

@@ -12,9 +12,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from live_servers import live_server
 from serve_helpers import raw
-
-from conftest import live_server
 
 try:
     import tomllib

@@ -10,6 +10,7 @@ client and look at the cluster through Ray's state API.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -25,6 +26,8 @@ pytest.importorskip("omni_qwen3_tts")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util import state  # noqa: E402
 
+from omni_core.testing import short_private_dir  # noqa: E402
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qwen3_tts_ray.toml"
 SPEECH = {"input": "Hello from two nodes", "voice": "serena", "seed": 11, "max_frames": 40}
 
@@ -32,18 +35,43 @@ SPEECH = {"input": "Hello from two nodes", "voice": "serena", "seed": 11, "max_f
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-    nodes = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 4, "labels": {"omni-node": "a"}, "include_dashboard": True},
-    )
+    # Ray's daemons keep their session under $TMPDIR/ray and never remove it, and the
+    # dashboard (the state API needs it) starts a fork server whose socket directory
+    # ($TMPDIR/pymp-*) stays behind when Ray kills it: a private TMPDIR, removed after.
+    with short_private_dir("omni-ray-") as scratch:
+        with _environment(TMPDIR=str(scratch)):
+            nodes = Cluster(
+                initialize_head=True,
+                head_node_args={
+                    "num_cpus": 4,
+                    "labels": {"omni-node": "a"},
+                    "include_dashboard": True,
+                },
+            )
+        try:
+            with _environment(TMPDIR=str(scratch)):
+                nodes.add_node(num_cpus=4, labels={"omni-node": "b"})
+                nodes.wait_for_nodes()
+            ray.init(address=nodes.address, log_to_driver=False)  # the test's own view of it
+            yield nodes
+        finally:
+            ray.shutdown()
+            nodes.shutdown()
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """``os.environ`` with ``values`` set, for the processes started meanwhile."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
-        nodes.add_node(num_cpus=4, labels={"omni-node": "b"})
-        nodes.wait_for_nodes()
-        ray.init(address=nodes.address, log_to_driver=False)  # the test's own view of it
-        yield nodes
+        yield
     finally:
-        ray.shutdown()
-        nodes.shutdown()
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture(scope="module")
