@@ -22,6 +22,7 @@ from omni_moss_tts.codec import (
     prepare_reference,
     tiny_codec_config,
 )
+from omni_moss_tts.codec.attention import Rotation, rope_tables, rotate, rotate_complex
 from omni_moss_tts.codec.transformer import ProjectedTransformer
 
 torch.set_num_threads(1)
@@ -173,6 +174,53 @@ def test_plain_rvq_quantizer_type_builds_and_round_trips_shapes() -> None:
     assert tok.encode(wav).shape == (4, 32)
 
 
+# -- rotary positions ----------------------------------------------------------------
+
+
+def _rotation_case(head_dim: int, steps: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(3, steps, 3, 4, head_dim, generator=g) * 8  # [B, T, 3, H, D]
+    x = qkv.permute(2, 0, 3, 1, 4)[0]  # q as the attention sees it: a strided view
+    start = torch.randint(0, 5000, (3,), generator=g)
+    return x, rope_tables(start, steps, head_dim, 10_000.0)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("steps", [1, 7, 33])
+def test_the_complex_rotation_is_the_releases_arithmetic_at_release_head_sizes(
+    head_dim: int, steps: int
+) -> None:
+    """At the release's head size (64) the complex product's vector loops cover every
+    pair: it must give the release's float32 bits, and bf16 rows the release's too."""
+    x, (cos, sin) = _rotation_case(head_dim, steps, seed=head_dim + steps)
+    turn = torch.complex(cos, sin)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(rotate_complex(x.to(dtype), turn), rotate(x.to(dtype), cos, sin))
+
+
+def test_the_complex_rotation_is_within_one_rounding_at_any_head_size() -> None:
+    for head_dim in (2, 6, 10, 24):
+        x, (cos, sin) = _rotation_case(head_dim, 5, seed=head_dim)
+        ours, release = rotate_complex(x, torch.complex(cos, sin)), rotate(x, cos, sin)
+        assert torch.allclose(ours, release, rtol=1e-6, atol=1e-5), head_dim
+
+
+def test_the_encoder_rotates_as_the_release_and_the_decoder_by_complex_product(
+    tok: AudioTokenizer,
+) -> None:
+    """The encoder's codes are compared bit for bit with the release's: its rotation
+    must stay the release's arithmetic; the decoder's may not pay for it."""
+    encoder = [m for m in tok.encoder if isinstance(m, ProjectedTransformer)]
+    decoder = [m for m in tok.decoder if isinstance(m, ProjectedTransformer)]
+    assert encoder and decoder
+    assert all(m.exact_rotation for m in encoder)
+    assert not any(m.exact_rotation for m in decoder)
+    x, (cos, sin) = _rotation_case(8, 3, seed=1)
+    assert Rotation(cos, sin, exact=True).turn is None
+    fast = Rotation(cos, sin, exact=False)
+    assert torch.allclose(fast(x), rotate(x, cos, sin), rtol=1e-6, atol=1e-5)
+
+
 # -- streaming -----------------------------------------------------------------------
 
 
@@ -228,17 +276,20 @@ def test_the_window_bounds_memory_and_influence(tok: AudioTokenizer) -> None:
 
 def test_batched_streams_of_different_ages_equal_each_alone(tok: AudioTokenizer) -> None:
     """Like the vocoder: stack the streams of a round, decode once, split and adopt."""
-    lengths = {"a": 17, "b": 9, "c": 12}
+    lengths = {"a": 19, "b": 9, "c": 14}
     codes = {name: random_codes(n, seed=20 + i) for i, (name, n) in enumerate(lengths.items())}
     states = {name: tok.new_stream() for name in lengths}
     audio: dict[str, list[torch.Tensor]] = {name: [] for name in lengths}
     done = dict.fromkeys(lengths, 0)
     # Rounds: who takes part and how many frames everyone in the round gets.
     rounds = [(["a"], 6), (["a", "b"], 3), (["a", "b", "c"], 2), (["c", "a"], 5), (["b", "c"], 4)]
-    rounds += [(["a", "c"], 1)]
+    rounds += [(["a", "c"], 1), (["a", "c"], 2)]  # the last: the same rows again, no copy
+    previous = None
     for names, n in rounds:
         batch = torch.stack([codes[x][done[x] : done[x] + n].t() for x in names])
         joint = type(states[names[0]]).stack([states[x] for x in names])
+        assert (joint is previous) == (n == 2 and names == ["a", "c"])
+        previous = joint
         rows = tok.stream_rows(batch, joint)
         for x, part in zip(names, joint.split([1] * len(names)), strict=True):
             if len(names) > 1:
@@ -267,6 +318,30 @@ def test_stack_split_adopt_keep_rows() -> None:
     assert b.batch == 2 and b.position.tolist() == [0, 0]
     with pytest.raises(ValueError, match="add up"):
         joint.split([1, 1])
+
+
+def test_stacking_a_splits_parts_again_reuses_their_state_only_while_they_are_its_rows(
+    tok: AudioTokenizer,
+) -> None:
+    """Streams that come back together, in the same order, are the state they were
+    split from (no copy of every layer's keys); any other grouping, or a row that
+    advanced on its own meanwhile, is stacked anew."""
+    a, b, c = tok.new_stream(), tok.new_stream(), tok.new_stream()
+    tok.stream_rows(random_codes(3, seed=40, rows=1), a)  # a is older: b and c are padded
+    joint = CodecStream.stack([a, b, c])
+    tok.stream_rows(random_codes(2, seed=41, rows=3), joint)
+    for stream, part in zip((a, b, c), joint.split([1, 1, 1]), strict=True):
+        stream.adopt(part)
+    assert CodecStream.stack([a, b, c]) is joint
+    assert CodecStream.stack([b, a, c]) is not joint
+    assert CodecStream.stack([a, b]) is not joint
+    regrouped = CodecStream.stack([b, a, c])
+    assert regrouped.position.tolist() == [2, 5, 2]
+    assert torch.equal(regrouped.kv[0][0][0][1], joint.kv[0][0][0][0])
+    tok.stream_rows(random_codes(1, seed=42, rows=1), a)  # a advances alone
+    again = CodecStream.stack([a, b, c])
+    assert again is not joint
+    assert again.position.tolist() == [6, 2, 2]
 
 
 # -- preparing a reference clip ------------------------------------------------------

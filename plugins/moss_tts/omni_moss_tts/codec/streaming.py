@@ -28,6 +28,12 @@ padded in front with zeros that the attention mask excludes (their positions
 are negative). :meth:`CodecStream.stack` is therefore a (padded)
 concatenation, :meth:`CodecStream.split` a slice and
 :meth:`CodecStream.adopt` a hand-over.
+
+The same streams usually come back together: a server's concurrent requests
+advance chunk by chunk in step. Stacking the rows a :meth:`~CodecStream.split`
+made, all of them and in order, hands back the state they were cut from
+rather than copying every layer's keys and values into a new one (about
+450 MB per call for 8 streams a few seconds in, at the release's size).
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ class CodecStream:
         self.batch = batch
         self.kv = kv
         self.position = position
+        #: (the state this one's rows were split from, the first row there), while the
+        #: rows are still those views: :meth:`stack` of all the parts returns that state.
+        self.cut_from: tuple[CodecStream, int] | None = None
 
     @classmethod
     def empty(
@@ -77,6 +86,9 @@ class CodecStream:
         """One state whose rows are the rows of ``states``, in order."""
         if len(states) == 1:
             return states[0]
+        whole = _whole_of(states)
+        if whole is not None:
+            return whole
         stages = []
         for stage_states in zip(*(s.kv for s in states), strict=True):
             layers = []
@@ -100,17 +112,37 @@ class CodecStream:
         for size in sizes:
             rows = slice(start, start + size)
             kv = [[(k[rows], v[rows]) for k, v in stage] for stage in self.kv]
-            parts.append(CodecStream(size, kv, self.position[rows]))
+            part = CodecStream(size, kv, self.position[rows])
+            part.cut_from = (self, start)
+            parts.append(part)
             start += size
         return parts
 
     def adopt(self, other: CodecStream) -> None:
         """Take ``other``'s contents (its rows of a batched decode) as this stream's own."""
         self.batch, self.kv, self.position = other.batch, other.kv, other.position
+        self.cut_from = other.cut_from
+
+    def advanced(self) -> None:
+        """Mark the rows changed in place (a decode did): they are no longer a split's views."""
+        self.cut_from = None
 
     def nbytes(self) -> int:
         """Bytes held by the carried keys/values."""
         return sum(k.nbytes + v.nbytes for stage in self.kv for k, v in stage)
+
+
+def _whole_of(states: list[CodecStream]) -> CodecStream | None:
+    """The state that ``states`` are, in order, every row of (as split), or None."""
+    first = states[0].cut_from
+    if first is None:
+        return None
+    whole, row = first[0], 0
+    for state in states:
+        if state.cut_from is None or state.cut_from[0] is not whole or state.cut_from[1] != row:
+            return None
+        row += state.batch
+    return whole if row == whole.batch else None
 
 
 def _pad_front(x: torch.Tensor, length: int) -> torch.Tensor:

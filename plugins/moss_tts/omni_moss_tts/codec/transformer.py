@@ -22,7 +22,7 @@ from torch import nn
 from omni_core.engine.cpu_linear import linear_gelu
 from omni_qwen3_tts.speech_tokenizer.decoder import LayerScale
 
-from .attention import WindowedAttention, rope_tables, window_mask
+from .attention import Rotation, WindowedAttention, rope_tables, window_mask
 from .config import TransformerSpec
 
 KV = tuple[torch.Tensor, torch.Tensor]
@@ -47,7 +47,7 @@ class TransformerLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: Rotation,
         mask: torch.Tensor,
         past: KV | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -68,10 +68,11 @@ class Transformer(nn.Module):
 class ProjectedTransformer(nn.Module):
     """One transformer stage on ``[B, C, T]`` signals."""
 
-    def __init__(self, spec: TransformerSpec):
+    def __init__(self, spec: TransformerSpec, exact_rotation: bool = True):
         super().__init__()
         self.spec = spec
         self.window = spec.context
+        self.exact_rotation = exact_rotation
         self.input_proj: nn.Module = (
             nn.Linear(spec.input_dimension, spec.d_model, bias=False)
             if spec.input_dimension != spec.d_model
@@ -110,7 +111,10 @@ class ProjectedTransformer(nn.Module):
         t = x.shape[-1]
         held = past[0][0].shape[2] if past else 0
         h = self.input_proj(x.transpose(1, 2))
-        rope = rope_tables(start, t, self.spec.head_dim, self.spec.max_period)
+        rope = Rotation(
+            *rope_tables(start, t, self.spec.head_dim, self.spec.max_period),
+            exact=self.exact_rotation,
+        )
         mask = window_mask(start, held, t, self.window)
         keep = min(self.window - 1, held + t)
         carried: list[KV] | None = None if past is None else []
