@@ -10,7 +10,6 @@ client and look at the cluster through Ray's state API.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -39,7 +38,8 @@ def cluster() -> Iterator[Cluster]:
     # dashboard (the state API needs it) starts a fork server whose socket directory
     # ($TMPDIR/pymp-*) stays behind when Ray kills it: a private TMPDIR, removed after.
     with short_private_dir("omni-ray-") as scratch:
-        with _environment(TMPDIR=str(scratch)):
+        with pytest.MonkeyPatch.context() as env:  # for the daemons started here only
+            env.setenv("TMPDIR", str(scratch))
             nodes = Cluster(
                 initialize_head=True,
                 head_node_args={
@@ -48,30 +48,18 @@ def cluster() -> Iterator[Cluster]:
                     "include_dashboard": True,
                 },
             )
-        try:
-            with _environment(TMPDIR=str(scratch)):
+            try:
                 nodes.add_node(num_cpus=4, labels={"omni-node": "b"})
                 nodes.wait_for_nodes()
+            except BaseException:
+                nodes.shutdown()
+                raise
+        try:
             ray.init(address=nodes.address, log_to_driver=False)  # the test's own view of it
             yield nodes
         finally:
             ray.shutdown()
             nodes.shutdown()
-
-
-@contextlib.contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    """``os.environ`` with ``values`` set, for the processes started meanwhile."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @pytest.fixture(scope="module")

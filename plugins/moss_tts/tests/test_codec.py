@@ -342,6 +342,11 @@ def test_stacking_a_splits_parts_again_reuses_their_state_only_while_they_are_it
     again = CodecStream.stack([a, b, c])
     assert again is not joint
     assert again.position.tolist() == [6, 2, 2]
+    for stream, part in zip((a, b, c), again.split([1, 1, 1]), strict=True):
+        stream.adopt(part)
+    assert CodecStream.stack([a, b, c]) is again
+    tok.stream_rows(random_codes(1, seed=43, rows=3), again)  # it advances, its parts do not
+    assert CodecStream.stack([a, b, c]) is not again
 
 
 # -- preparing a reference clip ------------------------------------------------------

@@ -56,9 +56,12 @@ class CodecStream:
         self.batch = batch
         self.kv = kv
         self.position = position
-        #: (the state this one's rows were split from, the first row there), while the
-        #: rows are still those views: :meth:`stack` of all the parts returns that state.
-        self.cut_from: tuple[CodecStream, int] | None = None
+        #: (the state this one's rows were split from, the first row there, that state's
+        #: :attr:`version` then), while the rows are still those views: :meth:`stack` of
+        #: all the parts returns that state, if it has not advanced since.
+        self.cut_from: tuple[CodecStream, int, int] | None = None
+        #: Decodes this state has taken in place (:meth:`advanced`).
+        self.version = 0
 
     @classmethod
     def empty(
@@ -113,7 +116,7 @@ class CodecStream:
             rows = slice(start, start + size)
             kv = [[(k[rows], v[rows]) for k, v in stage] for stage in self.kv]
             part = CodecStream(size, kv, self.position[rows])
-            part.cut_from = (self, start)
+            part.cut_from = (self, start, self.version)
             parts.append(part)
             start += size
         return parts
@@ -124,8 +127,10 @@ class CodecStream:
         self.cut_from = other.cut_from
 
     def advanced(self) -> None:
-        """Mark the rows changed in place (a decode did): they are no longer a split's views."""
+        """Mark the rows changed in place (a decode did): they are no longer a split's views,
+        and the views split from them earlier are no longer its rows."""
         self.cut_from = None
+        self.version += 1
 
     def nbytes(self) -> int:
         """Bytes held by the carried keys/values."""
@@ -139,7 +144,7 @@ def _whole_of(states: list[CodecStream]) -> CodecStream | None:
         return None
     whole, row = first[0], 0
     for state in states:
-        if state.cut_from is None or state.cut_from[0] is not whole or state.cut_from[1] != row:
+        if state.cut_from != (whole, row, whole.version):
             return None
         row += state.batch
     return whole if row == whole.batch else None
