@@ -238,16 +238,20 @@ def _nodes() -> list[dict[str, Any]]:
 def test_start_local_runs_the_one_host_demo_on_a_cluster_of_its_own(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     demo = EXAMPLE.parent / "qwen3_tts_demo.toml"
-    server = OmniServe(
-        tmp_path_factory.mktemp("local-ray"),
-        demo,
-        ("--launcher", "ray", "--ray.start_local", "true", "--ray.namespace", "omni-own"),
-        timeout=240,
-    )
-    try:
-        processes = health(server)["processes"]
-        assert processes["pipeline"]["actor"].startswith("omni-qwen3-tts-")
-        assert speak(server, **SPEECH)[:4] == b"RIFF"
-    finally:
-        assert server.stop() == 0, server.stderr()
-    assert "Traceback" not in server.stderr()
+    # the cluster's session (logs) stays under $TMPDIR/ray, as any Ray cluster's: a private one
+    with short_private_dir("omni-ray-") as scratch:
+        server = OmniServe(
+            tmp_path_factory.mktemp("local-ray"),
+            demo,
+            ("--launcher", "ray", "--ray.start_local", "true", "--ray.namespace", "omni-own"),
+            timeout=240,
+            env={"TMPDIR": str(scratch)},
+        )
+        try:
+            processes = health(server)["processes"]
+            assert processes["pipeline"]["actor"].startswith("omni-qwen3-tts-")
+            assert speak(server, **SPEECH)[:4] == b"RIFF"
+        finally:
+            assert server.stop() == 0, server.stderr()
+        assert "Traceback" not in server.stderr()
+        assert (scratch / "ray").is_dir()  # where Ray kept the session
