@@ -81,7 +81,7 @@ class Rotation:
     """
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor, exact: bool = True):
-        self.cos, self.sin, self.exact = cos, sin, exact
+        self.cos, self.sin = cos, sin
         self.turn = None if exact else torch.complex(cos, sin)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
