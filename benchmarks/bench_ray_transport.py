@@ -61,7 +61,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
-from unittest import mock
 
 if TYPE_CHECKING:
     from omni_core.transport import Channel, Transport
@@ -334,32 +333,19 @@ def _free_port() -> int:
 def _two_nodes() -> Iterator[dict[str, str]]:
     """A two-node Ray cluster on this machine; yields node ids by ``omni-node`` label."""
     import ray
-    from ray.cluster_utils import Cluster
 
-    from omni_core.harness import short_private_dir
+    from omni_core.harness import local_ray_cluster
 
-    # Ray's daemons keep their session under $TMPDIR/ray and never remove it: a private
-    # TMPDIR for the daemons this cluster starts, removed after it.
-    with short_private_dir("omni-ray-") as daemons_tmp:
-        with mock.patch.dict(os.environ, {"TMPDIR": str(daemons_tmp)}):
-            cluster = Cluster(
-                initialize_head=True,
-                head_node_args={
-                    "num_cpus": 2,
-                    "labels": {"omni-node": "a"},
-                    "include_dashboard": False,
-                    # Ray starts a minimal dashboard anyway; 8265 may be another cluster's.
-                    "dashboard_port": _free_port(),
-                    "object_store_memory": STORE_BYTES,
-                },
-            )
-            try:
-                cluster.add_node(
-                    num_cpus=2, labels={"omni-node": "b"}, object_store_memory=STORE_BYTES
-                )
-            except BaseException:
-                cluster.shutdown()
-                raise
+    head = {
+        "num_cpus": 2,
+        "labels": {"omni-node": "a"},
+        "include_dashboard": False,
+        # Ray starts a minimal dashboard anyway; 8265 may be another cluster's.
+        "dashboard_port": _free_port(),
+        "object_store_memory": STORE_BYTES,
+    }
+    worker = {"num_cpus": 2, "labels": {"omni-node": "b"}, "object_store_memory": STORE_BYTES}
+    with local_ray_cluster(head, worker) as cluster:
         try:
             ray.init(address=cluster.address, log_to_driver=False)
             nodes = {
@@ -370,7 +356,6 @@ def _two_nodes() -> Iterator[dict[str, str]]:
             yield {label: nodes[label] for label in ("a", "b")}
         finally:
             ray.shutdown()
-            cluster.shutdown()
 
 
 def _cross_node(runs: int, secret: bytes) -> tuple[dict[str, dict[int, float]], dict[str, float]]:

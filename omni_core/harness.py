@@ -1,8 +1,9 @@
 """A deployment run in-process on the CPU: plan it, start its runtime, serve it over HTTP.
 
 What tests and benchmarks share (:func:`plan_on_cpu`, :class:`PlannedDeployment`,
-:class:`LiveServer`, :func:`short_private_dir`). It imports neither pytest nor
-torch: benchmarks run where pytest is not installed, and a benchmark that
+:class:`LiveServer`, :func:`short_private_dir`, :func:`local_ray_cluster`). It
+imports neither pytest nor torch (nor Ray, but inside the function that starts
+one): benchmarks run where pytest is not installed, and a benchmark that
 needed the test runner's machinery would rot unnoticed. The pytest fixtures
 over these helpers are in :mod:`omni_core.testing`, which re-exports them.
 
@@ -31,7 +32,13 @@ if TYPE_CHECKING:
     from .runtime import Runtime
     from .schema import PipelineConfig
 
-__all__ = ["LiveServer", "PlannedDeployment", "plan_on_cpu", "short_private_dir"]
+__all__ = [
+    "LiveServer",
+    "PlannedDeployment",
+    "local_ray_cluster",
+    "plan_on_cpu",
+    "short_private_dir",
+]
 
 
 @contextmanager
@@ -47,6 +54,38 @@ def short_private_dir(prefix: str = "omni-t") -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def local_ray_cluster(head: dict[str, Any], *workers: dict[str, Any]) -> Iterator[Any]:
+    """A Ray cluster on this machine (``ray.cluster_utils.Cluster``): a head node started
+    with ``head`` and one node per ``workers`` entry; shut down on exit.
+
+    Its daemons run under a private ``TMPDIR``, removed after them: Ray keeps a
+    cluster's session under ``$TMPDIR/ray`` and never removes it, and a
+    dashboard's fork server leaves its socket directory (``$TMPDIR/pymp-*``)
+    when Ray kills it. This process keeps its own temporary directory
+    (``tempfile`` reads the variable once, and is made to before the change).
+    """
+    from unittest import mock
+
+    from ray.cluster_utils import Cluster
+
+    tempfile.gettempdir()
+    with short_private_dir("omni-ray-") as scratch:
+        with mock.patch.dict(os.environ, {"TMPDIR": str(scratch)}):
+            cluster = Cluster(initialize_head=True, head_node_args=head)
+            try:
+                for worker in workers:
+                    cluster.add_node(**worker)
+                cluster.wait_for_nodes()
+            except BaseException:
+                cluster.shutdown()
+                raise
+        try:
+            yield cluster
+        finally:
+            cluster.shutdown()
 
 
 @dataclass

@@ -25,12 +25,19 @@ from pathlib import Path
 
 import pytest
 
-from .harness import LiveServer, PlannedDeployment, plan_on_cpu, short_private_dir
+from .harness import (
+    LiveServer,
+    PlannedDeployment,
+    local_ray_cluster,
+    plan_on_cpu,
+    short_private_dir,
+)
 from .plugins import ENV_VAR, OmniPlugins, reset_plugins
 
 __all__ = [
     "LiveServer",
     "PlannedDeployment",
+    "local_ray_cluster",
     "plan_on_cpu",
     "plugins",
     "short_private_dir",

@@ -25,7 +25,7 @@ pytest.importorskip("omni_qwen3_tts")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util import state  # noqa: E402
 
-from omni_core.testing import short_private_dir  # noqa: E402
+from omni_core.testing import local_ray_cluster, short_private_dir  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qwen3_tts_ray.toml"
 SPEECH = {"input": "Hello from two nodes", "voice": "serena", "seed": 11, "max_frames": 40}
@@ -34,32 +34,16 @@ SPEECH = {"input": "Hello from two nodes", "voice": "serena", "seed": 11, "max_f
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-    # Ray's daemons keep their session under $TMPDIR/ray and never remove it, and the
-    # dashboard (the state API needs it) starts a fork server whose socket directory
-    # ($TMPDIR/pymp-*) stays behind when Ray kills it: a private TMPDIR, removed after.
-    with short_private_dir("omni-ray-") as scratch:
-        with pytest.MonkeyPatch.context() as env:  # for the daemons started here only
-            env.setenv("TMPDIR", str(scratch))
-            nodes = Cluster(
-                initialize_head=True,
-                head_node_args={
-                    "num_cpus": 4,
-                    "labels": {"omni-node": "a"},
-                    "include_dashboard": True,
-                },
-            )
-            try:
-                nodes.add_node(num_cpus=4, labels={"omni-node": "b"})
-                nodes.wait_for_nodes()
-            except BaseException:
-                nodes.shutdown()
-                raise
+    head = {"num_cpus": 4, "labels": {"omni-node": "a"}, "include_dashboard": True}
+    with local_ray_cluster(head, {"num_cpus": 4, "labels": {"omni-node": "b"}}) as nodes:
         try:
-            ray.init(address=nodes.address, log_to_driver=False)  # the test's own view of it
+            # the test's own view of it
+            joined = ray.init(address=nodes.address, log_to_driver=False)
+            # the session (logs) in the cluster's private TMPDIR, removed with it
+            assert "/omni-ray-" in joined.address_info["session_dir"]
             yield nodes
         finally:
             ray.shutdown()
-            nodes.shutdown()
 
 
 @pytest.fixture(scope="module")
