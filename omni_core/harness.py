@@ -64,8 +64,8 @@ def local_ray_cluster(head: dict[str, Any], *workers: dict[str, Any]) -> Iterato
     Its daemons run under a private ``TMPDIR``, removed after them: Ray keeps a
     cluster's session under ``$TMPDIR/ray`` and never removes it, and a
     dashboard's fork server leaves its socket directory (``$TMPDIR/pymp-*``)
-    when Ray kills it. This process keeps its own temporary directory
-    (``tempfile`` reads the variable once, and is made to before the change).
+    when Ray kills it. This process keeps its own temporary directory:
+    ``tempfile`` reads the variable once, and reads it here before the change.
     """
     from unittest import mock
 
