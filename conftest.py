@@ -11,14 +11,31 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
+import subprocess
 import tempfile
+from collections.abc import Iterator
 
 import pytest
+
+from omni_core.sigterm import unwind_on_sigterm
 
 # The suite runs workers side by side on the same cores, each starting stage processes:
 # their OpenMP threads spin briefly between ops, as a plan does for processes that share
 # the cores (omni_core/plan/threads.py; OpenMP's default spin made the suite 2.5x slower).
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
+# A run stopped by a time limit (timeout, CI) gets SIGTERM, which would end each process on
+# the spot and leave its temporary directories, sockets and logs: here it unwinds as Ctrl-C
+# does, pytest tears the fixtures down and atexit runs, in the workers as in the main process.
+# The main process sends it on to its xdist workers: one that started a Ray head node leads
+# a process group of its own (Ray's reaper calls setpgrp), out of reach of timeout's signal.
+unwind_on_sigterm(forward_to_children="PYTEST_XDIST_WORKER" not in os.environ)
+_SIGTERM_HANDLER = signal.getsignal(signal.SIGTERM)
+# The children a test runs got the same signal and are cleaning up too: subprocess.run,
+# interrupted, waits 0.25 s for them (CPython's Popen._sigint_wait_secs) and then kills
+# them mid-way; an `omni serve` takes a few seconds to stop its stages.
+subprocess.Popen._sigint_wait_secs = 30  # type: ignore[attr-defined]
 
 # The fixtures plugin authors load too (plugins, short_tmp), for every suite here.
 pytest_plugins = ["omni_core.testing"]
@@ -38,6 +55,16 @@ os.environ.setdefault("OMNI_CPU_FLAGS", "")
 # (omni_core.engine.cpu_kernel_choice): the suite takes the shipped routes, so that no
 # number it checks depends on the machine and nothing is written to the user's cache.
 os.environ.setdefault("OMNI_CPU_KERNELS", "default")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput"):
+        from xdist.workermanage import NodeManager
+
+        # How long a stopped run waits for its workers to tear their fixtures down before
+        # it kills them (xdist's 10 s is less than a Ray test's server and cluster take;
+        # the worker's own execnet gives up after 15 s).
+        NodeManager.EXIT_TIMEOUT = max(getattr(NodeManager, "EXIT_TIMEOUT", 0), 30)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -71,3 +98,18 @@ def skip_cuda_unless_available(items: list[pytest.Item]) -> None:
         skip = pytest.mark.skip(reason="cuda: no CUDA device here (make gpu-check runs these)")
         for item in items:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_still_unwinds() -> Iterator[None]:
+    """A test that leaves SIGTERM's handler replaced (``ray.init`` does) would make a stopped
+    run end that worker on the spot, its fixtures' servers and directories left behind."""
+    yield
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler is not _SIGTERM_HANDLER:
+        signal.signal(signal.SIGTERM, _SIGTERM_HANDLER)
+        pytest.fail(
+            f"SIGTERM's handler was left replaced by {handler!r}: put it back "
+            "(omni_core.sigterm.signal_handlers_kept)",
+            pytrace=False,
+        )

@@ -45,6 +45,8 @@ from pathlib import Path
 
 import tomli
 
+from omni_core.sigterm import run_script
+
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "examples" / "qwen3_tts.toml"
 FLAGS = ["--vocoder.factory.max_batch_size", "32", "--mem-fraction-static", "0.7"]
@@ -247,4 +249,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

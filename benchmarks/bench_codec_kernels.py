@@ -41,6 +41,7 @@ from omni_core.engine.cpu_linear import (
     linear_gelu,
     packing_available,
 )
+from omni_core.sigterm import run_script
 
 #: (label, in, out, a GELU follows): the MOSS-TTS codec decoder's layers and the Qwen3-TTS
 #: decoder's ConvNeXt MLP
@@ -135,4 +136,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

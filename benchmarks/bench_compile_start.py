@@ -29,6 +29,8 @@ from pathlib import Path
 
 import anyio
 
+from omni_core.sigterm import run_script
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_conversation as conversation  # the thinker's build
 
@@ -130,4 +132,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

@@ -42,6 +42,7 @@ from omni_core.engine.compute import dedicate
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.precision import PrecisionError, torch_dtype
 from omni_core.engine.prompt import EmbeddedPrompt
+from omni_core.sigterm import run_script
 from omni_qwen3_omni.config import ThinkerConfig
 from omni_qwen3_omni.loading import construct
 from omni_qwen3_omni.thinker.cpu_weights import pack_decoder_weights
@@ -273,4 +274,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -50,6 +50,7 @@ from omni_core.engine.cpu_linear import (
 )
 from omni_core.engine.fused_linear import fuse_projections, project
 from omni_core.engine.quantize import Int8Linear
+from omni_core.sigterm import run_script
 
 ONEDNN = torch.ops.mkldnn._linear_pointwise  # what PackedLinear calls beyond MKL_MAX_ROWS rows
 SHAPES = {"gate/up 1024->3072": (1024, 3072), "down 3072->1024": (3072, 1024)}
@@ -186,4 +187,4 @@ def print_fused(layers: int, rows: tuple[int, ...], passes: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

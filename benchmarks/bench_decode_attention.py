@@ -22,7 +22,6 @@ fastest of ``--repeats`` timings of ``--calls`` calls.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 
@@ -30,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from omni_core.engine import cpu_attention
+from omni_core.sigterm import run_script
 
 LAYOUTS = {"16/8": (16, 8), "32/8": (32, 8), "32/4": (32, 4), "16/2": (16, 2)}
 
@@ -93,4 +93,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

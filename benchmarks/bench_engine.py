@@ -33,6 +33,7 @@ import torch
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.torch_engine import TorchEngine
 from omni_core.engine.toy_model import TinyDecoder
+from omni_core.sigterm import run_script
 
 PROMPT, NEW_TOKENS = 32, 64
 SMOKE_NEW_TOKENS = 8
@@ -127,4 +128,4 @@ if __name__ == "__main__":
     if arguments.smoke:
         arguments.requests = 2
     torch.set_num_threads(arguments.threads)
-    anyio.run(main, arguments)
+    run_script(lambda: anyio.run(main, arguments))

@@ -30,6 +30,7 @@ import anyio
 
 from omni_core.engine.backends import create_engine
 from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.sigterm import run_script
 from omni_qwen3_omni.thinker.step import ThinkerStepModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -163,4 +164,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -119,6 +119,7 @@ from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_band
 from omni_core.engine.compute import dedicate, run_compute
 from omni_core.engine.huge_pages import ask_for_huge_pages, user_environ
 from omni_core.engine.quantize import quantization_problem
+from omni_core.sigterm import run_script
 from omni_moss_tts import stages
 from omni_moss_tts.model import MossTTSModel
 from omni_moss_tts.source import PRESETS_DIR
@@ -1309,4 +1310,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -21,6 +21,7 @@ from omni_core import EngineStageConfig, PipelineConfig, StageConfig
 from omni_core.errors import ConfigError
 from omni_core.plan import GpuInventory, plan_deployment
 from omni_core.plugins import OmniPlugins
+from omni_core.sigterm import run_script
 
 GiB = 1024**3
 GPUS = 8
@@ -144,4 +145,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

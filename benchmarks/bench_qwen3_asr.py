@@ -53,6 +53,8 @@ import soundfile as sf
 import soxr
 import torch
 
+from omni_core.sigterm import run_script
+
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "qwen3_asr_reference_runner.py"
 SENTENCES = [
@@ -250,4 +252,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -94,7 +94,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -103,6 +102,8 @@ from typing import Any
 
 import anyio
 import numpy as np
+
+from omni_core.sigterm import run_script
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "qwen3_omni_speech_reference_runner.py"
@@ -800,4 +801,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -108,7 +108,6 @@ import random
 import resource
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -130,6 +129,7 @@ from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.precision import PrecisionError, torch_dtype
 from omni_core.engine.prompt import EmbeddedPrompt
 from omni_core.engine.quantize import apply_quantization, quantization_problem
+from omni_core.sigterm import run_script
 from omni_qwen3_omni.assemble import assemble, to_prompt
 from omni_qwen3_omni.config import ThinkerConfig
 from omni_qwen3_omni.loading import construct
@@ -958,4 +958,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

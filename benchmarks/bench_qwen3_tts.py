@@ -57,7 +57,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -74,6 +73,7 @@ from omni_core.engine.huge_pages import ask_for_huge_pages, user_environ
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.quantize import apply_quantization
 from omni_core.engine.torch_engine import TorchEngine
+from omni_core.sigterm import run_script
 from omni_qwen3_tts.model import Qwen3TTSModel
 from omni_qwen3_tts.prompt import assistant_text
 from omni_qwen3_tts.stages import SAMPLE_RATE, TTSEngine, Vocoder, route_float32_layers
@@ -726,4 +726,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -62,6 +62,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from omni_core.sigterm import run_script
+
 if TYPE_CHECKING:
     from omni_core.transport import Channel, Transport
 
@@ -459,4 +461,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

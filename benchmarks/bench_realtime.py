@@ -62,6 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omni_core.sigterm import run_script
+
 HERE = Path(__file__).resolve().parent
 DEMO = HERE.parent / "examples" / "qwen3_omni_demo.toml"
 RATE = 24000
@@ -393,4 +395,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

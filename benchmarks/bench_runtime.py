@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from omni_core import PipelineConfig, StageConfig, hookimpl
+from omni_core.sigterm import run_script
 
 HERE = "bench_runtime"
 PIPELINES: list[type[PipelineConfig]] = []
@@ -269,4 +270,4 @@ if __name__ == "__main__":
     arguments = parser.parse_args()
     if arguments.smoke:
         arguments.requests, arguments.warmup, arguments.per_client = 20, 5, 10
-    anyio.run(main, arguments)
+    run_script(lambda: anyio.run(main, arguments))

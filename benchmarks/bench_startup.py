@@ -31,6 +31,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from omni_core.sigterm import run_script
+
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("spawn", "forkserver")
 READY = "omni: ready"
@@ -153,4 +155,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

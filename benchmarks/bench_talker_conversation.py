@@ -35,6 +35,7 @@ import torch
 from omni_core.engine.backends import create_engine
 from omni_core.engine.compute import dedicate
 from omni_core.engine.interface import EngineSettings, SamplingParams
+from omni_core.sigterm import run_script
 from omni_qwen3_omni.config import ThinkerConfig
 from omni_qwen3_omni.loading import load_part, read_raw_config, resolve_model_path
 from omni_qwen3_omni.talker.config import TalkerConfig
@@ -228,4 +229,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -40,6 +40,8 @@ import sys
 import tempfile
 import time
 
+from omni_core.sigterm import run_script
+
 # (tp, thread counts): one process is measured at each count in turn (one start-up)
 RUNS = [(1, [1, 2]), (2, [1])]
 
@@ -254,4 +256,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

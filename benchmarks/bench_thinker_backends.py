@@ -21,13 +21,14 @@ omni's own environment too (``make test``).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
+
+from omni_core.sigterm import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,4 +117,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

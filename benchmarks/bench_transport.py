@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+from omni_core.sigterm import run_script
+
 SIZES_MB = (1, 16, 256)
 # Both ends authenticate with the deployment's secret, as the runtime's processes do.
 SECRET = b"bench-transport-secret-32-bytes!"
@@ -178,4 +180,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

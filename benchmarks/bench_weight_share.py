@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omni_core.sigterm import run_script
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 REPO = Path(__file__).resolve().parents[1]
@@ -203,4 +205,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from omni_core.sigterm import run_script
+
 HERE = Path(__file__).resolve().parent
 TEXT = (
     "Sure, here is a short answer to your question. The weather today is mild, "
@@ -233,4 +235,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

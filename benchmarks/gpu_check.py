@@ -80,6 +80,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omni_core.sigterm import run_child, run_script
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PHASES = ("tests", "demos", "throughput")
@@ -192,9 +194,7 @@ def phase_tests(report: Report, clock: Clock, smoke: bool) -> None:
     # --smoke collects tests/cuda alone: the whole suite's collection takes longer than the rest
     argv += ["tests/cuda"] if smoke else ["tests", "plugins"]
     try:
-        done = subprocess.run(
-            argv, cwd=REPO, capture_output=True, text=True, timeout=max(clock.left(), 1.0)
-        )
+        done = run_child(argv, cwd=REPO, timeout=max(clock.left(), 1.0), grace=10)
     except subprocess.TimeoutExpired as killed:
         report.keep_log("tests", said_before_kill(killed, keep=10**7))
         report.skip(f"tests: pytest -m cuda did not finish in the phase's time ({argv[-1]})")
@@ -560,9 +560,7 @@ def phase_throughput(
             argv += ["--smoke"] if smoke else []
             started = time.monotonic()
             try:
-                done = subprocess.run(
-                    argv, cwd=REPO, capture_output=True, text=True, timeout=clock.left()
-                )
+                done = run_child(argv, cwd=REPO, timeout=clock.left(), grace=10)
             except subprocess.TimeoutExpired as killed:
                 # what it printed before the kill says how far it got (loading, capture, a level)
                 print(said_before_kill(killed))
@@ -749,4 +747,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

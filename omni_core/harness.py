@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .plugins import OmniPlugins
+from .sigterm import signal_handlers_kept
 
 if TYPE_CHECKING:
     from .config import Resolution
@@ -73,7 +74,9 @@ def local_ray_cluster(head: dict[str, Any], *workers: dict[str, Any]) -> Iterato
 
     tempfile.gettempdir()
     with short_private_dir("omni-ray-") as scratch:
-        with mock.patch.dict(os.environ, {"TMPDIR": str(scratch)}):
+        # kept: Ray's nodes set a SIGTERM handler of their own; this process's stays, and
+        # shuts the cluster down below when SIGTERM unwinds it (omni_core.sigterm)
+        with mock.patch.dict(os.environ, {"TMPDIR": str(scratch)}), signal_handlers_kept():
             cluster = Cluster(initialize_head=True, head_node_args=head)
             try:
                 for worker in workers:

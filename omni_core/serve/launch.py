@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import anyio
 
+from ..sigterm import signal_handlers_kept
+
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
@@ -83,7 +85,12 @@ async def run_until_signal(work: Callable[[Signals], Awaitable[T]]) -> tuple[T |
     """
     signals = Signals()
     result: list[T] = []
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+    # kept: asyncio leaves SIG_DFL behind when it stops receiving, not what was there
+    # before, and a host that embeds this (a test run, a script) would then die on the spot
+    with (
+        signal_handlers_kept(),
+        anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received,
+    ):
         try:
             await _watch_and_work(work, signals, received, result)
         except BaseExceptionGroup as group:

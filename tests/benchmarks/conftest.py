@@ -18,12 +18,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from omni_core.sigterm import run_child
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
@@ -120,14 +121,13 @@ def run_smoke(no_pytest_path: Path, shipped_plugins_env: dict[str, str]):
             path.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(path)
         env.pop("PYTEST_XDIST_WORKER", None)
-        done = subprocess.run(
+        # run_child: a run stopped early (a hang, or this suite terminated) still gets
+        # to remove what it made, where subprocess.run would kill it at once
+        done = run_child(
             [sys.executable, str(BENCHMARKS / name), "--smoke", *args],
             cwd=REPO,
             env=env,
-            capture_output=True,
-            text=True,
             timeout=1200,  # a hang fails; --smoke runs take seconds (see the README)
-            check=False,
         )
         return Ran(name, done.returncode, done.stdout, done.stderr)
 

@@ -25,6 +25,7 @@ pytest.importorskip("omni_qwen3_tts")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util import state  # noqa: E402
 
+from omni_core.sigterm import signal_handlers_kept  # noqa: E402
 from omni_core.testing import local_ray_cluster, short_private_dir  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qwen3_tts_ray.toml"
@@ -38,7 +39,8 @@ def cluster() -> Iterator[Cluster]:
     with local_ray_cluster(head, {"num_cpus": 4, "labels": {"omni-node": "b"}}) as nodes:
         try:
             # the test's own view of it
-            joined = ray.init(address=nodes.address, log_to_driver=False)
+            with signal_handlers_kept():  # else SIGTERM would sys.exit mid-test, no cleanup
+                joined = ray.init(address=nodes.address, log_to_driver=False)
             # the session (logs) in the cluster's private TMPDIR, removed with it
             assert "/omni-ray-" in joined.address_info["session_dir"]
             yield nodes
@@ -239,3 +241,23 @@ def test_start_local_runs_the_one_host_demo_on_a_cluster_of_its_own(tmp_path_fac
             assert server.stop() == 0, server.stderr()
         assert "Traceback" not in server.stderr()
         assert (scratch / "ray").is_dir()  # where Ray kept the session
+
+
+@pytest.mark.slow
+def test_omni_serve_stops_cleanly_after_its_cluster_is_gone(short_tmp):
+    """The head node dies, then the operator stops omni: it must not wait on Ray forever
+    (removing a placement group retries a lost GCS for minutes)."""
+    nodes_of = (
+        {"num_cpus": 4, "labels": {"omni-node": "a"}},
+        {"num_cpus": 4, "labels": {"omni-node": "b"}},
+    )
+    with local_ray_cluster(*nodes_of) as nodes:
+        server = OmniServe(short_tmp, EXAMPLE, ("--ray-address", nodes.address), timeout=240)
+        try:
+            assert speak(server, **SPEECH)[:4] == b"RIFF"
+        except BaseException:
+            server.stop()
+            raise
+    # the cluster is shut down: SIGTERM, and stop() would SIGKILL after 30 s
+    assert server.stop() == 0, server.stderr()
+    assert "Traceback" not in server.stderr()

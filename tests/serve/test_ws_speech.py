@@ -379,8 +379,10 @@ def test_a_client_that_never_reads_is_disconnected_and_the_buffer_stays_bounded(
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window
         sock.connect((host, int(port)))
+        # close_timeout: an interrupted run (the suite stopped) closes without waiting 10 s
+        # for the stuck server's close frame
         async with connect(
-            ws_url(ws_server), sock=sock, additional_headers=AUTH, max_queue=2
+            ws_url(ws_server), sock=sock, additional_headers=AUTH, max_queue=2, close_timeout=1
         ) as ws:
             config = {"type": "session.config", "test_samples_per_char": 6000}  # 12 KB a char
             await ws.send(json.dumps(config))

@@ -33,19 +33,28 @@ import queue
 import secrets
 import signal
 import socket
+import sys
 import threading
-from typing import Any
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
 
 import anyio
 
 from ...errors import ConfigError, OmniError
 from ...launcher import Launcher, LaunchSession, ProcessHandle
 from ...placement import ClusterNode, GpuDevice, GpuInventory
+from ...sigterm import signal_handlers_kept
+
+T = TypeVar("T")
 
 NODE_LABEL = "omni-node"
 NODE_ID_LABEL = "ray.io/node-id"
 EVENT_WAIT = 0.5  # seconds one remote wait for a child event lasts
 STOP_TIMEOUT = 5.0
+CALL_POLL = 0.02  # seconds between looks at a cluster call running on its thread
+CLOSE_TIMEOUT = 10.0  # seconds closing a session may wait on the cluster, all calls together
 
 
 class RayUnavailable(OmniError):
@@ -87,24 +96,22 @@ def connect(config: Any) -> bool:
         )
     if address is not None:
         probe(address, min(config.ray.connect_timeout, 10.0))
-    handlers = _signal_handlers()
     try:
-        ray.init(
-            # "local" starts a cluster of our own even where another one runs on
-            # this machine (a bare None would join that one).
-            address=address or "local",
-            namespace=config.ray.namespace,
-            log_to_driver=False,
-            include_dashboard=False if address is None else None,
-            configure_logging=False,
-        )
+        with signal_handlers_kept():  # ray.init replaces them with a sys.exit
+            ray.init(
+                # "local" starts a cluster of our own even where another one runs on
+                # this machine (a bare None would join that one).
+                address=address or "local",
+                namespace=config.ray.namespace,
+                log_to_driver=False,
+                include_dashboard=False if address is None else None,
+                configure_logging=False,
+            )
     except Exception as exc:  # ConnectionError, RuntimeError, ValueError, by version
         raise RayUnavailable(
             f"cannot join the Ray cluster at {address or '(a new local cluster)'}: {exc}",
             hint="start one with `ray start --head`, and pass its address with --ray-address",
         ) from None
-    finally:
-        _restore(handlers)
     return True
 
 
@@ -122,19 +129,6 @@ def probe(address: str, timeout: float) -> None:
             hint="is `ray start --head` running there? check the address and port "
             "(--ray-address, or $RAY_ADDRESS)",
         ) from None
-
-
-def _signal_handlers() -> dict[int, Any]:
-    """SIGTERM and SIGINT as omni set them (ray.init replaces them with a sys.exit)."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
-
-
-def _restore(handlers: dict[int, Any]) -> None:
-    for number, handler in handlers.items():
-        if handler is not None:
-            signal.signal(number, handler)
 
 
 def node_name(node: dict[str, Any]) -> str:
@@ -205,8 +199,8 @@ class RaySession(LaunchSession):
         self.ray = import_ray()
         self.owned = connect(self.config)  # on the main thread: ray.init sets signal handlers
         try:
-            await anyio.to_thread.run_sync(self._place)
-            await anyio.to_thread.run_sync(self._reserve)
+            await _cluster_call(self._place)
+            await _cluster_call(self._reserve)
         except BaseException:
             await self.aclose()
             raise
@@ -319,24 +313,85 @@ class RaySession(LaunchSession):
 
     # -- close ----------------------------------------------------------------------
     async def aclose(self) -> None:
+        """Kill the actors, remove the placement group, and stop a cluster of our own.
+
+        Each cluster call is bounded (:data:`CLOSE_TIMEOUT` in all): a cluster whose head
+        is gone holds nothing any more, but Ray's client would retry its lost
+        GCS for minutes, and an operator stopping omni waits for none of that.
+        """
         if self.ray is None:
             return
-        for actor in self.actors.values():
-            self._kill(actor)
-        self.actors.clear()
+        deadline = time.monotonic() + CLOSE_TIMEOUT
+        steps = [
+            (f"killing actor {self.prefix}-{name}", partial(self.ray.kill, actor, no_restart=True))
+            for name, actor in self.actors.items()
+        ]
         if self.pg is not None:
             from ray.util import remove_placement_group
 
-            with contextlib.suppress(Exception):  # a cluster that is gone holds nothing
-                remove_placement_group(self.pg)
-            self.pg = None
-        if self.owned and self.ray.is_initialized():
+            removing = partial(remove_placement_group, self.pg)
+            steps.append((f"removing placement group {self.prefix}", removing))
+        owned, self.owned = self.owned, False
+        self.actors.clear()
+        self.pg = None
+        for what, step in steps:
+            if not await _finished_within(deadline - time.monotonic(), step):
+                print(
+                    f"omni: ray: no answer from the cluster within {CLOSE_TIMEOUT:g} s while "
+                    f"{what}; leaving the rest to it (a cluster that is gone holds nothing)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return
+        if owned and self.ray.is_initialized():  # ours, and it answered: its processes go too
             self.ray.shutdown()
-        self.owned = False
 
     def _kill(self, actor: Any) -> None:
         with contextlib.suppress(Exception):  # already dead
             self.ray.kill(actor, no_restart=True)
+
+
+async def _cluster_call(call: Callable[[], T]) -> T:
+    """``call()``, which blocks on the cluster, run on a daemon thread; cancellable.
+
+    Not ``anyio.to_thread``: its threads cannot be abandoned at exit, and a
+    cancelled wait would still wait for the thread. With the cluster's head
+    gone, Ray retries a call for minutes, and an ``omni serve`` stopped in the
+    middle of restarting a process group must stop now, not then.
+    """
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the waiting task
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="omni-ray-call", daemon=True).start()
+    while not done.is_set():
+        await anyio.sleep(CALL_POLL)
+    finished, value = outcome[0]
+    if not finished:
+        raise value
+    return value
+
+
+async def _finished_within(seconds: float, call: Callable[[], Any]) -> bool:
+    """Run a blocking cluster call on a daemon thread; False if it is still running after
+    ``seconds`` (it is left to finish or fail on its own). Its errors count as finished:
+    an actor already dead, a group already removed."""
+    done = threading.Event()
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            call()
+        done.set()
+
+    threading.Thread(target=run, name="omni-ray-close", daemon=True).start()
+    return await anyio.to_thread.run_sync(done.wait, max(seconds, 0.0))
 
 
 def _reserve_here(host: str) -> str:
@@ -373,7 +428,7 @@ class RayProcess(ProcessHandle):
     async def start(self, spec: Any) -> None:
         # Cluster calls block (placing a new actor takes seconds): off the loop.
         # The child is forked by the actor, on its node, not here.
-        await anyio.to_thread.run_sync(self._start, spec)
+        await _cluster_call(partial(self._start, spec))
 
     def _start(self, spec: Any) -> None:
         self.actor = self.session.actor(self.name)
