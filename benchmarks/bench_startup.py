@@ -31,6 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from omni_core.harness import short_private_dir
 from omni_core.sigterm import run_script
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,6 +42,14 @@ READY = "omni: ready"
 def time_to_ready_and_restart(config: Path, method: str, timeout: float) -> tuple[float, float]:
     """Seconds from launching ``omni serve config`` to its ready line, and from killing
     one stage process to every process healthy again."""
+    # a private runtime base, removed after: not the user's default /tmp/omni-<uid>
+    with short_private_dir() as base:
+        return _time_to_ready_and_restart(config, method, timeout, base)
+
+
+def _time_to_ready_and_restart(
+    config: Path, method: str, timeout: float, base: Path
+) -> tuple[float, float]:
     env = {**os.environ, "OMNI_START_METHOD": method}
     command = [
         sys.executable,
@@ -52,6 +61,8 @@ def time_to_ready_and_restart(config: Path, method: str, timeout: float) -> tupl
         "0",
         "--runtime.restart_backoff",
         "0",
+        "--endpoints.base_path",
+        str(base),
     ]
     started = time.monotonic()
     proc = subprocess.Popen(

@@ -231,3 +231,39 @@ def test_serving_in_process_leaves_the_hosts_handlers_as_they_were():
     result, signals = anyio.run(run_until_signal, work)
     assert result == "done" and signals.count == 0
     assert {n: signal.getsignal(n) for n in before} == before
+
+
+def test_forwarding_reaches_a_child_that_leads_a_process_group_of_its_own(tmp_path):
+    """As an xdist worker that started a Ray head node does: a group signal misses it."""
+    parent = """
+    import subprocess, sys
+    from omni_core.sigterm import children, run_script, unwind_on_sigterm
+
+    unwind_on_sigterm(forward_to_children=True)
+
+    def main():
+        child = subprocess.Popen(
+            [sys.executable, sys.argv[1], sys.argv[2], "0"], start_new_session=True
+        )
+        assert child.pid in children()
+        print("ready", flush=True)
+        child.wait()
+        return 0
+
+    run_script(main)
+    """
+    child = tmp_path / "child.py"
+    child.write_text(textwrap.dedent(SCRIPT))
+    proc = _start(tmp_path, parent, str(child), str(tmp_path / "work"))
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "work").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)  # the parent alone; the child is in another group
+    proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_TERMINATED
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "cleaned").exists():  # the child heard it and cleaned up
+        assert time.monotonic() < deadline, "the child never got the forwarded SIGTERM"
+        time.sleep(0.02)
+    assert not (tmp_path / "work").exists()

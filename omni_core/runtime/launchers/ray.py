@@ -52,7 +52,6 @@ T = TypeVar("T")
 NODE_LABEL = "omni-node"
 NODE_ID_LABEL = "ray.io/node-id"
 EVENT_WAIT = 0.5  # seconds one remote wait for a child event lasts
-STOP_TIMEOUT = 5.0
 CALL_POLL = 0.02  # seconds between looks at a cluster call running on its thread
 CLOSE_TIMEOUT = 10.0  # seconds closing a session may wait on the cluster, all calls together
 
