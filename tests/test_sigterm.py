@@ -62,6 +62,18 @@ def _start(tmp_path: Path, source: str, *args: str, **popen) -> subprocess.Popen
     return proc
 
 
+def _start_parent_of_script(tmp_path: Path, parent: str) -> subprocess.Popen[str]:
+    """``parent`` started with SCRIPT as its child, returned once the child made its work."""
+    child = tmp_path / "child.py"
+    child.write_text(textwrap.dedent(SCRIPT))
+    proc = _start(tmp_path, parent, str(child), str(tmp_path / "work"))
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "work").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    return proc
+
+
 def test_a_script_stopped_by_sigterm_removes_what_it_made_and_exits_143(tmp_path):
     proc = _start(tmp_path, SCRIPT, str(tmp_path / "work"), "0")
     proc.send_signal(signal.SIGTERM)
@@ -145,13 +157,7 @@ def test_an_interrupted_parent_lets_its_child_clean_up_before_it_exits(tmp_path)
 
     run_script(main)
     """
-    child = tmp_path / "child.py"
-    child.write_text(textwrap.dedent(SCRIPT))
-    proc = _start(tmp_path, parent, str(child), str(tmp_path / "work"))
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "work").exists():  # the child is up
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.02)
+    proc = _start_parent_of_script(tmp_path, parent)
     proc.send_signal(signal.SIGTERM)  # the parent alone: it stops its child
     proc.communicate(timeout=60)
     assert proc.returncode == EXIT_TERMINATED
@@ -252,13 +258,7 @@ def test_forwarding_reaches_a_child_that_leads_a_process_group_of_its_own(tmp_pa
 
     run_script(main)
     """
-    child = tmp_path / "child.py"
-    child.write_text(textwrap.dedent(SCRIPT))
-    proc = _start(tmp_path, parent, str(child), str(tmp_path / "work"))
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "work").exists():
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.02)
+    proc = _start_parent_of_script(tmp_path, parent)
     proc.send_signal(signal.SIGTERM)  # the parent alone; the child is in another group
     proc.communicate(timeout=60)
     assert proc.returncode == EXIT_TERMINATED
