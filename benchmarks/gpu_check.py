@@ -80,7 +80,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omni_core.sigterm import run_child, run_script
+from omni_core.sigterm import Terminated, run_child, run_script
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -727,12 +727,19 @@ def main() -> int:
         budget = budgets[phase] * args.budget_scale
         print(f"phase {phase} (budget {budget:.0f} s)", flush=True)
         clock = Clock(budget)
-        if phase == "tests":
-            phase_tests(report, clock, args.smoke)
-        elif phase == "demos":
-            phase_demos(report, clock, args.device, args.smoke)
-        else:
-            phase_throughput(report, clock, args.device, args.levels, args.smoke, args.models)
+        try:
+            if phase == "tests":
+                phase_tests(report, clock, args.smoke)
+            elif phase == "demos":
+                phase_demos(report, clock, args.device, args.smoke)
+            else:
+                phase_throughput(report, clock, args.device, args.levels, args.smoke, args.models)
+        except Terminated:
+            # a lease's time limit (timeout sends SIGTERM first): the phase's servers and
+            # children are stopped by now; what was measured still reaches the output
+            print(f"\ngpu_check stopped by SIGTERM during phase {phase}", flush=True)
+            print_table(report)
+            raise
         report.save()
     print_table(report)
     if report.skipped:

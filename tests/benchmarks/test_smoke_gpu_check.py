@@ -99,8 +99,13 @@ def test_usage_errors_exit_2_saying_what_to_do(args, said):
     assert said in done.stderr
 
 
-def test_a_run_killed_midway_leaves_what_it_finished(short_tmp):
-    """A GPU lease ends a command at its time limit: the phases done by then are on disk."""
+def _stopped_after_the_tests_phase(
+    short_tmp, signum: int, in_demos: bool = False
+) -> tuple[dict, str, int]:
+    """gpu_check.py --phases tests,demos stopped with ``signum`` once the tests phase is
+    on disk (``in_demos``: once the demos phase made its work directory) and the demo
+    (an omni serve, seconds) has not answered yet; its TMPDIR is under ``short_tmp``:
+    (the JSON it left, what it printed, its exit status)."""
     import os
     import signal
     import time
@@ -108,22 +113,53 @@ def test_a_run_killed_midway_leaves_what_it_finished(short_tmp):
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
     out = short_tmp / "partial.json"
+    (short_tmp / "tmp").mkdir()
     argv = [sys.executable, str(script), "--device", "cpu", "--smoke", "--out", str(out)]
     argv += ["--phases", "tests,demos"]
     run = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(short_tmp / "tmp")},
     )
     try:
         deadline = time.monotonic() + 240
-        while not out.exists() and run.poll() is None and time.monotonic() < deadline:
+        while run.poll() is None and time.monotonic() < deadline:
+            if out.exists() and (not in_demos or list((short_tmp / "tmp").glob("gpu-check-*"))):
+                break
             time.sleep(0.02)
-        # the tests phase is over; the demo (an omni serve, seconds) has not answered yet
-        os.killpg(run.pid, signal.SIGKILL)
+        os.killpg(run.pid, signum)
+        said, _ = run.communicate(timeout=120)
     finally:
-        run.wait()
-    doc = json.loads(out.read_text())
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    return json.loads(out.read_text()), said, run.returncode
+
+
+def test_a_run_killed_midway_leaves_what_it_finished(short_tmp):
+    """A GPU lease ends a command at its time limit: the phases done by then are on disk,
+    even after SIGKILL."""
+    import signal
+
+    doc, _, _ = _stopped_after_the_tests_phase(short_tmp, signal.SIGKILL)
     assert doc["finished"] is False
     assert doc["phases"]["tests"]["status"] == "passed" and "demos" not in doc["phases"]
+
+
+def test_a_run_stopped_by_sigterm_cleans_up_and_prints_what_it_measured(short_tmp):
+    """``timeout`` sends SIGTERM first: the demo's server is stopped, its work directory
+    removed, the table so far printed, and the status says it was terminated."""
+    import signal
+
+    doc, said, code = _stopped_after_the_tests_phase(short_tmp, signal.SIGTERM, in_demos=True)
+    assert code == 143, said
+    assert doc["finished"] is False and doc["phases"]["tests"]["status"] == "passed"
+    assert "gpu_check stopped by SIGTERM during phase demos" in said
+    assert "throughput, first audio and RTF on cpu" in said  # the table, empty so far
+    assert list((short_tmp / "tmp").iterdir()) == []  # no gpu-check-* work directory left
 
 
 def _demos() -> list:
