@@ -234,4 +234,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from omni_core.sigterm import run_script
+
+    run_script(main)  # SIGTERM: the staging folder is removed, .whl left as it was
