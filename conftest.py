@@ -12,7 +12,6 @@ import atexit
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 from collections.abc import Iterator
 
@@ -32,10 +31,6 @@ os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 # a process group of its own (Ray's reaper calls setpgrp), out of reach of timeout's signal.
 unwind_on_sigterm(forward_to_children="PYTEST_XDIST_WORKER" not in os.environ)
 _SIGTERM_HANDLER = signal.getsignal(signal.SIGTERM)
-# The children a test runs got the same signal and are cleaning up too: subprocess.run,
-# interrupted, waits 0.25 s for them (CPython's Popen._sigint_wait_secs) and then kills
-# them mid-way; an `omni serve` takes a few seconds to stop its stages.
-subprocess.Popen._sigint_wait_secs = 30  # type: ignore[attr-defined]
 
 # The fixtures plugin authors load too (plugins, short_tmp), for every suite here.
 pytest_plugins = ["omni_core.testing"]

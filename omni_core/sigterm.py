@@ -133,6 +133,9 @@ def run_child(
     with subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
     ) as child:
+        # interrupted, communicate() would first wait 0.25 s on its own for the child to
+        # exit (CPython's Popen._sigint_wait_secs): _stop signals it at once instead
+        child._sigint_wait_secs = 0  # type: ignore[attr-defined]
         try:
             out, err = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
