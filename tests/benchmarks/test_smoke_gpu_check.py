@@ -40,6 +40,10 @@ def test_gpu_check_smoke_runs_every_phase_on_the_cpu(run_smoke, short_tmp):
     assert re.fullmatch(r"engine \d+\.\d of \d+\.\d ms a frame", tts_alone["note"]), tts_alone
     assert [p["system"] for p in doc["peers"]] == ["vLLM-Omni", "SGLang-Omni", "SGLang-Omni"]
     assert any("Qwen3-TTS 1.7B" in s for s in doc["skipped"])  # what --smoke left out, said
+    assert any(
+        "Qwen3-TTS 0.6B compiled (--smoke" in s and "--models qwen3-tts-0.6b-compiled" in s
+        for s in doc["skipped"]
+    ), doc["skipped"]
     # one profiled pass: counts per engine step, then the operators by their own time
     profile = doc["profiles"]["Qwen3-TTS tiny"]
     assert re.search(r"per engine step \(\d+ steps\): [\d.]+ kernel launches", profile)
@@ -211,6 +215,7 @@ def test_models_are_measured_in_the_order_asked_and_the_others_said_left_out():
     assert report.skipped == [
         "throughput: Qwen3-TTS 0.6B (not asked for: --models)",
         "throughput: Qwen3-TTS 1.7B (not asked for: --models)",
+        "throughput: Qwen3-TTS 0.6B compiled (not asked for: --models)",
         "throughput: Qwen3-Omni 30B-A3B (no time left in the phase)",
         "throughput: MOSS-TTS 8B (no time left in the phase)",
     ]
@@ -232,3 +237,47 @@ def test_a_model_killed_at_the_deadline_leaves_the_end_of_what_it_printed():
     assert all(line.startswith("    ") for line in said.splitlines()[1:])
     nothing = subprocess.TimeoutExpired(["x"], 1, output=None, stderr=None)
     assert check.said_before_kill(nothing).endswith("(nothing)")
+
+
+@pytest.mark.slow
+def test_the_compiled_row_measures_compiled_steps_and_says_when_they_were_ready(
+    run_smoke, short_tmp
+):
+    """The compiled Qwen3-TTS row, tiny on the CPU: the engine compiled its buckets (the
+    note quotes its ready line), and it measured the levels asked for up to 8."""
+    out = short_tmp / "rows.json"
+    ran = run_smoke(
+        "gpu_check.py",
+        "--device",
+        "cpu",
+        "--measure",
+        "qwen3-tts-0.6b-compiled",
+        "--levels",
+        "1,2,16",
+        "--out",
+        str(out),
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["concurrency"] for r in rows] == [1, 2]  # 16: above COMPILED_MAX_LEVEL
+    assert {r["model"] for r in rows} == {"Qwen3-TTS tiny compiled"}
+    note = rows[0]["note"]
+    assert re.fullmatch(
+        r"engine \d+\.\d of \d+\.\d ms a frame; torch\.compile for batch sizes 1, 2, "
+        r"ready in \d+\.\d s",
+        note,
+    ), note
+    assert re.fullmatch(r"torch\.compile for batch sizes 1, 2, ready in \d+\.\d s", rows[1]["note"])
+
+
+def test_the_ready_note_quotes_the_engines_line_without_its_setting():
+    check = _gpu_check_module()
+    line = (
+        "engine: torch.compile + CUDA graphs for batch sizes 1, 2, 4, 8 "
+        "(engine.cuda_graph_max_bs 8; larger batches run eagerly): talker, code_predictor "
+        "ready in 42.1 s"
+    )
+    assert check.ready_note([line]) == (
+        "torch.compile + CUDA graphs for batch sizes 1, 2, 4, 8, ready in 42.1 s"
+    )
+    assert check.ready_note([]) == "no compiled steps: the engine printed no ready line"
