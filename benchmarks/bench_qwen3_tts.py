@@ -334,15 +334,22 @@ async def run_level(engine: TTSEngine, vocoder: Vocoder, batch: list[Request]) -
     )
 
 
-async def profiled_level(model: Qwen3TTSModel, frames: int, concurrency: int) -> str:
+async def profiled_level(
+    model: Qwen3TTSModel, frames: int, concurrency: int, compile_steps: bool = False
+) -> str:
     """One level of our stages under torch.profiler, after an untimed pass of the same width.
 
     The engine is built as :func:`ours` builds it (batch size ``concurrency``,
-    the vocoder stage's defaults); returns :func:`gpu_profile.summary`'s text.
+    the vocoder stage's defaults; ``compile_steps``: engine.enable_torch_compile);
+    returns :func:`gpu_profile.summary`'s text.
     """
     from gpu_profile import profiled, summary
 
-    settings = EngineSettings(max_running_requests=concurrency, max_total_tokens=concurrency * 512)
+    settings = EngineSettings(
+        max_running_requests=concurrency,
+        max_total_tokens=concurrency * 512,
+        enable_torch_compile=compile_steps,
+    )
     engine = TTSEngine(model, TorchEngine(model, settings))
     assert model.speech_tokenizer is not None
     vocoder = Vocoder(

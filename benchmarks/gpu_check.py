@@ -40,7 +40,7 @@ printed as skipped, never silently dropped:
    fills about 350 M values a second here: 100 s for Qwen3-Omni's 35 B). The
    models run cheapest first, so that one that does not fit the phase leaves
    the others measured; what is left is reported as left out. Qwen3-TTS
-   0.6B is also run once at c=8 under torch.profiler (``gpu_profile.py``):
+   0.6B, eager and compiled, is also run once at c=8 under torch.profiler (``gpu_profile.py``):
    kernel launches, graph replays, host waits and copies per engine step,
    and the operators that took the most GPU time, printed above the table;
    Qwen3-Omni's row comes with what each engine stage's log said of its static
@@ -428,7 +428,8 @@ def measure_qwen3_tts(
 
     ``compiled``: with ``engine.enable_torch_compile`` (inductor; on CUDA each
     compiled bucket captured as a CUDA graph too), levels up to
-    ``COMPILED_MAX_LEVEL``; the rows' note says how long the buckets took to get
+    ``COMPILED_MAX_LEVEL``, the profiled pass too (its graphs built again, from
+    inductor's cache); the rows' note says how long the buckets took to get
     ready, from the engine's own line.
     """
     import anyio
@@ -466,7 +467,7 @@ def measure_qwen3_tts(
         where = f"where the time goes (torch.profiler, gpu_profile.py) at c={width}, "
         where += f"{min(frames, 16)} frames a request:\n"
         try:  # the rows above are the figures: a profiler that breaks must not lose them
-            where += anyio.run(bench.profiled_level, model, min(frames, 16), width)
+            where += anyio.run(bench.profiled_level, model, min(frames, 16), width, compiled)
         except Exception as exc:
             where += f"the profiled pass failed: {type(exc).__name__}: {exc}"
     return rows, where
@@ -593,9 +594,9 @@ def measure(name: str, device: str, levels: list[int], smoke: bool) -> tuple[lis
     """One model's rows, and a profile where one is taken (in a child: ``--measure NAME``)."""
     sys.path.insert(0, str(HERE))
     frames = 4 if smoke else TTS_FRAMES
-    if name == COMPILED:
+    if name == COMPILED:  # profiled too: its kernels per step beside the eager row's
         size = "tiny" if smoke else "0.6B"
-        return measure_qwen3_tts(size, device, levels, frames, compiled=True)
+        return measure_qwen3_tts(size, device, levels, frames, profile=True, compiled=True)
     if name.startswith("qwen3-tts-"):
         size = "tiny" if smoke else name.rsplit("-", 1)[1].upper()
         return measure_qwen3_tts(size, device, levels, frames, profile=name == RELEASE_MODELS[0])

@@ -268,6 +268,10 @@ def test_the_compiled_row_measures_compiled_steps_and_says_when_they_were_ready(
         note,
     ), note
     assert re.fullmatch(r"torch\.compile for batch sizes 1, 2, ready in \d+\.\d s", rows[1]["note"])
+    # profiled as the eager row is, through its compiled steps (inductor's kernels)
+    profile = json.loads(out.read_text())["profile"]
+    assert profile.startswith("where the time goes (torch.profiler, gpu_profile.py) at c=2")
+    assert "Self CPU" in profile and "Torch-Compiled Region" in profile, profile
 
 
 def test_the_ready_note_quotes_the_engines_line_without_its_setting():
