@@ -93,10 +93,17 @@ class Child:
         """Until the child says ready; StartupError on its failure, death or timeout."""
         deadline = self.started_at + timeout
         while True:
-            if self.proc.poll():
+            # OSError: the pipe was closed under this wait, by a stop() that reaped the
+            # process meanwhile (a tensor-parallel sibling's failure stops its group while
+            # every rank is still waited for); the process is gone, said just below.
+            try:
+                said = self.proc.poll()
+            except OSError:
+                said = False
+            if said:
                 try:
                     kind, detail = self.proc.recv()
-                except EOFError:
+                except (EOFError, OSError):
                     kind, detail = "died", ""
                 if kind == "ready":
                     self.timings = detail
