@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from omni_core.harness import remove_listed_dirs
 from omni_core.sigterm import unwind_on_sigterm
 
 # The suite runs workers side by side on the same cores, each starting stage processes:
@@ -31,6 +32,21 @@ os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 # a process group of its own (Ray's reaper calls setpgrp), out of reach of timeout's signal.
 unwind_on_sigterm(forward_to_children="PYTEST_XDIST_WORKER" not in os.environ)
 _SIGTERM_HANDLER = signal.getsignal(signal.SIGTERM)
+
+# Everything a run makes in the temporary directory goes under one directory of its own,
+# made by the main process (the workers, and the servers and clusters the tests start,
+# inherit it as TMPDIR) and removed when the main process exits: a worker stopped before
+# its fixtures were torn down (xdist gives up on one after 30 s; a Ray test's server and
+# cluster can take longer to stop when a time limit stops the run) leaves nothing behind
+# it: short_private_dir's directories stay under /tmp (socket paths) but are listed there.
+# pytest's own tmp_path directories stay where pytest keeps them, the last few runs'.
+if "OMNI_TEST_RUN_ROOT" not in os.environ:  # the main process; a nested pytest run reuses it
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    _RUN_ROOT = tempfile.mkdtemp(prefix="omni-run-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    os.environ["OMNI_TEST_RUN_ROOT"] = os.environ["TMPDIR"] = _RUN_ROOT
+    tempfile.tempdir = None  # read TMPDIR again
+    # with the short directories under /tmp (socket paths) that the tests listed there
+    atexit.register(remove_listed_dirs, _RUN_ROOT)
 
 # The fixtures plugin authors load too (plugins, short_tmp), for every suite here.
 pytest_plugins = ["omni_core.testing"]

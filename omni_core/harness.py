@@ -47,14 +47,47 @@ def short_private_dir(prefix: str = "omni-t") -> Iterator[Path]:
     """A fresh directory with a short path, readable by this user only; removed on exit.
 
     Use it as ``endpoints.base_path``: the runtime directory and its Unix
-    sockets go under it, and socket paths must fit in 107 bytes.
+    sockets go under it, and socket paths must fit in 107 bytes (Ray's too,
+    several levels down a cluster's session). Under ``/tmp``: TMPDIR can be
+    long (macOS). Where ``OMNI_TEST_RUN_ROOT`` names a test run's own directory
+    (omni's suite sets it), the directory is also listed there, so that the
+    run removes it should this process end before its ``finally`` runs.
     """
-    root = "/tmp" if os.path.isdir("/tmp") else None  # TMPDIR can be long (macOS)
+    root = "/tmp" if os.path.isdir("/tmp") else None
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))  # mode 0700
+    listed = _list_for_the_run(path)
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        if listed is not None:
+            listed.unlink(missing_ok=True)
+
+
+#: Where a test run lists the directories ``short_private_dir`` made outside its own.
+RUN_LIST = "short-dirs"
+
+
+def _list_for_the_run(path: Path) -> Path | None:
+    run_root = os.environ.get("OMNI_TEST_RUN_ROOT")
+    if not run_root or not os.path.isdir(run_root):
+        return None
+    listed = Path(run_root, RUN_LIST, path.name)
+    listed.parent.mkdir(exist_ok=True)
+    listed.write_text(str(path))
+    return listed
+
+
+def remove_listed_dirs(run_root: str) -> None:
+    """Remove what ``short_private_dir`` listed under ``run_root`` and did not remove
+    itself (its process ended first), then ``run_root``: a test run's last act."""
+    listing = Path(run_root, RUN_LIST)
+    if listing.is_dir():
+        for entry in listing.iterdir():
+            made = entry.read_text()
+            if os.path.dirname(made) in ("/tmp", tempfile.gettempdir()):  # never elsewhere
+                shutil.rmtree(made, ignore_errors=True)
+    shutil.rmtree(run_root, ignore_errors=True)
 
 
 @contextmanager
