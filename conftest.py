@@ -14,10 +14,11 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from omni_core.harness import remove_listed_dirs
+from omni_core.harness import RUN_OWNER, remove_listed_dirs, remove_stale_run_roots
 from omni_core.sigterm import unwind_on_sigterm
 
 # The suite runs workers side by side on the same cores, each starting stage processes:
@@ -40,9 +41,16 @@ _SIGTERM_HANDLER = signal.getsignal(signal.SIGTERM)
 # cluster can take longer to stop when a time limit stops the run) leaves nothing behind
 # it: short_private_dir's directories stay under /tmp (socket paths) but are listed there.
 # pytest's own tmp_path directories stay where pytest keeps them, the last few runs'.
+# A run whose main process was killed outright (SIGKILL: no atexit) leaves its directory:
+# the next run removes it (its owner's pid is gone). The main process removes its own at
+# pytest_unconfigure, after its workers ended, and again at exit (what came after).
+_RUN_ROOT: str | None = None
 if "OMNI_TEST_RUN_ROOT" not in os.environ:  # the main process; a nested pytest run reuses it
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
-    _RUN_ROOT = tempfile.mkdtemp(prefix="omni-run-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    _PARENT = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
+    remove_stale_run_roots(_PARENT)
+    _RUN_ROOT = tempfile.mkdtemp(prefix="omni-run-", dir=_PARENT)
+    Path(_RUN_ROOT, RUN_OWNER).write_text(str(os.getpid()))
     os.environ["OMNI_TEST_RUN_ROOT"] = os.environ["TMPDIR"] = _RUN_ROOT
     tempfile.tempdir = None  # read TMPDIR again
     # with the short directories under /tmp (socket paths) that the tests listed there
@@ -76,6 +84,14 @@ def pytest_configure(config: pytest.Config) -> None:
         # it kills them (xdist's 10 s is less than a Ray test's server and cluster take;
         # the worker's own execnet gives up after 15 s).
         NodeManager.EXIT_TIMEOUT = max(getattr(NodeManager, "EXIT_TIMEOUT", 0), 30)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # The main process, its workers ended: its run's directory goes now, not only at exit,
+    # where another library's exit handler that ends the process first would skip it.
+    if _RUN_ROOT is not None and not hasattr(config, "workerinput"):
+        remove_listed_dirs(_RUN_ROOT)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

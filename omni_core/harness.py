@@ -90,6 +90,69 @@ def remove_listed_dirs(run_root: str) -> None:
     shutil.rmtree(run_root, ignore_errors=True)
 
 
+#: The file in a test run's directory that names the process owning it (its pid).
+RUN_OWNER = "owner"
+
+#: How old a run's directory without an owner file must be before another run removes it:
+#: its owner may be between making it and writing the file.
+UNOWNED_GRACE_SECONDS = 600.0
+
+
+def remove_stale_run_roots(parent: str, prefix: str = "omni-run-") -> list[str]:
+    """Remove the test runs' directories under ``parent`` whose owner is gone; which.
+
+    Why: a run removes its own directory when its main process ends, which a
+    process killed outright (SIGKILL, a machine's CI stopped from outside)
+    never does, and its directory, with the short directories listed in it,
+    stayed. The next run removes them: a directory whose owner's pid no
+    longer runs, or one without an owner file older than
+    :data:`UNOWNED_GRACE_SECONDS`. Only this user's directories.
+    """
+    import time
+
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            owner = Path(entry.path, RUN_OWNER)
+            if owner.exists():
+                stale = not _pid_runs(int(owner.read_text().strip() or 0))
+            else:
+                age = time.time() - entry.stat(follow_symlinks=False).st_mtime
+                stale = age > UNOWNED_GRACE_SECONDS
+        except (OSError, ValueError):
+            continue
+        if stale:
+            remove_listed_dirs(entry.path)
+            removed.append(entry.path)
+    return removed
+
+
+def _pid_runs(pid: int) -> bool:
+    """Whether a process ``pid`` runs (another user's too: it cannot be signalled); a
+    killed one its parent has not reaped yet (a zombie) does not."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # Linux: the state follows the command's closing parenthesis
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
 @contextmanager
 def local_ray_cluster(head: dict[str, Any], *workers: dict[str, Any]) -> Iterator[Any]:
     """A Ray cluster on this machine (``ray.cluster_utils.Cluster``): a head node started

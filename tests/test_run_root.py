@@ -14,11 +14,13 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
-from omni_core.harness import RUN_LIST, short_private_dir
+from omni_core.harness import RUN_LIST, RUN_OWNER, remove_stale_run_roots, short_private_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,3 +80,72 @@ def test_a_run_removes_its_directory_and_what_its_tests_left_in_it(tmp_path):
     assert left.startswith(root + "/") and Path(root).name.startswith("omni-run-")
     assert short.startswith("/tmp/omni-t")
     assert not Path(left).exists() and not Path(short).exists() and not Path(root).exists()
+
+
+def _gone_pid() -> int:
+    """The pid of a process that has ended (and was reaped)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout)
+
+
+def test_a_killed_runs_directory_is_removed_by_the_next_run_with_what_it_listed(tmp_path):
+    """The directory of a run whose main process was killed outright (no atexit), with
+    the short directory it listed, goes; a live run's, and a fresh unowned one, stay."""
+    parent = tmp_path
+    dead = parent / "omni-run-dead"
+    (dead / RUN_LIST).mkdir(parents=True)
+    (dead / RUN_OWNER).write_text(str(_gone_pid()))
+    short = parent / "omni-t-left"
+    short.mkdir()
+    (dead / RUN_LIST / short.name).write_text(str(short))
+    live = parent / "omni-run-live"
+    live.mkdir()
+    (live / RUN_OWNER).write_text(str(os.getpid()))
+    fresh, old = parent / "omni-run-fresh", parent / "omni-run-old"
+    fresh.mkdir()
+    old.mkdir()
+    an_hour_ago = time.time() - 3600
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    other = parent / "not-a-run"
+    other.mkdir()
+
+    # the listed short directory is removed only where it lies under /tmp or TMPDIR
+    with mock.patch.object(tempfile, "tempdir", str(parent)):
+        removed = remove_stale_run_roots(str(parent))
+
+    assert sorted(removed) == sorted([str(dead), str(old)])
+    assert not dead.exists() and not short.exists() and not old.exists()
+    assert live.is_dir() and fresh.is_dir() and other.is_dir()
+
+
+def test_this_run_names_its_owner():
+    root = Path(os.environ["OMNI_TEST_RUN_ROOT"])
+    owner = int((root / RUN_OWNER).read_text())
+    assert owner != os.getpid() or "PYTEST_XDIST_WORKER" not in os.environ
+    os.kill(owner, 0)  # the main pytest process: alive while its tests run
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_killed_owner_not_yet_reaped_counts_as_gone(tmp_path):
+    """A main process killed a moment ago is a zombie until its parent reaps it: signal 0
+    still reaches it, yet its run has ended."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run = tmp_path / "omni-run-zombie"
+        run.mkdir()
+        (run / RUN_OWNER).write_text(str(child.pid))
+        assert remove_stale_run_roots(str(tmp_path)) == []
+        child.kill()
+        deadline = time.monotonic() + 10
+        while "Z" not in Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2][:3]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert remove_stale_run_roots(str(tmp_path)) == [str(run)]
+    finally:
+        child.kill()
+        child.wait()
