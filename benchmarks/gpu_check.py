@@ -26,7 +26,7 @@ printed as skipped, never silently dropped:
    speaking through the whole served graph (``bench_qwen3_omni_speech``), and
    last Qwen3-TTS 0.6B again with compiled decode steps
    (``engine.enable_torch_compile``: inductor's Triton kernels, each bucket
-   then captured as a CUDA graph; levels up to 8, the buckets' ready time in
+   and attention span then captured as a CUDA graph; levels up to 8, the buckets' ready time in
    the note; ``--smoke`` leaves it out unless ``--models`` names it) --
    at each concurrency of ``--levels``: audio seconds per wall second, time
    to first audio, and the real-time factor (a request's wall time over its

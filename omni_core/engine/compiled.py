@@ -7,9 +7,10 @@ code predictor; a backbone; a thinker), and from then on calls each in its
 decode step. A :class:`StaticDecoder` takes the step's new rows, their rotary
 positions, their cache positions and their slots, pads the batch up to its
 bucket (:mod:`.buckets`), runs the compiled or captured step over the
-shortest slot span that holds its rows (:func:`attention_spans`;
-:mod:`.static_kv` gives the static-shape cache; :mod:`.cuda_graphs` the
-capture) and returns the real rows; for a batch above the largest bucket it
+shortest slot span that holds its rows (:func:`attention_spans`; a dynamic
+size of the compiled graph, so one graph a bucket serves them; :mod:`.static_kv`
+gives the static-shape cache; :mod:`.cuda_graphs` the capture) and returns
+the real rows; for a batch above the largest bucket it
 returns None and the model runs its eager step. All buckets and spans are
 compiled at start-up (:meth:`StaticContext.warm_up`), before the process
 says ready; each decoder layer is traced and built once per shape and run
@@ -37,7 +38,7 @@ from .buckets import StaticPlan, bucket_for
 from .compute import call_on_compute_thread
 from .cuda_graphs import CapturedStep, graph_pool
 from .layer_regions import regions_wanted
-from .static_kv import StaticSlotStore, static_mask
+from .static_kv import StaticSlotStore, key_mask, static_mask
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +48,16 @@ RECOMPILE_LIMIT = 256
 
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], Any]
 
-#: The shortest slot span a static step attends over, and how many spans at most: compiled
-#: (each span is another inductor graph, seconds to build) and captured eagerly as a CUDA
-#: graph (each span one more capture, tens of milliseconds).
+#: The shortest slot span a static step attends over, and how many spans at most: where
+#: each span costs a compile (weights prepacked into the graph, seconds) or nothing (the
+#: uncompiled static step), and where each costs a CUDA graph capture (tens of
+#: milliseconds) or nothing but a guard (compiled with the span a dynamic size).
 SMALLEST_SPAN = 128
 MOST_SPANS = 4
 MOST_CAPTURED_SPANS = 9
 
 
-def attention_spans(capacity: int, graphs: bool, compiled: bool = True) -> tuple[int, ...]:
+def attention_spans(capacity: int, many: bool) -> tuple[int, ...]:
     """The slot lengths a decoder's static steps read, shortest first; each is a shape.
 
     Why: a static step reads every row's slot up to a fixed length, and at
@@ -63,21 +65,18 @@ def attention_spans(capacity: int, graphs: bool, compiled: bool = True) -> tuple
     0.6B talker step keeps 115 KB of keys and values per position, so with
     ``bench_qwen3_tts.py``'s 512 positions per slot it copied and read 176 MB
     per row for rows about 100 positions long, against 880 MB of bf16 weights
-    for the whole batch. A step therefore reads the shortest span that holds
-    its longest row: the capacity, halved up to ``MOST_SPANS - 1`` times but
-    not below ``SMALLEST_SPAN``. Each span is compiled once per bucket.
-
-    CUDA graphs captured from the eager step halve further (up to
-    ``MOST_CAPTURED_SPANS``): a GPU cache sized from memory holds tens of
-    thousands of positions a slot, and a graph over all of them read 3.7 GB a
-    row each step for a Qwen3-TTS talker. The caller names its longest row
-    from what it knows on the host (``longest``), so choosing a graph never
-    waits for the device. Graphs of a compiled step keep the capacity alone:
-    each span would be another inductor compile per bucket on the GPU.
+    for the whole batch; on a GPU, whose cache is sized from memory (tens of
+    thousands of positions a slot), a step over the whole capacity read 3.7 GB
+    a row for that talker. A step therefore reads the shortest span that
+    holds its longest row: the capacity, halved while not below
+    ``SMALLEST_SPAN``, ``MOST_SPANS`` at most, or ``MOST_CAPTURED_SPANS``
+    where spans are cheap (``many``): a compiled step whose span is a dynamic
+    size (one inductor graph a bucket for all spans) and CUDA graphs (each
+    span one more capture, tens of milliseconds). Steps compiled with the span
+    static (weights prepacked into each graph) keep ``MOST_SPANS``: each span
+    is another compile, seconds.
     """
-    if graphs and compiled:
-        return (capacity,)
-    most = MOST_CAPTURED_SPANS if graphs else MOST_SPANS
+    most = MOST_CAPTURED_SPANS if many else MOST_SPANS
     spans = [capacity]
     while len(spans) < most and spans[-1] // 2 >= SMALLEST_SPAN:
         spans.append(spans[-1] // 2)
@@ -147,13 +146,19 @@ class StaticDecoder:
         # captured: its eager step (which reads only the filled part of each slot) is better.
         self.enabled = not (plan.cuda_graphs and not self.use_graphs and not plan.compile)
         self._step: Callable[..., Any] = self._eager_step
-        self.spans = attention_spans(k_cache.shape[3], self.use_graphs, plan.compile)
+        self._keys: dict[int, torch.Tensor] = {}
+        #: one compiled graph a bucket for every span (the span a dynamic size)
+        self.dynamic_span = False
         self.prepacked = False
         #: compiled: each layer built once and run as every layer (layer_regions); not where
         #: the weights are frozen into the graph (prepacked), which differ in every layer
         self.regions = plan.compile and regions_wanted()
+        self.spans = attention_spans(k_cache.shape[3], many=self.use_graphs)
         if plan.compile:
             self._step = self._compiled_step(plan)
+            self.spans = attention_spans(
+                k_cache.shape[3], many=self.dynamic_span or self.use_graphs
+            )
         self._graphs: dict[tuple[int, int, int], CapturedStep] = {}  # bucket, steps, span
         self.calls = 0  # steps run statically (tests and figures)
         self.warm = False  # every bucket compiled: from now on a recompile runs eagerly
@@ -179,7 +184,20 @@ class StaticDecoder:
                 )
                 return prepack.compile_prepacked(self._eager_step)
             self.note = f"{self.name}: weights not prepacked ({why})"
-        return torch.compile(self._eager_step, dynamic=False)
+        compiled = torch.compile(self._span_step, dynamic=False)
+
+        def step(
+            x: torch.Tensor,
+            positions: torch.Tensor,
+            cache_pos: torch.Tensor,
+            slots: torch.Tensor,
+            span: int | None = None,
+        ) -> Any:
+            span = self.spans[-1] if span is None else span
+            return compiled(x, positions, cache_pos, slots, self._key_positions(span))
+
+        self.dynamic_span = True
+        return step
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -210,6 +228,38 @@ class StaticDecoder:
             self.k_cache, self.v_cache, slots, cache_pos, span, regions=self.regions
         )
         return self.forward(x, positions, static_mask(cache_pos, span), store)
+
+    def _span_step(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache_pos: torch.Tensor,
+        slots: torch.Tensor,
+        keys: torch.Tensor,
+    ) -> Any:
+        """The step over the first ``len(keys)`` positions of each slot (``keys`` their
+        numbers): the span a tensor's size, which the compiled step takes as dynamic, so
+        that one graph a bucket serves every span (:func:`attention_spans`)."""
+        span = keys.shape[0]
+        store = StaticSlotStore(
+            self.k_cache, self.v_cache, slots, cache_pos, span, regions=self.regions
+        )
+        return self.forward(x, positions, key_mask(cache_pos, keys), store)
+
+    def _key_positions(self, span: int) -> torch.Tensor:
+        """``arange(span)`` on the device, one tensor per span (a captured graph reads it at
+        a fixed address), its size marked dynamic for dynamo.
+
+        Marked "maybe": the whole slot's span is a contiguous slice of the cache, a
+        layout inductor guards on, so that span compiles a graph of its own where a
+        strict mark would refuse to compile at all.
+        """
+        keys = self._keys.get(span)
+        if keys is None:
+            keys = torch.arange(span, device=self.device)
+            torch._dynamo.maybe_mark_dynamic(keys, 0)
+            self._keys[span] = keys
+        return keys
 
     def span_for(self, cache_pos: torch.Tensor, longest: int | None = None) -> int:
         """The shortest of :attr:`spans` that holds every row's new positions.
@@ -302,7 +352,7 @@ class StaticDecoder:
                 self._graphs.clear()
                 self.use_graphs = False
                 self.enabled = plan_allows_uncaptured(self.plan)
-                self.spans = attention_spans(self.k_cache.shape[3], False)
+                self.spans = attention_spans(self.k_cache.shape[3], many=self.dynamic_span)
                 self.note = (
                     f"{self.name}: CUDA graph capture failed ({type(exc).__name__}: {exc}); "
                     "it decodes without CUDA graphs (engine.disable_cuda_graph = true "

@@ -113,5 +113,10 @@ def static_mask(positions: torch.Tensor, capacity: int) -> torch.Tensor:
     The same keys the eager causal mask lets a decoding row see (its cached
     prefix and itself); stale contents of the slot past the row are hidden.
     """
-    keys = torch.arange(capacity, device=positions.device)
+    return key_mask(positions, torch.arange(capacity, device=positions.device))
+
+
+def key_mask(positions: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """:func:`static_mask` over the key positions ``keys`` (``arange(span)``), whose size a
+    compiled step takes as dynamic (``compiled.StaticDecoder``)."""
     return (keys[None, None, :] <= positions[:, :, None])[:, None]

@@ -141,14 +141,13 @@ def test_padded_static_steps_equal_eager_and_spare_the_other_slots():
 def test_attention_spans_halve_the_capacity_down_to_the_smallest():
     from omni_core.engine.compiled import attention_spans
 
-    assert attention_spans(512, graphs=False) == (128, 256, 512)
-    assert attention_spans(4096, graphs=False) == (512, 1024, 2048, 4096)  # four at most
-    assert attention_spans(200, graphs=False) == (200,)  # 100 would be below 128
-    assert attention_spans(512, graphs=True) == (512,)  # a compiled step: one graph a bucket
-    # captured from the eager step: down to the smallest, nine at most (32768 = 128 * 2**8)
-    captured = attention_spans(32768, graphs=True, compiled=False)
-    assert captured == tuple(128 * 2**i for i in range(9))
-    assert attention_spans(2**20, graphs=True, compiled=False)[0] == 2**12
+    assert attention_spans(512, many=False) == (128, 256, 512)
+    assert attention_spans(4096, many=False) == (512, 1024, 2048, 4096)  # four at most
+    assert attention_spans(200, many=False) == (200,)  # 100 would be below 128
+    # cheap spans (captured, or compiled with the span dynamic): down to the smallest, nine
+    # at most (32768 = 128 * 2**8)
+    assert attention_spans(32768, many=True) == tuple(128 * 2**i for i in range(9))
+    assert attention_spans(2**20, many=True)[0] == 2**12
 
 
 def test_the_caller_names_its_longest_row_so_no_span_waits_for_the_device(monkeypatch):
@@ -359,6 +358,27 @@ async def test_cuda_graphs_of_each_span_decode_like_eager_as_rows_grow(monkeypat
     assert graphed == eager and static.calls > 0
 
 
+@pytest.mark.cuda
+@pytest.mark.anyio
+async def test_compiled_steps_captured_per_span_decode_like_eager_as_rows_grow(monkeypatch):
+    """Compiled and captured: one capture per bucket and span (a compiled step once read
+    the whole slot on CUDA), two compiled graphs per bucket, eager's tokens."""
+    from omni_core.engine import compiled
+
+    monkeypatch.setattr(compiled, "SMALLEST_SPAN", 8)
+    base = dict(max_running_requests=2, max_total_tokens=64)
+    eager_model = TinyDecoder(num_layers=2, seed=7, device="cuda")
+    graph_model = TinyDecoder(num_layers=2, seed=7, device="cuda")
+    eager, _ = await _engine_tokens(eager_model, EngineSettings(disable_cuda_graph=True, **base))
+    settings = EngineSettings(enable_torch_compile=True, **base)
+    graphed, engine = await _engine_tokens(graph_model, settings)
+    static = graph_model.static
+    assert engine.static.compile and static.use_graphs and static.dynamic_span
+    assert static.spans == (8, 16, 32)
+    assert sorted(static._graphs) == [(b, 1, s) for b in (1, 2) for s in (8, 16, 32)]
+    assert graphed == eager and static.calls > 0
+
+
 @pytest.mark.anyio
 async def test_the_engine_runs_an_uncompiled_static_plan_when_given_one():
     model = TinyDecoder(num_layers=1, seed=8)
@@ -461,6 +481,41 @@ def test_a_warm_step_never_recompiles_while_serving():
     assert counters["stats"]["unique_graphs"] == graphs  # no compile after warm-up
 
 
+def test_a_compiled_step_serves_every_span_below_the_slot_with_one_graph(monkeypatch):
+    """The span is a dynamic size: a bucket compiles one graph for the spans below the
+    capacity and one for the whole slot (inductor guards on its layout), not one a span;
+    every span's step equals the uncompiled static step's."""
+    from torch._dynamo.utils import counters
+
+    from omni_core.engine import compiled
+    from omni_core.engine.compiled import attention_spans
+
+    monkeypatch.setattr(compiled, "SMALLEST_SPAN", 8)
+    model = TinyDecoder(num_layers=2, seed=11)
+    cache = SlotKVCache(model.cache_layout(), 2, 64, spare=True)
+    context = StaticContext(StaticPlan(True, False, (1, 2), "test"), cache)
+    decoder = context.decoder("toy", model.stack, hidden=model.dim, dtype=torch.float32)
+    assert decoder.dynamic_span
+    assert decoder.spans == attention_spans(64, many=True) == (8, 16, 32, 64)
+    cache.k.normal_()
+    cache.v.normal_()
+    graphs = counters["stats"]["unique_graphs"]
+    context.warm_up()
+    assert counters["stats"]["unique_graphs"] - graphs == 2 * 2  # buckets x (below, whole)
+    torch.manual_seed(0)
+    x = torch.randn(2, 1, model.dim)
+    slots = torch.tensor([0, 1])
+    with torch.inference_mode():
+        for span in decoder.spans:
+            where = torch.tensor([[span - 1], [span // 2]])
+            keys, values = cache.k.clone(), cache.v.clone()
+            out = decoder._step(x, where, where, slots, span)
+            cache.k.copy_(keys)  # the same cache for the uncompiled step
+            cache.v.copy_(values)
+            torch.testing.assert_close(out, decoder._eager_step(x, where, where, slots, span))
+    assert counters["stats"]["unique_graphs"] - graphs == 4  # no span compiled again
+
+
 def test_a_failed_capture_says_so_and_falls_back_to_what_the_plan_allows(monkeypatch):
     from omni_core.engine.compiled import attention_spans
 
@@ -478,7 +533,7 @@ def test_a_failed_capture_says_so_and_falls_back_to_what_the_plan_allows(monkeyp
     context.warm_up()
     assert "CUDA graph capture failed (RuntimeError: operation not permitted" in static.note
     assert (static.use_graphs, static.enabled, static.warm) == (False, False, False)
-    assert static.spans == attention_spans(32, graphs=False)  # eager spans, not the captured
+    assert static.spans == attention_spans(32, many=False)  # eager spans, not the captured
 
 
 def test_after_warm_up_runs_once_the_decoders_are_warm_and_its_note_is_kept():
