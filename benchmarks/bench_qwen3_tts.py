@@ -365,6 +365,10 @@ async def profiled_level(
     return summary(prof, level.steps, model.device)
 
 
+#: How ``ours`` prints its engine's cache (the GPU check quotes it).
+CACHE_MARK = "engine cache:"
+
+
 async def ours(
     model: Qwen3TTSModel,
     frames: int,
@@ -374,24 +378,36 @@ async def ours(
     pack_weights: bool,
     compile_steps: bool = False,
     prepack: bool = False,
+    memory_share: float | None = None,
 ) -> list[Level]:
     """Our stages at each concurrency of ``levels`` after a warm-up, on the model's device.
 
     ``compile_steps``: ``engine.enable_torch_compile`` (every bucket up to the
     largest level compiled before the clock starts; the time is printed);
-    ``prepack``: ``engine.cpu_weight_prepack`` too.
+    ``prepack``: ``engine.cpu_weight_prepack`` too. ``memory_share``: the
+    cache sized as a served stage on a GPU sizes it (``engine.mem_fraction_static``:
+    slots of up to the model's 32,768 positions, where a step's attention span
+    can grow with the slot), not 512 positions a request; where the device's
+    memory is unknown (the CPU) the engine's default ``max_total_tokens``.
+    The cache's shape is printed.
     """
+    sizing: dict[str, Any] = {"max_total_tokens": max(levels) * 512}
+    if memory_share is not None:
+        sizing = {"mem_fraction_static": memory_share}
     settings = EngineSettings(
         max_running_requests=max(levels),
-        max_total_tokens=max(levels) * 512,
         enable_torch_compile=compile_steps,
         cpu_weight_prepack=prepack,
+        **sizing,
     )
     on_cpu = next(model.network.parameters()).device.type == "cpu"
     if pack_weights and on_cpu:  # what the stages do on the CPU (their factory.pack_weights)
         pack_linear_weights(model.network)
         route_float32_layers(model.speech_tokenizer.decoder)  # type: ignore[union-attr]
-    engine = TTSEngine(model, TorchEngine(model, settings))
+    torch_engine = TorchEngine(model, settings)
+    plan = torch_engine.plan
+    print(f"{CACHE_MARK} {plan.num_slots} slots of {plan.slot_len} positions ({plan.source})")
+    engine = TTSEngine(model, torch_engine)
     assert model.speech_tokenizer is not None
     vocoder = Vocoder(
         model.speech_tokenizer.decoder,
@@ -644,6 +660,14 @@ def main() -> None:
         help="with --compile: engine.cpu_weight_prepack (weights of decoders that fit the "
         "last-level cache packed for inductor's GEMM template)",
     )
+    parser.add_argument(
+        "--memory-share",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="size the KV cache as a served stage on a GPU does (engine.mem_fraction_static: "
+        "slots of up to 32,768 positions) instead of 512 positions a request",
+    )
     parser.add_argument("--size", choices=SIZES, default="0.6B", help="the release size to build")
     parser.add_argument("--device", default="cpu", help="where ours runs (cpu, cuda, cuda:1...)")
     parser.add_argument("--dtype", default="float32", help="our weights' dtype (float32, bfloat16)")
@@ -725,6 +749,7 @@ def main() -> None:
             not args.no_pack_weights,
             args.compile,
             args.cpu_weight_prepack,
+            args.memory_share,
         )
         plain = args.dtype == "float32" and args.quantization == "none"
         report(levels_run, baseline, args.frames, TARGETS["float32" if plain else "reduced"])

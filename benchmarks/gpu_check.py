@@ -22,7 +22,9 @@ printed as skipped, never silently dropped:
    then stopped;
 3. **throughput** (360 s): dummy weights at the release sizes -- Qwen3-TTS
    0.6B and 1.7B and MOSS-TTS 8B through their stages' own code
-   (``bench_qwen3_tts.ours``, ``bench_moss_tts.ours``), Qwen3-Omni 30B-A3B
+   (``bench_qwen3_tts.ours``, with the cache ``examples/qwen3_tts.toml``'s
+   stage has on that GPU: ``TTS_MEMORY_SHARE`` of its memory, slots of up to
+   32,768 positions; ``bench_moss_tts.ours``), Qwen3-Omni 30B-A3B
    speaking through the whole served graph (``bench_qwen3_omni_speech``), and
    last Qwen3-TTS 0.6B again with compiled decode steps
    (``engine.enable_torch_compile``: inductor's Triton kernels, each bucket
@@ -69,6 +71,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -114,6 +117,8 @@ LABELS = {
     "qwen3-omni-30b-a3b": "Qwen3-Omni 30B-A3B",
     COMPILED: "Qwen3-TTS 0.6B compiled",
 }
+#: The share of GPU memory the Qwen3-TTS rows size their cache from: examples/qwen3_tts.toml's.
+TTS_MEMORY_SHARE = 0.6
 #: The compiled row's largest level (its largest bucket): each bucket is compiled and
 #: captured before the clock starts, and 1..32 would take most of the phase's time.
 COMPILED_MAX_LEVEL = 8
@@ -446,9 +451,26 @@ def measure_qwen3_tts(
             tmp, load_format="dummy", seed=0, dtype=dtype, device=device
         )
     kept = EchoKept(sys.stdout)
+    # On a GPU the cache is sized as examples/qwen3_tts.toml's stage sizes it (a share of
+    # memory: slots of up to 32,768 positions), so the rows measure the attention spans a
+    # served stage reads; the CPU keeps 512 positions a request.
+    share = None if device == "cpu" else TTS_MEMORY_SHARE
     with contextlib.redirect_stdout(kept):
-        runs = anyio.run(bench.ours, model, frames, levels, None, None, device == "cpu", compiled)
+        runs = anyio.run(
+            functools.partial(
+                bench.ours,
+                model,
+                frames,
+                levels,
+                None,
+                None,
+                device == "cpu",
+                compiled,
+                memory_share=share,
+            )
+        )
     ready = [line for line in kept.lines() if line.startswith("engine: ") and "ready in" in line]
+    cache = cache_note(kept.lines(), bench.CACHE_MARK)
     label = f"Qwen3-TTS {size}" + (" compiled" if compiled else "")
     rows = []
     for r in runs:
@@ -459,6 +481,8 @@ def measure_qwen3_tts(
             notes.append(f"engine {1e3 * r.decode_s:.1f} of {1e3 * per_frame:.1f} ms a frame")
         if compiled:
             notes.append(ready_note(ready))
+        if share is not None and cache and r.concurrency == runs[0].concurrency:
+            notes.append(cache)  # sized from memory: what spans the steps may read
         row.note = "; ".join(notes)
         rows.append(row)
     where = None
@@ -471,6 +495,13 @@ def measure_qwen3_tts(
         except Exception as exc:
             where += f"the profiled pass failed: {type(exc).__name__}: {exc}"
     return rows, where
+
+
+def cache_note(lines: list[str], mark: str) -> str:
+    """The engine's cache as ``bench_qwen3_tts.ours`` printed it ("cache: 8 slots of 32768
+    positions (memory, ...)"), or "" when it printed none."""
+    found = next((line for line in lines if line.startswith(mark)), None)
+    return "" if found is None else "cache: " + found[len(mark) :].strip()
 
 
 def ready_note(ready: list[str]) -> str:

@@ -285,3 +285,10 @@ def test_the_ready_note_quotes_the_engines_line_without_its_setting():
         "torch.compile + CUDA graphs for batch sizes 1, 2, 4, 8, ready in 42.1 s"
     )
     assert check.ready_note([]) == "no compiled steps: the engine printed no ready line"
+
+
+def test_the_cache_note_quotes_the_engines_cache():
+    check = _gpu_check_module()
+    lines = ["built", "engine cache: 8 slots of 32768 positions (memory)", "ours ..."]
+    assert check.cache_note(lines, "engine cache:") == "cache: 8 slots of 32768 positions (memory)"
+    assert check.cache_note(["built"], "engine cache:") == ""

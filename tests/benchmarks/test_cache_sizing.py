@@ -1,0 +1,79 @@
+"""``bench_qwen3_tts.ours`` sizes its cache as a served GPU stage does when asked.
+
+The GPU check measures Qwen3-TTS with the cache ``examples/qwen3_tts.toml``'s
+stage would have on that GPU (a share of its memory, slots of up to the
+model's positions), so that its rows read the attention spans a deployment
+reads; a cache of 512 positions a request once hid a compiled step that read
+its whole slot. Here the device's memory is handed to the engine (there is
+no GPU), as ``TorchEngine``'s ``device_memory`` parameter allows.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import anyio
+import pytest
+
+torch = pytest.importorskip("torch")
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def tts_bench() -> Iterator[ModuleType]:
+    """The script loaded by path, its sibling helpers importable as it imports them."""
+    name = "bench_qwen3_tts_under_test"
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / "bench_qwen3_tts.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        sys.modules.pop(name, None)
+
+
+def _tiny(bench: ModuleType, tmp_path: Path, frames: int):
+    from omni_qwen3_tts.model import Qwen3TTSModel
+
+    bench.write_configs(tmp_path, frames, "tiny")
+    return Qwen3TTSModel.from_pretrained(
+        tmp_path, load_format="dummy", seed=0, dtype="float32", device="cpu"
+    )
+
+
+def test_a_memory_share_sizes_the_cache_from_the_devices_memory(
+    tts_bench, tmp_path, monkeypatch, capsys
+):
+    from omni_core.engine.budget import bytes_per_token
+
+    model = _tiny(tts_bench, tmp_path, frames=2)
+    memory = 2**30  # as a device would report it
+    monkeypatch.setattr(
+        tts_bench, "TorchEngine", functools.partial(tts_bench.TorchEngine, device_memory=memory)
+    )
+    runs = anyio.run(
+        functools.partial(tts_bench.ours, model, 2, [1, 2], None, None, False, memory_share=0.5)
+    )
+    assert [r.concurrency for r in runs] == [1, 2] and all(r.audio_s > 0 for r in runs)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("engine cache:"))
+    layout = model.cache_layout()
+    per_slot = min(memory // 2 // bytes_per_token(layout) // 2, layout.max_positions)
+    assert line.startswith(f"engine cache: 2 slots of {per_slot} positions (memory")
+    assert per_slot > 512  # not the default sizing's 512 a request
+
+
+def test_without_a_share_the_cache_holds_512_positions_a_request(tts_bench, tmp_path, capsys):
+    model = _tiny(tts_bench, tmp_path, frames=2)
+    anyio.run(functools.partial(tts_bench.ours, model, 2, [1], None, None, False))
+    out = capsys.readouterr().out
+    assert "engine cache: 1 slots of 512 positions (max_total_tokens)" in out
