@@ -250,9 +250,10 @@ class StaticDecoder:
         """``arange(span)`` on the device, one tensor per span (a captured graph reads it at
         a fixed address), its size marked dynamic for dynamo.
 
-        Marked "maybe": the whole slot's span is a contiguous slice of the cache, a
-        layout inductor guards on, so that span compiles a graph of its own where a
-        strict mark would refuse to compile at all.
+        Marked "maybe": should a model's step guard on the span's value after all
+        (a branch on it), the spans that fail the guard compile a graph of their own
+        where a strict mark would refuse to compile at all. The stores read the
+        cache so that none does (``static_kv.read_span``).
         """
         keys = self._keys.get(span)
         if keys is None:
