@@ -568,6 +568,10 @@ def chunk_schedule(frames: int, vocoder: Any) -> list[int]:
     return chunks
 
 
+#: How ``ours`` prints its engine's cache (the GPU check quotes it).
+CACHE_MARK = "engine cache:"
+
+
 async def ours(
     model_dir: Path | str,
     frames: int,
@@ -582,6 +586,7 @@ async def ours(
     compile_steps: bool = False,
     prepack: bool = False,
     codec_dtype: str | None = None,
+    memory_share: float | None = None,
 ) -> tuple[list[Level], dict[str, Any], dict[str, Any]]:
     """Our three stages at each concurrency of ``levels``, built by the stages' factories.
 
@@ -595,7 +600,10 @@ async def ours(
     built, before the clock starts); ``codec_dtype``: the vocoder stage's
     ``factory.dtype`` (None: auto, float32; another dtype gives the vocoder a
     codec of its own, as in a stage process, and the engine keeps its float32
-    one for encoding). At
+    one for encoding); ``memory_share``: the cache sized as a served stage on a
+    GPU sizes it (``engine.mem_fraction_static``), not ``1024 + frames``
+    positions a request (the CPU: the engine's default ``max_total_tokens``);
+    the cache's shape is printed. At
     concurrency 1, the decode step in the middle of the request (the most
     codebooks due) counts the bytes of weights it reads (:class:`roofline.StepReads`;
     that step's timings are left out of the breakdown).
@@ -611,11 +619,14 @@ async def ours(
     # Cache room per request: the prompt (~200 positions with the tiny preset's
     # byte-level tokenizer), the frames, the drain and the stage's text allowance.
     per_request = 1024 + frames
+    sizing: dict[str, Any] = {"max_total_tokens": max(levels) * per_request}
+    if memory_share is not None:
+        sizing = {"mem_fraction_static": memory_share}
     settings = EngineSettings(
         max_running_requests=max(levels),
-        max_total_tokens=max(levels) * per_request,
         enable_torch_compile=compile_steps,
         cpu_weight_prepack=prepack,
+        **sizing,
     )
     engine = stages.create_tts_engine(
         path,
@@ -625,6 +636,9 @@ async def ours(
         load_format=load_format,
         quantization=quantization,
     )
+    plan = getattr(engine.engine, "plan", None)  # the torch backend's slots
+    if plan is not None:
+        print(f"{CACHE_MARK} {plan.num_slots} slots of {plan.slot_len} positions ({plan.source})")
     vocoder = stages.create_vocoder(
         path,
         gpu_id=gpu_id,

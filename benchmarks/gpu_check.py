@@ -24,7 +24,8 @@ printed as skipped, never silently dropped:
    0.6B and 1.7B and MOSS-TTS 8B through their stages' own code
    (``bench_qwen3_tts.ours``, with the cache ``examples/qwen3_tts.toml``'s
    stage has on that GPU: ``TTS_MEMORY_SHARE`` of its memory, slots of up to
-   32,768 positions; ``bench_moss_tts.ours``), Qwen3-Omni 30B-A3B
+   32,768 positions; ``bench_moss_tts.ours``, with ``examples/moss_tts.toml``'s
+   ``MOSS_MEMORY_SHARE``), Qwen3-Omni 30B-A3B
    speaking through the whole served graph (``bench_qwen3_omni_speech``), and
    last Qwen3-TTS 0.6B again with compiled decode steps
    (``engine.enable_torch_compile``: inductor's Triton kernels, each bucket
@@ -117,8 +118,10 @@ LABELS = {
     "qwen3-omni-30b-a3b": "Qwen3-Omni 30B-A3B",
     COMPILED: "Qwen3-TTS 0.6B compiled",
 }
-#: The share of GPU memory the Qwen3-TTS rows size their cache from: examples/qwen3_tts.toml's.
+#: The shares of GPU memory the Qwen3-TTS and MOSS-TTS rows size their caches from: those of
+#: examples/qwen3_tts.toml's and examples/moss_tts.toml's stages.
 TTS_MEMORY_SHARE = 0.6
+MOSS_MEMORY_SHARE = 0.8
 #: The compiled row's largest level (its largest bucket): each bucket is compiled and
 #: captured before the clock starts, and 1..32 would take most of the phase's time.
 COMPILED_MAX_LEVEL = 8
@@ -534,11 +537,28 @@ def measure_moss(device: str, levels: list[int], frames: int, smoke: bool) -> li
                     "MOSS_TTS_REF_SRC to a folder holding MOSS-Audio-Tokenizer/config.json)"
                 )
             model = root / "model"
-        runs, _, _ = anyio.run(bench.ours, model, frames, levels, 0, None, "dummy", gpu_id, dtype)
+        kept = EchoKept(sys.stdout)
+        with contextlib.redirect_stdout(kept):
+            runs, _, _ = anyio.run(
+                functools.partial(
+                    bench.ours,
+                    model,
+                    frames,
+                    levels,
+                    0,
+                    None,
+                    "dummy",
+                    gpu_id,
+                    dtype,
+                    # as examples/moss_tts.toml's stage sizes its cache there
+                    memory_share=None if gpu_id is None else MOSS_MEMORY_SHARE,
+                )
+            )
     label = "MOSS-TTS tiny" if smoke else "MOSS-TTS 8B"
     rows = [level_row(label, r.concurrency, r.wall_s, r.audio_s, r.first_audio_s) for r in runs]
-    for row in rows:
-        row.note = note
+    cache = cache_note(kept.lines(), bench.CACHE_MARK) if gpu_id is not None else ""
+    for i, row in enumerate(rows):
+        row.note = "; ".join(part for part in (note, cache if i == 0 else "") if part)
     return rows
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,3 +78,37 @@ def test_without_a_share_the_cache_holds_512_positions_a_request(tts_bench, tmp_
     anyio.run(functools.partial(tts_bench.ours, model, 2, [1], None, None, False))
     out = capsys.readouterr().out
     assert "engine cache: 1 slots of 512 positions (max_total_tokens)" in out
+
+
+@pytest.fixture(scope="module")
+def moss_bench() -> Iterator[ModuleType]:
+    name = "bench_moss_tts_under_test"
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / "bench_moss_tts.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        sys.modules.pop(name, None)
+
+
+def test_moss_sizes_its_cache_from_a_memory_share_too(moss_bench, monkeypatch, capsys):
+    """The MOSS-TTS rows of the GPU check pass ``examples/moss_tts.toml``'s share."""
+    from omni_core.engine.backends import create_engine
+    from omni_moss_tts import stages
+
+    memory = 2**30
+    monkeypatch.setattr(
+        stages, "create_engine", functools.partial(create_engine, device_memory=memory)
+    )
+    runs, _, _ = anyio.run(
+        functools.partial(moss_bench.ours, "tiny", 2, [1], 0, None, "dummy", memory_share=0.5)
+    )
+    assert runs[0].audio_s > 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("engine cache:"))
+    assert re.fullmatch(r"engine cache: 1 slots of \d+ positions \(memory.*\)", line), line
+    assert int(line.split()[5]) > 1024 + 2  # not the default sizing's room a request
