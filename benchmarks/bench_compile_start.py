@@ -8,7 +8,8 @@ Run: ``python benchmarks/bench_compile_start.py [--layers 8] [--dtype bfloat16]
 What runs: the Qwen3-Omni thinker's decoder (``bench_conversation``'s build: the
 release's width, 128 experts top-8, seeded random weights, ``--layers`` layers) on
 the ``TorchEngine`` its stage runs, with ``engine.enable_torch_compile`` and batch
-buckets 1, 2, 4 ... ``--max-bs``, every bucket and attention span compiled before
+buckets 1, 2, 4 ... ``--max-bs``, every bucket compiled (one graph for all its attention
+spans, a dynamic size) and run at each span before
 the engine is ready, as a stage process does before it says so. Each start runs in
 a fresh interpreter (dynamo keeps what it traced per process), first with
 ``TORCHINDUCTOR_CACHE_DIR`` a new directory (cold), then with the same directory

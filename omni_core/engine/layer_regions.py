@@ -66,9 +66,11 @@ def regions_wanted() -> bool:
     return value in ("1", "true", "on")
 
 
-#: How many traced shapes one region function may keep: every batch bucket, attention span
-#: and step length of every decoder whose layers it runs is one (Qwen3-TTS at buckets 1-8:
-#: the talker's 4 x 4 and the code predictor's 4 x 2). torch's default, 8, ran out.
+#: How many traced shapes one region function may keep: every batch bucket and step length
+#: of every decoder whose layers it runs is one (the attention span is a dynamic size;
+#: a prepacked step, whose spans are static, runs no regions). Qwen3-TTS at buckets 1-8:
+#: the talker's 4 and the code predictor's 4 x 2; torch's default, 8, had run out when
+#: each span was a shape of its own.
 REGION_SHAPES = 256
 
 

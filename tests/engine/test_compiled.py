@@ -481,7 +481,7 @@ def test_a_warm_step_never_recompiles_while_serving():
     assert counters["stats"]["unique_graphs"] == graphs  # no compile after warm-up
 
 
-@pytest.mark.parametrize("regions", ["1", "0"])
+@pytest.mark.parametrize("regions", ["1", pytest.param("0", marks=pytest.mark.slow)])
 def test_a_compiled_step_serves_every_span_with_one_graph_a_bucket(monkeypatch, regions):
     """The span is a dynamic size: a bucket compiles one graph for every span, the whole
     slot's too (read as a slice, its layout differs, and inductor guarded on it), each
