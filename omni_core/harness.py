@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -108,8 +109,6 @@ def remove_stale_run_roots(parent: str, prefix: str = "omni-run-") -> list[str]:
     longer runs, or one without an owner file older than
     :data:`UNOWNED_GRACE_SECONDS`. Only this user's directories.
     """
-    import time
-
     removed = []
     try:
         entries = list(os.scandir(parent))

@@ -95,7 +95,7 @@ class LayerSlotStore:
             heads[None, None, :],
             positions[..., None],
         )
-        # the rows of the cache seen as [layers * slots, ...], read by one gather (_span_rows)
+        # the rows of the cache seen as [layers * slots, ...], which read_span reads
         self._rows = layer_id * k_cache.shape[1] + slots
 
     def update(
