@@ -453,27 +453,16 @@ def measure_qwen3_tts(
         model = Qwen3TTSModel.from_pretrained(
             tmp, load_format="dummy", seed=0, dtype=dtype, device=device
         )
-    kept = EchoKept(sys.stdout)
     # On a GPU the cache is sized as examples/qwen3_tts.toml's stage sizes it (a share of
     # memory: slots of up to 32,768 positions), so the rows measure the attention spans a
     # served stage reads; the CPU keeps 512 positions a request.
     share = None if device == "cpu" else TTS_MEMORY_SHARE
-    with contextlib.redirect_stdout(kept):
-        runs = anyio.run(
-            functools.partial(
-                bench.ours,
-                model,
-                frames,
-                levels,
-                None,
-                None,
-                device == "cpu",
-                compiled,
-                memory_share=share,
-            )
-        )
-    ready = [line for line in kept.lines() if line.startswith("engine: ") and "ready in" in line]
-    cache = cache_note(kept.lines(), bench.CACHE_MARK)
+    on_cpu = device == "cpu"
+    runs, printed = run_echoed(
+        bench.ours, model, frames, levels, None, None, on_cpu, compiled, memory_share=share
+    )
+    ready = [line for line in printed if line.startswith("engine: ") and "ready in" in line]
+    cache = cache_note(printed, bench.CACHE_MARK)
     label = f"Qwen3-TTS {size}" + (" compiled" if compiled else "")
     rows = []
     for r in runs:
@@ -500,6 +489,17 @@ def measure_qwen3_tts(
     return rows, where
 
 
+def run_echoed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
+    """``anyio.run(fn, *args, **kwargs)``, its stdout printed as it comes and kept: what it
+    returned and the lines it printed (the engine's lines, which the notes quote)."""
+    import anyio
+
+    kept = EchoKept(sys.stdout)
+    with contextlib.redirect_stdout(kept):
+        result = anyio.run(functools.partial(fn, *args, **kwargs))
+    return result, kept.lines()
+
+
 def cache_note(lines: list[str], mark: str) -> str:
     """The engine's cache as ``bench_qwen3_tts.ours`` printed it ("cache: 8 slots of 32768
     positions (memory, ...)"), or "" when it printed none."""
@@ -516,7 +516,6 @@ def ready_note(ready: list[str]) -> str:
 
 
 def measure_moss(device: str, levels: list[int], frames: int, smoke: bool) -> list[Row]:
-    import anyio
     import bench_moss_tts as bench
 
     gpu_id = None if device == "cpu" else torch_index(device)
@@ -537,26 +536,14 @@ def measure_moss(device: str, levels: list[int], frames: int, smoke: bool) -> li
                     "MOSS_TTS_REF_SRC to a folder holding MOSS-Audio-Tokenizer/config.json)"
                 )
             model = root / "model"
-        kept = EchoKept(sys.stdout)
-        with contextlib.redirect_stdout(kept):
-            runs, _, _ = anyio.run(
-                functools.partial(
-                    bench.ours,
-                    model,
-                    frames,
-                    levels,
-                    0,
-                    None,
-                    "dummy",
-                    gpu_id,
-                    dtype,
-                    # as examples/moss_tts.toml's stage sizes its cache there
-                    memory_share=None if gpu_id is None else MOSS_MEMORY_SHARE,
-                )
-            )
+        # as examples/moss_tts.toml's stage sizes its cache there
+        share = None if gpu_id is None else MOSS_MEMORY_SHARE
+        (runs, _, _), printed = run_echoed(
+            bench.ours, model, frames, levels, 0, None, "dummy", gpu_id, dtype, memory_share=share
+        )
     label = "MOSS-TTS tiny" if smoke else "MOSS-TTS 8B"
     rows = [level_row(label, r.concurrency, r.wall_s, r.audio_s, r.first_audio_s) for r in runs]
-    cache = cache_note(kept.lines(), bench.CACHE_MARK) if gpu_id is not None else ""
+    cache = cache_note(printed, bench.CACHE_MARK) if share is not None else ""
     for i, row in enumerate(rows):
         row.note = "; ".join(part for part in (note, cache if i == 0 else "") if part)
     return rows

@@ -15,12 +15,17 @@ run where only the package is installed.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import re
 import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -81,6 +86,30 @@ def scripts() -> list[str]:
 
 def group_of(name: str) -> str:
     return GROUPS.get(name, "light")
+
+
+@contextlib.contextmanager
+def loaded_script(filename: str) -> Iterator[ModuleType]:
+    """``benchmarks/FILENAME`` imported by path, its sibling helpers importable as it
+    imports them; unloaded after (for a module-scoped fixture of a test module)."""
+    name = filename.removesuffix(".py") + "_under_test"
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / filename)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="session")
+def load_script() -> Any:
+    """:func:`loaded_script`, for the test modules' own module-scoped fixtures."""
+    return loaded_script
 
 
 @pytest.fixture(scope="session")

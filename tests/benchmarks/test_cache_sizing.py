@@ -11,9 +11,7 @@ no GPU), as ``TorchEngine``'s ``device_memory`` parameter allows.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -23,24 +21,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def tts_bench() -> Iterator[ModuleType]:
-    """The script loaded by path, its sibling helpers importable as it imports them."""
-    name = "bench_qwen3_tts_under_test"
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / "bench_qwen3_tts.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is made
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec.loader.exec_module(module)
+def tts_bench(load_script) -> Iterator[ModuleType]:
+    with load_script("bench_qwen3_tts.py") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        sys.modules.pop(name, None)
 
 
 def _tiny(bench: ModuleType, tmp_path: Path, frames: int):
@@ -81,19 +66,9 @@ def test_without_a_share_the_cache_holds_512_positions_a_request(tts_bench, tmp_
 
 
 @pytest.fixture(scope="module")
-def moss_bench() -> Iterator[ModuleType]:
-    name = "bench_moss_tts_under_test"
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / "bench_moss_tts.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec.loader.exec_module(module)
+def moss_bench(load_script) -> Iterator[ModuleType]:
+    with load_script("bench_moss_tts.py") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        sys.modules.pop(name, None)
 
 
 def test_moss_sizes_its_cache_from_a_memory_share_too(moss_bench, monkeypatch, capsys):

@@ -8,33 +8,17 @@ honest if a shortfall reads NOT met.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def thinker_bench() -> Iterator[ModuleType]:
-    """The script loaded by path, its sibling helpers importable as it imports them."""
-    name = "bench_qwen3_omni_thinker_under_test"
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / "bench_qwen3_omni_thinker.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is made
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec.loader.exec_module(module)
+def thinker_bench(load_script) -> Iterator[ModuleType]:
+    with load_script("bench_qwen3_omni_thinker.py") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        sys.modules.pop(name, None)
 
 
 def test_reduced_weights_are_held_to_issue_29s_targets(thinker_bench):
