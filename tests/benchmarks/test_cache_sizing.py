@@ -1,8 +1,10 @@
-"""``bench_qwen3_tts.ours`` sizes its cache as a served GPU stage does when asked.
+"""``bench_qwen3_tts.ours`` and ``bench_moss_tts.ours`` size their cache as a served GPU
+stage does when asked.
 
-The GPU check measures Qwen3-TTS with the cache ``examples/qwen3_tts.toml``'s
-stage would have on that GPU (a share of its memory, slots of up to the
-model's positions), so that its rows read the attention spans a deployment
+The GPU check measures Qwen3-TTS and MOSS-TTS with the cache the stages of
+``examples/qwen3_tts.toml`` and ``examples/moss_tts.toml`` would have on that
+GPU (a share of its memory, slots of up to the model's positions), so that
+its rows read the attention spans a deployment
 reads; a cache of 512 positions a request once hid a compiled step that read
 its whole slot. Here the device's memory is handed to the engine (there is
 no GPU), as ``TorchEngine``'s ``device_memory`` parameter allows.
