@@ -518,6 +518,41 @@ def test_a_compiled_step_serves_every_span_with_one_graph_a_bucket(monkeypatch, 
     assert counters["stats"]["unique_graphs"] - graphs == 1  # no span compiled again
 
 
+def test_buckets_from_two_up_share_one_compiled_graph(monkeypatch):
+    """The batch is a dynamic size: buckets 2 and 4 share a graph, bucket 1 has its own
+    (dynamo specialises a size of 1); each bucket's step equals the uncompiled one's.
+
+    Regions off: the toy's layers have biases, and torch's functorch decomposition of a
+    biased linear over a 3-D input reads its sizes as numbers inside a region, so there
+    each bucket would take a graph (correct, slower to start; the plugins' decoders
+    have no biases and keep regions, tested there)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("OMNI_COMPILE_REGIONS", "0")
+    model = TinyDecoder(num_layers=1, seed=12)
+    cache = SlotKVCache(model.cache_layout(), 4, 16, spare=True)
+    context = StaticContext(StaticPlan(True, False, (1, 2, 4), "test"), cache)
+    decoder = context.decoder("toy", model.stack, hidden=model.dim, dtype=torch.float32)
+    assert len(decoder.spans) == 1
+    cache.k.normal_()
+    cache.v.normal_()
+    graphs = counters["stats"]["unique_graphs"]
+    context.warm_up()
+    assert counters["stats"]["unique_graphs"] - graphs == 2
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        for batch in (1, 2, 3, 4):
+            x = torch.randn(batch, 1, model.dim)
+            where = torch.arange(batch)[:, None] * 3 + 2
+            slots = torch.arange(batch)
+            keys, values = cache.k.clone(), cache.v.clone()
+            out = decoder(x, where, where, slots)
+            cache.k.copy_(keys)  # the same cache for the uncompiled step
+            cache.v.copy_(values)
+            torch.testing.assert_close(out, decoder._eager_step(x, where, where, slots))
+    assert counters["stats"]["unique_graphs"] - graphs == 2  # nothing compiled while serving
+
+
 def test_a_failed_capture_says_so_and_falls_back_to_what_the_plan_allows(monkeypatch):
     from omni_core.engine.compiled import attention_spans
 

@@ -121,3 +121,46 @@ def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dty
     assert len(metrics.get("invoke_subgraph_trace", ())) == 1
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
+def test_compiled_buckets_share_one_graph_of_shared_layers():
+    """``engine.enable_torch_compile``: the batch is a dynamic size, so buckets 2 and 4
+    share one graph, each layer a region traced once (omni_core.engine.compiled's
+    mark_rows_dynamic); every bucket computes what the uncompiled static step does."""
+    from torch._dynamo.utils import counters
+
+    from omni_core.engine.buckets import StaticPlan
+    from omni_core.engine.compiled import StaticContext
+    from omni_core.engine.interface import CacheLayout
+    from omni_core.engine.kv_cache import SlotKVCache
+    from omni_qwen3_tts.config import TransformerConfig
+    from omni_qwen3_tts.layers import DecoderStack
+
+    cfg = TransformerConfig(
+        vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    stack = DecoderStack(cfg).eval()
+    layout = CacheLayout(2, 2, 16, torch.float32, torch.device("cpu"))
+    cache = SlotKVCache(layout, 4, 16, spare=True)
+    context = StaticContext(StaticPlan(True, False, (2, 4), "test"), cache)
+    decoder = context.decoder("stack", stack, hidden=64, dtype=torch.float32)
+    assert decoder.regions
+    cache.k.normal_()
+    cache.v.normal_()
+    graphs = counters["stats"]["unique_graphs"]
+    context.warm_up()
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+    with torch.inference_mode():
+        for batch in (2, 3, 4):
+            x = torch.randn(batch, 1, 64)
+            where = torch.arange(batch)[:, None] * 2 + 5
+            slots = torch.arange(batch)
+            keys, values = cache.k.clone(), cache.v.clone()
+            out = decoder(x, where, where, slots)
+            cache.k.copy_(keys)
+            cache.v.copy_(values)
+            torch.testing.assert_close(out, decoder._eager_step(x, where, where, slots))
+    assert counters["stats"]["unique_graphs"] - graphs == 1
