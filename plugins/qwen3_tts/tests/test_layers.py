@@ -124,10 +124,14 @@ def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dty
 
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
-def test_compiled_buckets_share_one_graph_of_shared_layers():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_compiled_buckets_share_one_graph_of_shared_layers(device):
     """``engine.enable_torch_compile``: the batch is a dynamic size, so buckets 2 and 4
     share one graph, each layer a region traced once (omni_core.engine.compiled's
-    mark_rows_dynamic); every bucket computes what the uncompiled static step does."""
+    mark_rows_dynamic); every bucket computes what the uncompiled static step does.
+    On CUDA (the GPU check) the compiled step is also captured, a graph per bucket."""
+    import os
+
     from torch._dynamo.utils import counters
 
     from omni_core.engine.buckets import StaticPlan
@@ -137,30 +141,37 @@ def test_compiled_buckets_share_one_graph_of_shared_layers():
     from omni_qwen3_tts.config import TransformerConfig
     from omni_qwen3_tts.layers import DecoderStack
 
+    if device == "cuda":
+        device = os.environ.get("OMNI_CUDA_DEVICE", "cuda")
+    where_to = torch.device(device)
     cfg = TransformerConfig(
         vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
     )  # fmt: skip
     torch.manual_seed(0)
-    stack = DecoderStack(cfg).eval()
-    layout = CacheLayout(2, 2, 16, torch.float32, torch.device("cpu"))
+    stack = DecoderStack(cfg).to(where_to).eval()
+    layout = CacheLayout(2, 2, 16, torch.float32, where_to)
     cache = SlotKVCache(layout, 4, 16, spare=True)
-    context = StaticContext(StaticPlan(True, False, (2, 4), "test"), cache)
+    captured = where_to.type == "cuda"
+    context = StaticContext(StaticPlan(True, captured, (2, 4), "test"), cache)
     decoder = context.decoder("stack", stack, hidden=64, dtype=torch.float32)
-    assert decoder.regions
+    assert decoder.regions and decoder.use_graphs == captured
     cache.k.normal_()
     cache.v.normal_()
     graphs = counters["stats"]["unique_graphs"]
     context.warm_up()
-    assert counters["stats"]["unique_graphs"] - graphs == 1
+    assert counters["stats"]["unique_graphs"] - graphs == 1, decoder.note
+    assert len(decoder._graphs) == (2 if captured else 0)  # a capture a bucket (one span)
+    tolerance = {"atol": 1e-4, "rtol": 1e-4} if captured else {}
     with torch.inference_mode():
         for batch in (2, 3, 4):
-            x = torch.randn(batch, 1, 64)
-            where = torch.arange(batch)[:, None] * 2 + 5
-            slots = torch.arange(batch)
+            x = torch.randn(batch, 1, 64, device=where_to)
+            where = torch.arange(batch, device=where_to)[:, None] * 2 + 5
+            slots = torch.arange(batch, device=where_to)
             keys, values = cache.k.clone(), cache.v.clone()
-            out = decoder(x, where, where, slots)
+            out = decoder(x, where, where, slots, longest=int(where.max()) + 1)
             cache.k.copy_(keys)
             cache.v.copy_(values)
-            torch.testing.assert_close(out, decoder._eager_step(x, where, where, slots))
+            want = decoder._eager_step(x, where, where, slots)
+            torch.testing.assert_close(out, want, **tolerance)
     assert counters["stats"]["unique_graphs"] - graphs == 1
