@@ -508,11 +508,20 @@ def cache_note(lines: list[str], mark: str) -> str:
 
 
 def ready_note(ready: list[str]) -> str:
-    """What the engine said of its compiled steps, as "<how> ready in N s" (the first line)."""
+    """What the engine said of its compiled steps, as "<how>, ready in N s" (the first line),
+    with how many graphs inductor built where the engine says (one a bucket would show a
+    step that guards on its batch)."""
     if not ready:
         return "no compiled steps: the engine printed no ready line"
-    found = re.search(r"engine: (.*?)(?: \(engine\.[^)]*\))?: .* ready in ([\d.]+) s", ready[0])
-    return f"{found.group(1)}, ready in {found.group(2)} s" if found else ready[0]
+    found = re.search(
+        r"engine: (.*?)(?: \(engine\.[^)]*\))?: .* ready in ([\d.]+) s(?: \((\d+) compiled graph)?",
+        ready[0],
+    )
+    if not found:
+        return ready[0]
+    count = found.group(3)
+    graphs = f", {count} compiled graph{'s' * (count != '1')}" if count else ""
+    return f"{found.group(1)}, ready in {found.group(2)} s{graphs}"
 
 
 def measure_moss(device: str, levels: list[int], frames: int, smoke: bool) -> list[Row]:

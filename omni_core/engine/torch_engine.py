@@ -739,11 +739,21 @@ def _prepare_static(model: Any, plan: StaticPlan, cache: SlotKVCache) -> float:
         # inductor packs dense weights itself where it prepacks; elsewhere the blocked
         # bf16 products stay, called as they are (omni::blocked_linear)
         dense_linears(model, keep_blocked=not plan.prepack)
+    from torch._dynamo.utils import counters
+
     context = StaticContext(plan, cache)
     model.prepare_static(context)
-    seconds = context.warm_up()
     names = ", ".join(d.name for d in context.decoders) or "nothing"
-    print(f"engine: {plan.reason}: {names} ready in {seconds:.1f} s", flush=True)
+    # Said first, so that a stage log silent for minutes (a cold compile) says why.
+    doing = "compiling" if plan.compile else "capturing" if plan.cuda_graphs else "preparing"
+    print(f"engine: {plan.reason}: {doing} {names} before the stage says ready", flush=True)
+    graphs = counters["stats"]["unique_graphs"]
+    seconds = context.warm_up()
+    # How many graphs inductor built tells a slow start's cause: a model whose step
+    # guards on its batch builds one a bucket (compiled.mark_rows_dynamic).
+    built = counters["stats"]["unique_graphs"] - graphs
+    count = f" ({built} compiled graph{'s' * (built != 1)})" if plan.compile else ""
+    print(f"engine: {plan.reason}: {names} ready in {seconds:.1f} s{count}", flush=True)
     notes = [d.note for d in context.decoders if d.note] + context.notes
     for note in notes:
         print(f"engine: {note}", flush=True)

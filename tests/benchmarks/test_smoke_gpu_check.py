@@ -264,10 +264,11 @@ def test_the_compiled_row_measures_compiled_steps_and_says_when_they_were_ready(
     note = rows[0]["note"]
     assert re.fullmatch(
         r"engine \d+\.\d of \d+\.\d ms a frame; torch\.compile for batch sizes 1, 2, "
-        r"ready in \d+\.\d s",
+        r"ready in \d+\.\d s, \d+ compiled graphs",
         note,
     ), note
-    assert re.fullmatch(r"torch\.compile for batch sizes 1, 2, ready in \d+\.\d s", rows[1]["note"])
+    ready = r"torch\.compile for batch sizes 1, 2, ready in \d+\.\d s, \d+ compiled graphs"
+    assert re.fullmatch(ready, rows[1]["note"])
     # profiled as the eager row is, through its compiled steps (inductor's kernels)
     profile = json.loads(out.read_text())["profile"]
     assert profile.startswith("where the time goes (torch.profiler, gpu_profile.py) at c=2")
@@ -283,6 +284,9 @@ def test_the_ready_note_quotes_the_engines_line_without_its_setting():
     )
     assert check.ready_note([line]) == (
         "torch.compile + CUDA graphs for batch sizes 1, 2, 4, 8, ready in 42.1 s"
+    )
+    assert check.ready_note([line + " (6 compiled graphs)"]) == (
+        "torch.compile + CUDA graphs for batch sizes 1, 2, 4, 8, ready in 42.1 s, 6 compiled graphs"
     )
     assert check.ready_note([]) == "no compiled steps: the engine printed no ready line"
 
