@@ -76,15 +76,11 @@ def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dty
     the step computes what the eager static step does."""
     from omni_core.engine.cpu_linear import pack_linear_weights
     from omni_core.engine.static_kv import StaticSlotStore, static_mask
-    from omni_qwen3_tts.config import TransformerConfig
-    from omni_qwen3_tts.layers import DecoderStack
 
-    cfg = TransformerConfig(
-        vocab_size=32, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+    stack = _decoder_stack(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=4, head_dim=64,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    stack = DecoderStack(cfg).to(dtype).eval()
+    ).to(dtype)  # fmt: skip
     with torch.no_grad():
         for param in stack.parameters():
             param.normal_(0, 0.05)
@@ -138,18 +134,14 @@ def test_compiled_buckets_share_one_graph_of_shared_layers(device):
     from omni_core.engine.compiled import StaticContext
     from omni_core.engine.interface import CacheLayout
     from omni_core.engine.kv_cache import SlotKVCache
-    from omni_qwen3_tts.config import TransformerConfig
-    from omni_qwen3_tts.layers import DecoderStack
 
     if device == "cuda":
         device = os.environ.get("OMNI_CUDA_DEVICE", "cuda")
     where_to = torch.device(device)
-    cfg = TransformerConfig(
-        vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    stack = _decoder_stack(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    stack = DecoderStack(cfg).to(where_to).eval()
+    ).to(where_to)  # fmt: skip
     layout = CacheLayout(2, 2, 16, torch.float32, where_to)
     cache = SlotKVCache(layout, 4, 16, spare=True)
     captured = where_to.type == "cuda"
@@ -175,3 +167,12 @@ def test_compiled_buckets_share_one_graph_of_shared_layers(device):
             want = decoder._eager_step(x, where, where, slots)
             torch.testing.assert_close(out, want, **tolerance)
     assert counters["stats"]["unique_graphs"] - graphs == 1
+
+
+def _decoder_stack(**sizes: int):
+    """A seeded ``DecoderStack`` of ``sizes`` (``TransformerConfig`` fields), in eval mode."""
+    from omni_qwen3_tts.config import TransformerConfig
+    from omni_qwen3_tts.layers import DecoderStack
+
+    torch.manual_seed(0)
+    return DecoderStack(TransformerConfig(vocab_size=32, **sizes)).eval()
