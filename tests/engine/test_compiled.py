@@ -522,6 +522,7 @@ def test_a_compiled_step_serves_every_span_with_one_graph_a_bucket(monkeypatch, 
     assert counters["stats"]["unique_graphs"] - graphs == 1  # no span compiled again
 
 
+@pytest.mark.slow  # an inductor build; make test traces a dynamic batch in omni_qwen3_tts's tests
 def test_buckets_from_two_up_share_one_compiled_graph(monkeypatch):
     """The batch is a dynamic size: buckets 2 and 4 share a graph, bucket 1 has its own
     (dynamo specialises a size of 1); each bucket's step equals the uncompiled one's.

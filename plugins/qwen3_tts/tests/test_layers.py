@@ -72,8 +72,10 @@ def test_rotating_queries_and_keys_together_changes_no_bit(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dtype):
     """``engine.enable_torch_compile``: the stack's layers, their q/k/v and gate/up fused as
-    the engine packs them, call one traced layer (omni_core.engine.layer_regions), and
-    the step computes what the eager static step does."""
+    the engine packs them, call one traced layer (omni_core.engine.layer_regions), the
+    batch a dynamic size (``mark_rows_dynamic``: batches of 2 and 3 trace one graph),
+    and the step computes what the eager static step does."""
+    from omni_core.engine.compiled import mark_rows_dynamic
     from omni_core.engine.cpu_linear import pack_linear_weights
     from omni_core.engine.static_kv import StaticSlotStore, static_mask
 
@@ -101,26 +103,46 @@ def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dty
         return run
 
     caches = [torch.zeros(3, 3, 4, 16, 64, dtype=dtype) for _ in range(4)]
-    x = torch.randn(2, 1, 256).to(dtype)
-    positions, slots = torch.tensor([[2], [6]]), torch.tensor([0, 1])
+    batches = [
+        (
+            torch.randn(rows, 1, 256).to(dtype),
+            torch.tensor([[2], [6], [4]][:rows]),
+            torch.arange(rows),
+        )
+        for rows in (2, 3)
+    ]
+    for x, positions, slots in batches:
+        mark_rows_dynamic(x, positions, positions, slots)
     from torch._dynamo.utils import compilation_time_metrics as metrics
 
     torch._dynamo.reset()  # and its counts
     with torch.inference_mode():
-        want = step(caches[2:])(x, positions, slots)  # eager first, as the engine's warm-up
-        got = torch.compile(step(caches[:2]), backend=record, fullgraph=True)(x, positions, slots)
+        # eager first, as the engine's warm-up
+        want = [step(caches[2:])(*batch) for batch in batches]
+        compiled = torch.compile(step(caches[:2]), backend=record, fullgraph=True)
+        got = [compiled(*batch) for batch in batches]
+    assert len(graphs) == 1  # both batches
     invoke = torch.ops.higher_order.invoke_subgraph
     bodies = [n.args[0].target for n in graphs[0].graph.nodes if n.target is invoke]
     assert len(bodies) == 3 and len(set(bodies)) == 1
     # traced once, the other layers reused untraced: nothing per layer (the fused projections'
     # member ids, say) may become a constant the body is checked against
     assert len(metrics.get("invoke_subgraph_trace", ())) == 1
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for one, other in zip(got, want, strict=True):
+        torch.testing.assert_close(one, other, rtol=0, atol=0)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
 
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize(
+    "device",
+    [
+        # slow on the CPU (an inductor build); make test traces the dynamic batch in
+        # test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack
+        pytest.param("cpu", marks=pytest.mark.slow),
+        pytest.param("cuda", marks=pytest.mark.cuda),
+    ],
+)
 def test_compiled_buckets_share_one_graph_of_shared_layers(device):
     """``engine.enable_torch_compile``: the batch is a dynamic size, so buckets 2 and 4
     share one graph, each layer a region traced once (omni_core.engine.compiled's
