@@ -31,6 +31,18 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([angle.sin(), angle.cos()], dim=-1)
 
 
+def _rows(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``layer`` over ``x`` ``[B, T, features]`` as one matrix of ``B * T`` rows: the same
+    products and numbers.
+
+    Why: inside a compiled step's layer region, torch's functorch decomposition of a
+    linear layer with a bias reads a 3-D input's sizes as numbers, which makes the batch
+    static again (a graph a bucket, ``compiled.mark_rows_dynamic``); over 2-D rows it
+    reads none.
+    """
+    return layer(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+
+
 class Block(nn.Module):
     def __init__(self, dim: int, num_heads: int, index: int = 0):
         super().__init__()
@@ -42,7 +54,7 @@ class Block(nn.Module):
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v ``[B, heads, T, head_dim]`` of ``x`` ``[B, T, dim]``."""
         batch, steps, _ = x.shape
-        qkv = self.qkv(self.norm1(x)).view(batch, steps, 3, self.num_heads, self.head_dim)
+        qkv = _rows(self.qkv, self.norm1(x)).view(batch, steps, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
         return q, k, v
 
@@ -50,8 +62,8 @@ class Block(nn.Module):
         self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         attended = attention(q, k, v, mask)  # as every decoder does (cpu_attention)
-        x = x + self.out(attended.transpose(1, 2).flatten(2))
-        return x + self.mlp(self.norm2(x))
+        x = x + _rows(self.out, attended.transpose(1, 2).flatten(2))
+        return x + _rows(self.mlp, self.norm2(x))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, store: Any) -> torch.Tensor:
         """The block over a KV store: its keys and values written at its ``index``."""

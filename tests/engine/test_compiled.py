@@ -523,18 +523,16 @@ def test_a_compiled_step_serves_every_span_with_one_graph_a_bucket(monkeypatch, 
 
 
 @pytest.mark.slow  # an inductor build; make test traces a dynamic batch in omni_qwen3_tts's tests
-def test_buckets_from_two_up_share_one_compiled_graph(monkeypatch):
+@pytest.mark.parametrize("regions", ["1", "0"])
+def test_buckets_from_two_up_share_one_compiled_graph(monkeypatch, regions):
     """The batch is a dynamic size: buckets 2 and 4 share a graph, bucket 1 has its own
-    (dynamo specialises a size of 1); each bucket's step equals the uncompiled one's.
-
-    Regions off: the toy's layers have biases, and torch's functorch decomposition of a
-    biased linear over a 3-D input reads its sizes as numbers inside a region, so there
-    each bucket would take a graph (correct, slower to start; the plugins' decoders
-    have no biases and keep regions, tested there)."""
+    (dynamo specialises a size of 1), each layer a region or not; each bucket's step
+    equals the uncompiled one's. Two layers: the second runs the first's traced region,
+    where a biased linear over 3-D rows had made the batch static (toy_model._rows)."""
     from torch._dynamo.utils import counters
 
-    monkeypatch.setenv("OMNI_COMPILE_REGIONS", "0")
-    model = TinyDecoder(num_layers=1, seed=12)
+    monkeypatch.setenv("OMNI_COMPILE_REGIONS", regions)
+    model = TinyDecoder(num_layers=2, seed=12)
     cache = SlotKVCache(model.cache_layout(), 4, 16, spare=True)
     context = StaticContext(StaticPlan(True, False, (1, 2, 4), "test"), cache)
     decoder = context.decoder("toy", model.stack, hidden=model.dim, dtype=torch.float32)
