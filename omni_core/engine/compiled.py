@@ -101,8 +101,9 @@ def mark_rows_dynamic(
     a step that guards on its batch after all (torch's functorch
     decomposition of a linear layer with a bias reads a 3-D input's sizes as
     numbers inside a reused layer region: ``toy_model._rows`` avoids it)
-    compiles a graph a bucket, as before, rather than refuse. ``positions`` holds its rows in its next-to-last
-    dimension (``[B, T]`` or M-RoPE's ``[3, B, T]``).
+    compiles a graph a bucket, as before, rather than refuse. ``positions``
+    holds its rows in its next-to-last dimension (``[B, T]`` or M-RoPE's
+    ``[3, B, T]``).
     """
     mark = torch._dynamo.maybe_mark_dynamic
     mark(x, 0)
