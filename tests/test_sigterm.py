@@ -32,14 +32,18 @@ work = pathlib.Path(sys.argv[1])
 
 def main():
     atexit.register(lambda: (work.parent / "atexit-ran").touch())
-    work.mkdir()
     try:
+        # made inside the try: a signal that lands just after mkdir (still inside
+        # pathlib's frame) must meet the cleanup; tests wait for "file"
+        work.mkdir()
+        (work / "file").touch()
         print("ready", flush=True)
         time.sleep(60)
     finally:
         time.sleep(float(sys.argv[2]))  # a cleanup that takes a while
         (work / "file").unlink(missing_ok=True)
-        work.rmdir()
+        if work.exists():
+            work.rmdir()
         (work.parent / "cleaned").touch()
     return 0
 
@@ -63,12 +67,13 @@ def _start(tmp_path: Path, source: str, *args: str, **popen) -> subprocess.Popen
 
 
 def _start_parent_of_script(tmp_path: Path, parent: str) -> subprocess.Popen[str]:
-    """``parent`` started with SCRIPT as its child, returned once the child made its work."""
+    """``parent`` started with SCRIPT as its child, returned once the child is inside the
+    try whose cleanup the tests check (its work's file exists)."""
     child = tmp_path / "child.py"
     child.write_text(textwrap.dedent(SCRIPT))
     proc = _start(tmp_path, parent, str(child), str(tmp_path / "work"))
     deadline = time.monotonic() + 60
-    while not (tmp_path / "work").exists():
+    while not (tmp_path / "work" / "file").exists():
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.02)
     return proc
