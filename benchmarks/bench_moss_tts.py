@@ -114,6 +114,7 @@ from typing import Any
 
 import anyio
 import torch
+from codec_watch import CodecWatch
 from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_bandwidth
 
 from omni_core.engine.compute import dedicate, run_compute
@@ -377,6 +378,9 @@ class Level:
     #: prompt positions the engine's prefills computed / copied from a cached template
     prompt: dict[str, int] = field(default_factory=dict)
     parts: dict[str, Any] = field(default_factory=dict)
+    #: at concurrency 1, the vocoder's calls' wall time per decoded frame (codec_watch.py:
+    #: each ends with the audio on the host, so on a GPU it holds the codec's kernels)
+    codec_s: float = 0.0
 
     @property
     def throughput(self) -> float:
@@ -674,14 +678,19 @@ async def ours(
             timers.wrap(model, "_forward", "forward", _positions)
             timers.wrap(model, "_emit", "emit", lambda seqs, hidden: len(seqs))
             timers.wrap(codec, "stream_rows", "codec", _codec_frames)
+            calls = None
             if concurrency == 1:
                 count_reads(model, timers, (frames + 32) // 2, counted)
+                calls = CodecWatch(vocoder)
             try:
                 run = await run_level(pre, engine, vocoder, concurrency, frames, seed)
             finally:
                 for owner, name in (*watched, (model, "decode")):
                     timers.unwrap(owner, name)
+                if calls is not None:
+                    calls.close()
             run.parts = breakdown(timers, run)
+            run.codec_s = calls.per_frame_s() if calls is not None else 0.0
             results.append(run)
         parts: dict[str, Any] = {}
         one = next((r for r in results if r.concurrency == 1), None)

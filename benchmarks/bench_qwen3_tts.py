@@ -65,6 +65,7 @@ from typing import Any
 
 import anyio
 import torch
+from codec_watch import CodecWatch
 from roofline import Bandwidth, DecodeWatch, best, kv_bytes, limit_line, read_bandwidth
 
 from omni_core.engine.compute import dedicate
@@ -276,6 +277,7 @@ class Level:
     first_chunk_s: list[float]
     steps: int
     decode_s: float = 0.0  # mean wall time of the model's decode call (one frame)
+    codec_s: float = 0.0  # the vocoder's codec time per decoded frame (codec_watch.py)
     step_bytes: int = 0  # weights one decode call reads (roofline.StepReads)
     positions: float = 0.0  # the talker's mean cached positions over the decode calls
 
@@ -433,16 +435,21 @@ async def ours(
                 # so that the level measures serving, not start-up. On the CPU the figures
                 # sit beside the reference's, which warms up once, so they keep that shape.
                 await run_level(engine, vocoder, requests(c, min(frames, 16), c * 10 + 5))
-            # at concurrency 1, every frame's decode call timed
+            # at concurrency 1, every frame's decode call timed, and the codec's calls
             watch = DecodeWatch(model, model.network, count_at=None) if c == 1 else None
+            codec = CodecWatch(vocoder) if c == 1 else None
             try:
                 level = await run_level(engine, vocoder, requests(c, frames, c * 10))
             finally:
                 if watch is not None:
                     watch.close()
+                if codec is not None:
+                    codec.close()
             if watch is not None:
                 level.decode_s, level.step_bytes = watch.mean_s(), counter.bytes
                 level.positions = watch.mean_positions()
+            if codec is not None:
+                level.codec_s = codec.per_frame_s()
             results.append(level)
         return results
     finally:
@@ -572,6 +579,17 @@ def report_limit(model: Qwen3TTSModel, levels: list[Level], bandwidth: Bandwidth
     print("  " + limit_line("ours", one.step_bytes, kv, one.decode_s, bandwidth))
 
 
+def frame_split(level: Level) -> str:
+    """Where a frame's wall time went at concurrency 1: the engine's decode call, the
+    codec's share, and the rest (the loop, queues, sampling's host side)."""
+    frame_s = level.wall_s / (level.audio_s * SAMPLE_RATE / SAMPLES_PER_FRAME)
+    rest_s = frame_s - level.decode_s - level.codec_s
+    return (
+        f"a frame at concurrency 1: {1e3 * frame_s:.1f} ms, of which engine "
+        f"{1e3 * level.decode_s:.1f}, codec {1e3 * level.codec_s:.1f}, rest {1e3 * rest_s:.1f}"
+    )
+
+
 #: Throughput over the reference that the issues ask for at concurrency 1 and 8:
 #: float32 weights (as the reference's), and fewer bytes per weight (issue 29).
 TARGETS = {"float32": (1.0, 3.0), "reduced": (1.5, 4.0)}
@@ -592,6 +610,9 @@ def report(
             f"{level.throughput:>9.3f} {1 / level.throughput:>6.2f} {level.steps:>6} "
             f"{sum(first) / len(first):>13.2f} / {max(first):.2f}"
         )
+    one = next((level for level in levels if level.concurrency == 1 and level.decode_s), None)
+    if one is not None:
+        print("  " + frame_split(one))
     per = sum(baseline.seconds) / len(baseline.seconds)
     audio = baseline.frames[0] * SAMPLES_PER_FRAME / SAMPLE_RATE
     print(f"\nbaseline: {baseline.label}")

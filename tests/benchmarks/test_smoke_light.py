@@ -100,6 +100,15 @@ def test_the_qwen3_tts_codec_dtype_can_differ_from_the_talkers(run_smoke) -> Non
     ran = run_smoke("bench_qwen3_tts.py", "--dtype", "bfloat16", "--codec-dtype", "float32")
     ran.check()
     assert "bfloat16 (codec float32)" in ran.stdout, ran.stdout
+    # a frame at concurrency 1 split: engine and codec take turns on the compute thread
+    split = re.search(
+        r"a frame at concurrency 1: ([\d.]+) ms, of which engine ([\d.]+), codec ([\d.]+), "
+        r"rest (-?[\d.]+)",
+        ran.stdout,
+    )
+    assert split, ran.stdout
+    frame, engine, codec, rest = map(float, split.groups())
+    assert engine > 0 and codec > 0 and rest >= -0.2 and engine + codec < frame + 0.2
 
 
 def test_the_moss_codec_runs_in_bf16_when_asked(run_smoke) -> None:
