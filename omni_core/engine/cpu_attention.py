@@ -87,16 +87,13 @@ def attention(
     boolean ``[B, 1, T, S]`` (True = attend) or None; every query sees at
     least one key.
     """
-    if (
-        q.shape[2] == 1
-        and q.dtype == torch.bfloat16
-        and q.is_cpu
-        and q.shape[0] * k.shape[2] >= GROUPED_MIN_KEYS
-        and attention_mode() != "fused"
-    ):
+    if q.shape[2] == 1 and q.dtype == torch.bfloat16 and q.is_cpu and attention_mode() != "fused":
         if torch.compiler.is_compiling():
+            # the operator weighs the keys when it runs: a compiled step's batch may be an
+            # unbacked size, on which a trace cannot branch (compiled.mark_rows_unbacked)
             return torch.ops.omni.grouped_attention(q, k, v, mask)
-        return grouped_decode(q, k, v, mask)
+        if q.shape[0] * k.shape[2] >= GROUPED_MIN_KEYS:
+            return grouped_decode(q, k, v, mask)
     if (
         mask is not None
         and q.shape[2] >= 2 * PREFILL_TILE
@@ -256,6 +253,10 @@ def grouped_single_query(
 def _grouped_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
+    if q.shape[0] * k.shape[2] < GROUPED_MIN_KEYS:  # as attention() decides eagerly
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1]
+        )
     return grouped_decode(q, k, v, mask)  # looked up per call: tests may count calls
 
 

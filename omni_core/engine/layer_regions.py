@@ -66,13 +66,13 @@ def regions_wanted() -> bool:
     return value in ("1", "true", "on")
 
 
-#: How many traced shapes one region function may keep: one batch of 1 and one of every
-#: larger bucket (the batch is a dynamic size from 2 up, as the attention span is:
-#: ``compiled.mark_rows_dynamic``) per step length of every decoder whose layers it runs;
-#: a prepacked step, whose sizes are static, runs no regions. A model whose layers
-#: specialise the batch after all takes one a bucket: Qwen3-TTS at buckets 1-8 then needs
-#: the talker's 4 and the code predictor's 4 x 2. Torch's default, 8, had run out when
-#: each span was a shape of its own.
+#: How many traced shapes one region function may keep: one per step length of every
+#: decoder whose layers it runs (the batch is an unbacked size and the attention span a
+#: dynamic one: ``compiled.mark_rows_unbacked``), two where a step that reads its batch
+#: falls back to a dynamic batch with bucket 1 apart; a prepacked step, whose sizes are
+#: static, runs no regions. A model whose layers specialise the batch after all takes one
+#: a bucket: Qwen3-TTS at buckets 1-8 then needs the talker's 4 and the code predictor's
+#: 4 x 2. Torch's default, 8, had run out when each span was a shape of its own.
 REGION_SHAPES = 256
 
 

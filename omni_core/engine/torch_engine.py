@@ -750,7 +750,8 @@ def _prepare_static(model: Any, plan: StaticPlan, cache: SlotKVCache) -> float:
     graphs = counters["stats"]["unique_graphs"]
     seconds = context.warm_up()
     # How many graphs inductor built tells a slow start's cause: a model whose step
-    # guards on its batch builds one a bucket (compiled.mark_rows_dynamic).
+    # reads its batch builds bucket 1 apart (compiled.mark_rows_unbacked), and one whose
+    # step guards on it, one a bucket (compiled.mark_rows_dynamic).
     built = counters["stats"]["unique_graphs"] - graphs
     count = f" ({built} compiled graph{'s' * (built != 1)})" if plan.compile else ""
     print(f"engine: {plan.reason}: {names} ready in {seconds:.1f} s{count}", flush=True)

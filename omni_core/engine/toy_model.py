@@ -36,9 +36,9 @@ def _rows(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     products and numbers.
 
     Why: inside a compiled step's layer region, torch's functorch decomposition of a
-    linear layer with a bias reads a 3-D input's sizes as numbers, which makes the batch
-    static again (a graph a bucket, ``compiled.mark_rows_dynamic``); over 2-D rows it
-    reads none.
+    linear layer with a bias reads a 3-D input's sizes as numbers, which an unbacked
+    batch refuses and a dynamic one takes as a graph a bucket
+    (``compiled.mark_rows_unbacked``); over 2-D rows it reads none.
     """
     return layer(x.flatten(0, 1)).unflatten(0, x.shape[:2])
 

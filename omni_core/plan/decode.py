@@ -21,8 +21,9 @@ from .model import Assignment
 #: says ready, and with a cold inductor cache that takes minutes: measured on 2 cores,
 #: Qwen3-TTS 0.6B, batch sizes 1-8, compiled 75 s with a cold cache (each layer built
 #: once; 494 s as whole graphs; 14 s warm), 49 s (8 s warm) since one graph a bucket
-#: serves every attention span, 34 s (6 s warm) since buckets 2-8 share one, prepacked
-#: too 710 s (105 s warm), int8 prepacked 862 s; the default timeout is 120 s.
+#: serves every attention span, 34 s (6 s warm) since buckets 2-8 share one, 34 s (4 s
+#: warm) since bucket 1 shares it too, prepacked too 710 s (105 s warm), int8 prepacked
+#: 862 s; the default timeout is 120 s.
 COMPILE_STARTUP_SECONDS = 900.0
 
 
@@ -77,7 +78,7 @@ def compile_startup_note(config: Any, decodes: Mapping[str, str]) -> str | None:
     return (
         f"{who}, which takes minutes with a cold inductor cache "
         "(Qwen3-TTS 0.6B, batch sizes 1-8, 2 cores: 34 s, with cpu_weight_prepack 710 s; "
-        "6 and 105 s once inductor's cache, TORCHINDUCTOR_CACHE_DIR, holds them), but "
+        "4 and 105 s once inductor's cache, TORCHINDUCTOR_CACHE_DIR, holds them), but "
         f"runtime.startup_timeout is {timeout:g} s: raise it "
         f"(--runtime.startup_timeout {COMPILE_STARTUP_SECONDS * 2:g}) or the process is "
         "stopped while it compiles"

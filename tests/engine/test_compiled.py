@@ -9,6 +9,7 @@ compiled graph computes.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -522,26 +523,34 @@ def test_a_compiled_step_serves_every_span_with_one_graph_a_bucket(monkeypatch, 
     assert counters["stats"]["unique_graphs"] - graphs == 1  # no span compiled again
 
 
-@pytest.mark.slow  # an inductor build; make test traces a dynamic batch in omni_qwen3_tts's tests
-@pytest.mark.parametrize("regions", ["1", "0"])
-def test_buckets_from_two_up_share_one_compiled_graph(monkeypatch, regions):
-    """The batch is a dynamic size: buckets 2 and 4 share a graph, bucket 1 has its own
-    (dynamo specialises a size of 1), each layer a region or not; each bucket's step
-    equals the uncompiled one's. Two layers: the second runs the first's traced region,
-    where a biased linear over 3-D rows had made the batch static (toy_model._rows)."""
+def _warmed_toy(model: TinyDecoder, regions: str, monkeypatch, forward=None):
+    """``model``'s compiled step (``forward``, default its stack) over buckets 1, 2 and 4,
+    warmed up: the decoder, its cache, and how many graphs the warm-up built. With two
+    layers the second runs the first's traced region, where a biased linear over 3-D
+    rows had made the batch static (toy_model._rows)."""
     from torch._dynamo.utils import counters
 
     monkeypatch.setenv("OMNI_COMPILE_REGIONS", regions)
-    model = TinyDecoder(num_layers=2, seed=12)
     cache = SlotKVCache(model.cache_layout(), 4, 16, spare=True)
     context = StaticContext(StaticPlan(True, False, (1, 2, 4), "test"), cache)
-    decoder = context.decoder("toy", model.stack, hidden=model.dim, dtype=torch.float32)
+    decoder = context.decoder("toy", forward or model.stack, hidden=model.dim, dtype=torch.float32)
     assert len(decoder.spans) == 1
     cache.k.normal_()
     cache.v.normal_()
     graphs = counters["stats"]["unique_graphs"]
     context.warm_up()
-    assert counters["stats"]["unique_graphs"] - graphs == 2
+    return decoder, cache, counters["stats"]["unique_graphs"] - graphs
+
+
+def _served_like_eager(decoder, model, cache) -> int:
+    """Batches 1 to 4 through the warmed step, each equal to the uncompiled step's and run
+    by a compiled graph (one tensor as positions and cache positions, as models pass
+    them); how many graphs serving them built (none: warm-up compiled every bucket)."""
+    from torch._dynamo.utils import counters
+
+    from omni_core.engine.compiled import runs_compiled
+
+    graphs = counters["stats"]["unique_graphs"]
     torch.manual_seed(0)
     with torch.inference_mode():
         for batch in (1, 2, 3, 4):
@@ -553,7 +562,43 @@ def test_buckets_from_two_up_share_one_compiled_graph(monkeypatch, regions):
             cache.k.copy_(keys)  # the same cache for the uncompiled step
             cache.v.copy_(values)
             torch.testing.assert_close(out, decoder._eager_step(x, where, where, slots))
-    assert counters["stats"]["unique_graphs"] - graphs == 2  # nothing compiled while serving
+            assert runs_compiled(functools.partial(decoder, x, where, where, slots)), batch
+            cache.k.copy_(keys)
+            cache.v.copy_(values)
+    return counters["stats"]["unique_graphs"] - graphs
+
+
+@pytest.mark.slow  # an inductor build; make test traces an unbacked batch in omni_qwen3_tts's
+@pytest.mark.parametrize("regions", ["1", "0"])
+def test_every_bucket_shares_one_compiled_graph(monkeypatch, regions):
+    """The batch is an unbacked size (compiled.mark_rows_unbacked): buckets 1, 2 and 4
+    share one graph, each layer a region or not; each bucket's step equals the
+    uncompiled one's, and serving compiles nothing more."""
+    model = TinyDecoder(num_layers=2, seed=12)
+    decoder, cache, built = _warmed_toy(model, regions, monkeypatch)
+    assert built == 1 and decoder.rows_unbacked and decoder.note == ""
+    assert _served_like_eager(decoder, model, cache) == 0
+
+
+@pytest.mark.slow  # two inductor builds
+def test_a_step_that_reads_its_batch_compiles_bucket_one_apart_and_says_why(monkeypatch):
+    """A plugin's step that branches on its batch size cannot take it unbacked: the first
+    compile meets the branch as an error, and the step falls back to a dynamic batch,
+    bucket 1 a graph of its own (dynamo specialises a size of 1), the engine's note
+    saying so; the steps still equal the uncompiled ones."""
+    model = TinyDecoder(num_layers=2, seed=12)
+
+    def reads_its_batch(x, positions, mask, store):
+        out = model.stack(x, positions, mask, store)
+        return out.clone() if x.shape[0] > 1 else out  # the same numbers either way
+
+    decoder, cache, built = _warmed_toy(model, "1", monkeypatch, reads_its_batch)
+    assert built == 2 and not decoder.rows_unbacked
+    assert decoder.note.startswith(
+        "toy: bucket 1 compiled apart from the others, as the step reads its batch size ("
+    ), decoder.note
+    assert "data-dependent" in decoder.unbacked_refusal, decoder.unbacked_refusal
+    assert _served_like_eager(decoder, model, cache) == 0
 
 
 def test_a_failed_capture_says_so_and_falls_back_to_what_the_plan_allows(monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -69,13 +71,18 @@ def test_rotating_queries_and_keys_together_changes_no_bit(dtype):
     assert torch.equal(k_both, apply_rope(k, cos, sin))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dtype):
+@pytest.mark.parametrize(
+    "dtype, marking", [(torch.float32, "unbacked"), (torch.bfloat16, "unbacked"),
+                       (torch.bfloat16, "dynamic")]
+)  # fmt: skip
+def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dtype, marking):
     """``engine.enable_torch_compile``: the stack's layers, their q/k/v and gate/up fused as
     the engine packs them, call one traced layer (omni_core.engine.layer_regions), the
-    batch a dynamic size (``mark_rows_dynamic``: batches of 2 and 3 trace one graph),
-    and the step computes what the eager static step does."""
-    from omni_core.engine.compiled import mark_rows_dynamic
+    batch an unbacked size (``mark_rows_unbacked``: batches of 1 and 3 trace one graph,
+    with graph breaks as errors, as the engine's first compile) or, its fallback, a
+    dynamic one (``mark_rows_dynamic``: 2 and 3), and the step computes what the eager
+    static step does."""
+    from omni_core.engine.compiled import mark_rows_dynamic, mark_rows_unbacked
     from omni_core.engine.cpu_linear import pack_linear_weights
     from omni_core.engine.static_kv import StaticSlotStore, static_mask
 
@@ -109,10 +116,16 @@ def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dty
             torch.tensor([[2], [6], [4]][:rows]),
             torch.arange(rows),
         )
-        for rows in (2, 3)
+        for rows in ((1, 3) if marking == "unbacked" else (2, 3))
     ]
-    for x, positions, slots in batches:
-        mark_rows_dynamic(x, positions, positions, slots)
+
+    def marked(x, positions, slots):
+        if marking == "unbacked":
+            x, positions, _, slots = mark_rows_unbacked(x, positions, positions, slots, 4)
+        else:
+            x, positions, _, slots = mark_rows_dynamic(x, positions, positions, slots)
+        return x, positions, slots
+
     from torch._dynamo.utils import compilation_time_metrics as metrics
 
     torch._dynamo.reset()  # and its counts
@@ -120,7 +133,7 @@ def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dty
         # eager first, as the engine's warm-up
         want = [step(caches[2:])(*batch) for batch in batches]
         compiled = torch.compile(step(caches[:2]), backend=record, fullgraph=True)
-        got = [compiled(*batch) for batch in batches]
+        got = [compiled(*marked(*batch)) for batch in batches]
     assert len(graphs) == 1  # both batches
     invoke = torch.ops.higher_order.invoke_subgraph
     bodies = [n.args[0].target for n in graphs[0].graph.nodes if n.target is invoke]
@@ -144,16 +157,17 @@ def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dty
     ],
 )
 def test_compiled_buckets_share_one_graph_of_shared_layers(device):
-    """``engine.enable_torch_compile``: the batch is a dynamic size, so buckets 2 and 4
-    share one graph, each layer a region traced once (omni_core.engine.compiled's
-    mark_rows_dynamic); every bucket computes what the uncompiled static step does.
-    On CUDA (the GPU check) the compiled step is also captured, a graph per bucket."""
+    """``engine.enable_torch_compile``: the batch is an unbacked size, so buckets 1, 2 and
+    4 share one graph, each layer a region traced once (omni_core.engine.compiled's
+    mark_rows_unbacked); every bucket computes what the uncompiled static step does,
+    served by that graph. On CUDA (the GPU check) the compiled step is also captured,
+    a graph per bucket."""
     import os
 
     from torch._dynamo.utils import counters
 
     from omni_core.engine.buckets import StaticPlan
-    from omni_core.engine.compiled import StaticContext
+    from omni_core.engine.compiled import StaticContext, runs_compiled
     from omni_core.engine.interface import CacheLayout
     from omni_core.engine.kv_cache import SlotKVCache
 
@@ -167,7 +181,7 @@ def test_compiled_buckets_share_one_graph_of_shared_layers(device):
     layout = CacheLayout(2, 2, 16, torch.float32, where_to)
     cache = SlotKVCache(layout, 4, 16, spare=True)
     captured = where_to.type == "cuda"
-    context = StaticContext(StaticPlan(True, captured, (2, 4), "test"), cache)
+    context = StaticContext(StaticPlan(True, captured, (1, 2, 4), "test"), cache)
     decoder = context.decoder("stack", stack, hidden=64, dtype=torch.float32)
     assert decoder.regions and decoder.use_graphs == captured
     cache.k.normal_()
@@ -175,10 +189,10 @@ def test_compiled_buckets_share_one_graph_of_shared_layers(device):
     graphs = counters["stats"]["unique_graphs"]
     context.warm_up()
     assert counters["stats"]["unique_graphs"] - graphs == 1, decoder.note
-    assert len(decoder._graphs) == (2 if captured else 0)  # a capture a bucket (one span)
+    assert len(decoder._graphs) == (3 if captured else 0)  # a capture a bucket (one span)
     tolerance = {"atol": 1e-4, "rtol": 1e-4} if captured else {}
     with torch.inference_mode():
-        for batch in (2, 3, 4):
+        for batch in (1, 2, 3, 4):
             x = torch.randn(batch, 1, 64, device=where_to)
             where = torch.arange(batch, device=where_to)[:, None] * 2 + 5
             slots = torch.arange(batch, device=where_to)
@@ -188,6 +202,12 @@ def test_compiled_buckets_share_one_graph_of_shared_layers(device):
             cache.v.copy_(values)
             want = decoder._eager_step(x, where, where, slots)
             torch.testing.assert_close(out, want, **tolerance)
+            # served by the graph: one tensor as positions and cache positions, as the
+            # talker passes them, must not miss its guards (then it would run eagerly)
+            step = functools.partial(decoder, x, where, where, slots, longest=int(where.max()) + 1)
+            assert runs_compiled(step), batch
+            cache.k.copy_(keys)
+            cache.v.copy_(values)
     assert counters["stats"]["unique_graphs"] - graphs == 1
 
 
