@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from .buckets import StaticPlan, bucket_for
 from .compute import call_on_compute_thread
@@ -157,9 +158,9 @@ def runs_compiled(call: Callable[[], Any]) -> bool:
     """Whether ``call()`` ran a compiled graph: torch's profiler saw a compiled region.
 
     Why: after warm-up a step whose inputs miss every graph's guards runs
-    eagerly (``eager_on_recompile``), right but slow and silent, so a test
-    (and a plugin author checking a model) asks the profiler whether serving
-    steps hit the graphs warm-up built.
+    eagerly, right but slow (the engine warns once per shape and counts them
+    in ``StaticDecoder.misses``), so a test (and a plugin author checking a
+    model) asks the profiler whether serving steps hit the graphs warm-up built.
     """
     from torch.profiler import profile
 
@@ -279,6 +280,8 @@ class StaticDecoder:
             )
         self._graphs: dict[tuple[int, int, int], CapturedStep] = {}  # bucket, steps, span
         self.calls = 0  # steps run statically (tests and figures)
+        self.misses = 0  # served steps that missed every compiled graph: run eagerly
+        self._warned: set[tuple[int, int]] = set()
         self.warm = False  # every bucket compiled: from now on a recompile runs eagerly
 
     def _compiled_step(self, plan: StaticPlan) -> Callable[..., Any]:
@@ -442,9 +445,39 @@ class StaticDecoder:
             return _rows(self._step(*inputs, span), batch)
         # Every shape was compiled at start-up: a guard that still fails (an input
         # nobody foresaw) runs this step eagerly rather than stall every running
-        # request for a compile (seconds; a prepacked one also adds a weight copy).
-        with torch.compiler.set_stance("eager_on_recompile"):
+        # request for a compile (seconds; a prepacked one also adds a weight copy),
+        # and says so once, since eager is right but slow and would pass unnoticed.
+        # Under a Python dispatch mode (a benchmark counting the bytes a step reads)
+        # the tensors carry keys no graph was traced with: eagerly, and quietly.
+        if is_in_torch_dispatch_mode():
+            with torch.compiler.set_stance("force_eager"):
+                return _rows(self._step(*inputs, span), batch)
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                return _rows(self._step(*inputs, span), batch)
+        except RuntimeError as exc:
+            if "fail_on_recompile" not in str(exc):
+                raise
+            self._missed(batch, bucket, steps, exc)
+        with torch.compiler.set_stance("force_eager"):
             return _rows(self._step(*inputs, span), batch)
+
+    def _missed(self, batch: int, bucket: int, steps: int, exc: RuntimeError) -> None:
+        """Count a served step that missed every compiled graph; warn once per shape."""
+        self.misses += 1
+        if (bucket, steps) in self._warned:
+            return
+        self._warned.add((bucket, steps))
+        failures = [line.strip() for line in str(exc).splitlines() if line.strip()[:2] == "- "]
+        log.warning(
+            "engine: %s: a step of %d row(s) (bucket %d, %d position(s) a row) missed every "
+            "compiled graph and ran eagerly (said once a shape): %s",
+            self.name,
+            batch,
+            bucket,
+            steps,
+            "; ".join(failures[:2]) or _first_line(exc),
+        )
 
     def _padded(
         self,

@@ -10,6 +10,7 @@ compiled graph computes.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from typing import Any
 
@@ -599,6 +600,35 @@ def test_a_step_that_reads_its_batch_compiles_bucket_one_apart_and_says_why(monk
     ), decoder.note
     assert "data-dependent" in decoder.unbacked_refusal, decoder.unbacked_refusal
     assert _served_like_eager(decoder, model, cache) == 0
+
+
+@pytest.mark.slow  # an inductor build
+def test_a_served_step_that_misses_every_graph_runs_eagerly_and_says_so_once(monkeypatch, caplog):
+    """After warm-up, a step whose inputs fail every graph's guards (positions of another
+    integer type than warm-up's) is not compiled in the middle of serving: it runs
+    eagerly, equal to the uncompiled step, is counted, and the engine warns once per
+    shape, naming the failed guard."""
+    model = TinyDecoder(num_layers=2, seed=12)
+    decoder, cache, _ = _warmed_toy(model, "1", monkeypatch)
+    logs = caplog.at_level(logging.WARNING, logger="omni_core.engine.compiled")
+    with logs, torch.inference_mode():
+        x = torch.randn(2, 1, model.dim)
+        where = (torch.arange(2)[:, None] * 3 + 2).int()
+        slots = torch.arange(2)
+        for _ in range(2):
+            keys, values = cache.k.clone(), cache.v.clone()
+            out = decoder(x, where, where, slots)
+            cache.k.copy_(keys)
+            cache.v.copy_(values)
+            torch.testing.assert_close(out, decoder._eager_step(x, where, where, slots))
+    assert decoder.misses == 2
+    warned = [r.getMessage() for r in caplog.records if "missed every compiled graph" in r.message]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith(
+        "engine: toy: a step of 2 row(s) (bucket 2, 1 position(s) a row) missed every compiled "
+        "graph and ran eagerly (said once a shape): - "
+    ), warned[0]
+    assert "dtype mismatch. expected Long, actual Int" in warned[0], warned[0]
 
 
 def test_a_failed_capture_says_so_and_falls_back_to_what_the_plan_allows(monkeypatch):
