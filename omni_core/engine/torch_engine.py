@@ -195,8 +195,11 @@ class TorchEngine:
         use_static = self.static.enabled and prepare is not None
         self.cache = SlotKVCache(layout, self.plan.num_slots, self.plan.slot_len, spare=use_static)
         self.warm_up_seconds: float | None = None
+        self._static_context: Any = None  # compiled.StaticContext, where steps are static
         if use_static:
-            self.warm_up_seconds = _prepare_static(model, self.static, self.cache)
+            self.warm_up_seconds, self._static_context = _prepare_static(
+                model, self.static, self.cache
+            )
         self._waiting: deque[_Request] = deque()
         # the queue is added to and withdrawn from on the event loop and taken from on the
         # compute thread, when a step starts (_admit)
@@ -292,6 +295,13 @@ class TorchEngine:
         Call it from the event loop that runs the engine.
         """
         self._poke()
+
+    @property
+    def compiled_misses(self) -> int:
+        """Served decode steps that missed every compiled graph and ran eagerly, since the
+        process started (``StaticDecoder.misses``; the log names the first of each shape)."""
+        context = self._static_context
+        return sum(d.misses for d in context.decoders) if context is not None else 0
 
     @property
     def num_running(self) -> int:
@@ -726,8 +736,9 @@ def _prefix_index(model: Any, settings: EngineSettings) -> PrefixIndex | None:
     return PrefixIndex()
 
 
-def _prepare_static(model: Any, plan: StaticPlan, cache: SlotKVCache) -> float:
-    """Let the model build its static decoders, compile/capture every bucket, say how long.
+def _prepare_static(model: Any, plan: StaticPlan, cache: SlotKVCache) -> tuple[float, Any]:
+    """Let the model build its static decoders, compile/capture every bucket, say how long;
+    the seconds it took and the ``StaticContext`` holding the decoders.
 
     Runs while the stage starts, so the process reports ready only once every
     bucket is compiled; the time goes to the process log (a real model's
@@ -758,7 +769,7 @@ def _prepare_static(model: Any, plan: StaticPlan, cache: SlotKVCache) -> float:
     notes = [d.note for d in context.decoders if d.note] + context.notes
     for note in notes:
         print(f"engine: {note}", flush=True)
-    return seconds
+    return seconds, context
 
 
 def _from_scratch(requests: list[_Request]) -> list[_Request]:

@@ -97,8 +97,9 @@ def _engine_counts(stage: Any) -> dict[str, int]:
 
 def _prompt_counts(stage: Any) -> dict[str, int]:
     """A torch engine stage's prompt positions computed and copied from a cached prefix
-    (``prompt_computed``/``prompt_cached``) and its chunks of long prompts
-    (``prefill_chunks``), cumulative; none for other stages."""
+    (``prompt_computed``/``prompt_cached``), its chunks of long prompts
+    (``prefill_chunks``) and its decode steps that missed every compiled graph
+    (``compiled_misses``), cumulative; none for other stages."""
     engine = getattr(stage, "engine", None)
     prompts = getattr(engine, "prompt_positions", None)
     if not isinstance(prompts, dict):
@@ -107,6 +108,9 @@ def _prompt_counts(stage: Any) -> dict[str, int]:
     chunks = getattr(engine, "prefill_chunks", None)
     if isinstance(chunks, int):
         counts["prefill_chunks"] = chunks
+    misses = getattr(engine, "compiled_misses", None)
+    if isinstance(misses, int):
+        counts["compiled_misses"] = misses
     return counts
 
 

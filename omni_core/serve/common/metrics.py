@@ -62,6 +62,10 @@ Metrics (type; labels): meaning
 - ``omni_engine_prefill_chunks`` (counter; process, stage): prefills the torch
   engine ran on a chunk of a long prompt, not its last
   (``engine.chunked_prefill_size``), since the process started.
+- ``omni_engine_compiled_step_misses`` (counter; process, stage): decode steps
+  the torch engine ran eagerly because they missed every graph it compiled at
+  start-up (``engine.enable_torch_compile``; the stage's log names the failed
+  guard once per shape), since the process started.
 - ``omni_stage_run_seconds`` (summary; process, stage): ``_count`` runs of
   the stage that ended and ``_sum`` their seconds, since the process started
   (a restart resets them, as Prometheus expects of counters).

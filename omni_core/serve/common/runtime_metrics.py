@@ -118,6 +118,12 @@ def _processes(processes: dict[str, dict[str, Any]]) -> Iterator[Metric]:
         "(engine.chunked_prefill_size).",
         labels=["process", "stage"],
     )
+    misses = CounterMetricFamily(
+        "omni_engine_compiled_step_misses",
+        "Decode steps each torch engine stage ran eagerly because they missed every graph "
+        "it compiled at start-up (engine.enable_torch_compile); the log names the guard.",
+        labels=["process", "stage"],
+    )
     runs = SummaryMetricFamily(
         "omni_stage_run_seconds",
         "Time requests spent in each stage (runs that ended), since the process started.",
@@ -142,4 +148,6 @@ def _processes(processes: dict[str, dict[str, Any]]) -> Iterator[Metric]:
                     prompts.add_metric([name, stage, source], run[f"prompt_{source}"])
             if "prefill_chunks" in run:
                 chunks.add_metric([name, stage], run["prefill_chunks"])
-    yield from (up, state, restarts, depth, engine, prompts, chunks, runs)
+            if "compiled_misses" in run:
+                misses.add_metric([name, stage], run["compiled_misses"])
+    yield from (up, state, restarts, depth, engine, prompts, chunks, misses, runs)

@@ -142,7 +142,7 @@ def test_the_metrics_count_the_template_positions_copied_instead_of_computed(ser
         speak(server, input=text)
     deadline = time.monotonic() + 30
     while True:  # heartbeats carry the engine's counts: at most a report old
-        counts = {}
+        counts, misses = {}, {}
         with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as reply:
             metrics = reply.read().decode()
         for family in text_string_to_metric_families(metrics):
@@ -150,9 +150,14 @@ def test_the_metrics_count_the_template_positions_copied_instead_of_computed(ser
                 if sample.name == "omni_engine_prompt_positions_total":
                     counts[sample.labels["source"]] = sample.value
                     assert sample.labels["stage"] == "tts_engine"
+                if sample.name == "omni_engine_compiled_step_misses_total":
+                    misses[sample.labels["stage"]] = sample.value
         if counts.get("cached", 0) >= 2 * 128 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     # every prompt after the first copies the instruction template (8+ blocks of 16)
     assert counts["cached"] >= 2 * 128, counts
     assert counts["computed"] > 0
+    # each torch engine stage reports its steps that missed the compiled graphs: none,
+    # as this one decodes eagerly (tests/engine/test_compiled.py counts real misses)
+    assert misses == {"tts_engine": 0}, misses
