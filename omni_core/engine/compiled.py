@@ -155,18 +155,24 @@ def _fresh_views(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def runs_compiled(call: Callable[[], Any]) -> bool:
-    """Whether ``call()`` ran a compiled graph: torch's profiler saw a compiled region.
+    """Whether ``call()`` ran a compiled graph or replayed a CUDA graph, as torch's profiler
+    saw it (a compiled region; ``cudaGraphLaunch``, where CUDA is there to record).
 
     Why: after warm-up a step whose inputs miss every graph's guards runs
     eagerly, right but slow (the engine warns once per shape and counts them
     in ``StaticDecoder.misses``), so a test (and a plugin author checking a
     model) asks the profiler whether serving steps hit the graphs warm-up built.
     """
-    from torch.profiler import profile
+    from torch.profiler import ProfilerActivity, profile
 
-    with profile() as prof:
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
         call()
-    return any("Compiled" in event.name for event in prof.events())
+    return any(
+        "Compiled" in event.name or event.name == "cudaGraphLaunch" for event in prof.events()
+    )
 
 
 def _first_line(exc: BaseException) -> str:
