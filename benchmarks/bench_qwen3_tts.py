@@ -418,6 +418,8 @@ async def ours(
         max_batch_size=vocoder_batch,
         max_chunk_frames=48,
     )
+    if vocoder.graph_note:  # on a GPU: its chunks captured as CUDA graphs, or why not
+        print(f"vocoder: {vocoder.graph_note}")
     try:
         await run_level(engine, vocoder, requests(1, 2, offset=900))  # warm-up
         # One decode call's weight bytes counted in a run of its own: counting

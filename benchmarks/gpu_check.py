@@ -491,7 +491,21 @@ def measure_qwen3_tts(
             where += anyio.run(bench.profiled_level, model, min(frames, 16), width, compiled)
         except Exception as exc:
             where += f"the profiled pass failed: {type(exc).__name__}: {exc}"
+        if not compiled:  # the codec's chunks, eager against captured (bench_codec_graphs.py)
+            where += "\n" + codec_graphs(model, on_cpu)
     return rows, where
+
+
+def codec_graphs(model: Any, on_cpu: bool) -> str:
+    """The vocoder's chunks eagerly and as CUDA graphs, per shape: whether capturing the
+    codec pays (the CPU's smoke run replays through the graphs' stand-in)."""
+    import bench_codec_graphs as codec
+
+    shapes = codec.SMOKE_SHAPES if on_cpu else codec.SHAPES
+    try:  # as the profile: a failure here must not lose the rows
+        return codec.compare(model.speech_tokenizer.decoder, shapes, 1 if on_cpu else 10, on_cpu)
+    except Exception as exc:
+        return f"codec chunks, eager against captured: failed: {type(exc).__name__}: {exc}"
 
 
 def run_echoed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:

@@ -55,6 +55,12 @@ class CapturedStep:
                 self.output = fn(*self.inputs)
         self.device = device
 
+    def replay(self) -> Any:
+        """Replay on what :attr:`inputs` hold now (the caller filled them in place); the output."""
+        with torch.cuda.device(self.device):
+            self.graph.replay()
+        return self.output
+
     def __call__(self, *inputs: torch.Tensor) -> Any:
         """Copy ``inputs`` (the captured shapes) into the graph's buffers and replay it."""
         # Inference mode: buffers made under it (the engine's warm-up) refuse an in-place
@@ -73,3 +79,28 @@ def graph_pool(device: torch.device | str | None = None) -> Any:
         return torch.cuda.graph_pool_handle()
     with torch.cuda.device(device):
         return torch.cuda.graph_pool_handle()
+
+
+class FixedAddressReplay:
+    """A CUDA graph's contract without CUDA: ``fn`` recorded on input buffers of its own,
+    each :meth:`replay` running it eagerly and writing into the same output tensors.
+
+    Why: code that captures (a stream's chunks, a step) must fill the input buffers
+    in place and copy what it keeps out of the outputs before the next replay
+    overwrites them. On the CPU, tests run that code with this stand-in, where a
+    mistake shows as wrong numbers, as it would on a GPU (``CapturedStep``).
+    """
+
+    def __init__(self, fn: Callable[..., Any], example: Sequence[torch.Tensor]):
+        self.fn = fn
+        self.inputs = [t.clone() for t in example]
+        self.output = fn(*self.inputs)
+
+    def replay(self) -> Any:
+        """Run ``fn`` on the input buffers; its results land in the first run's outputs."""
+        fresh = self.fn(*self.inputs)
+        outputs = self.output if isinstance(self.output, tuple | list) else (self.output,)
+        fresh = fresh if isinstance(fresh, tuple | list) else (fresh,)
+        for buffer, value in zip(outputs, fresh, strict=True):
+            buffer.copy_(value)
+        return self.output

@@ -56,6 +56,9 @@ def test_gpu_check_smoke_runs_every_phase_on_the_cpu(run_smoke, short_tmp):
     assert re.search(r"per engine step \(\d+ steps\): [\d.]+ kernel launches", profile)
     assert "Self CPU" in profile and "aten::" in profile, profile
     assert "Qwen3-TTS tiny, where the time goes (torch.profiler" in ran.stdout
+    # and the codec's chunks eagerly and through graphs (the CPU's stand-in), per shape
+    assert re.search(r"codec chunks: streamed chunks captured as 4 CUDA graphs", profile)
+    assert re.search(r"\n +1 +2 +[\d.]+ +[\d.]+ +[\d.]+x\n +2 +4 +[\d.]+ +[\d.]+", profile)
     # each phase's and model's whole output beside --out, for a lease to bring back
     assert "cuda" in (short_tmp / "gpu_check.tests.log").read_text()
     omni_log = (short_tmp / "gpu_check.qwen3-omni-30b-a3b.log").read_text()

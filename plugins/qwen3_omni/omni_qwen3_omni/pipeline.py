@@ -81,6 +81,9 @@ class Code2WavArgs(StreamingVocoderArgs):
     # CPU, float32 decoder: every linear layer on the faster kernel for a chunk's row count
     # (as Qwen3-TTS's vocoder; omni_qwen3_tts.stages.route_float32_layers)
     pack_weights: bool = True
+    # GPU: the streamed chunks run eagerly instead of as CUDA graphs (one per rows bucket and
+    # chunk length, checked against eager at capture; omni_qwen3_tts.speech_tokenizer.stream_graphs)
+    disable_cuda_graph: bool = False
 
 
 def _front(fan_in: str, route_fn: str, process: dict[str, str]) -> list[StageConfig]:

@@ -257,3 +257,26 @@ def test_release_style_chunked_decode_loses_the_lookahead_at_each_boundary(windo
     full = windowed.decode(codes)
     chunked = windowed.chunked_decode(codes, chunk_size=8, left_context=3)
     assert chunked.shape[-1] == full.shape[-1] - 2 * 555  # three chunks, two inner boundaries
+
+
+def test_captured_chunks_cut_the_lead_of_rows_that_start_beside_rows_that_continue(windowed):
+    """The chunks as CUDA graphs would run them (``stream_graphs``, with the CPU's
+    stand-in): each row's lead is tracked on the device and cut by the host's flags."""
+    from omni_core.engine.cuda_graphs import FixedAddressReplay
+    from omni_qwen3_tts.speech_tokenizer.stream_graphs import StreamGraphs
+
+    graphs = StreamGraphs(windowed, [1, 2], [3], FixedAddressReplay)
+    early, late = _codes(windowed.cfg, 9, seed=4), _codes(windowed.cfg, 6, seed=5)
+    first, second = windowed.new_stream(), windowed.new_stream()
+    with torch.inference_mode():
+        heard_early = [graphs.decode(early[..., :3], [first])[0].clone()]
+        rows = graphs.decode(torch.cat([early[..., 3:6], late[..., :3]]), [first, second])
+        heard_early.append(rows[0].clone())
+        heard_late = [rows[1].clone()]
+        rows = graphs.decode(torch.cat([late[..., 3:6], early[..., 6:9]]), [second, first])
+        heard_late.append(rows[0].clone())
+        heard_early.append(rows[1].clone())
+    assert graphs.replays == 3
+    for heard, codes in ((heard_early, early), (heard_late, late)):
+        full = windowed.decode(codes)[0]
+        assert _rel(torch.cat(heard, -1), full) < 1e-5

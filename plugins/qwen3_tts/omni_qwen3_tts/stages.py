@@ -19,6 +19,7 @@ memoised per process), so the talker and the codec are loaded once.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import torch
@@ -44,6 +45,8 @@ from .decode_batcher import DecodeBatcher
 from .model import Qwen3TTSModel, build_speech_tokenizer
 from .prompt import PromptBuilder, PromptError
 from .speech_tokenizer import SpeechTokenizer
+from .speech_tokenizer.decoder import CodecDecoder
+from .speech_tokenizer.stream_graphs import Capture, StreamGraphs, chunk_schedule, row_buckets
 from .tokenizer import TextTokenizer
 from .weights import read_json, resolve_model_path
 
@@ -51,6 +54,8 @@ SAMPLE_RATE = 24000
 MIN_REF_AUDIO_SECONDS = 0.5  # shorter clips give the speaker encoder too little to go on
 # the kit's speech fields (OpenAI's, the server's voices, sampling) and Qwen3-TTS's
 REQUEST_KEYS = SPEECH_REQUEST_KEYS | {"language", "ref_audio", "ref_text", "x_vector_only"}
+
+log = logging.getLogger("omni.stages")
 
 
 @functools.lru_cache(maxsize=4)
@@ -307,6 +312,12 @@ class Vocoder:
     ``max_batch_size``: by default 16 on a GPU and 1 on the CPU, where the
     codec's convolutions are memory-bound and a stacked batch measured
     slower than the same chunks one by one (benchmarks/bench_qwen3_tts.py).
+
+    On a GPU a stateful stream's chunks are captured as CUDA graphs, one per
+    rows bucket (1, 2, 4, ... up to ``max_batch_size``) and chunk length of
+    the schedule above (``speech_tokenizer/stream_graphs.py``; the stage's
+    ``factory.disable_cuda_graph`` turns it off). :attr:`graph_note` says what
+    was captured, or why not.
     """
 
     def __init__(
@@ -318,13 +329,17 @@ class Vocoder:
         max_chunk_frames: int | None = None,
         sample_rate: int = SAMPLE_RATE,
         chunk_growth: int = 2,
+        cuda_graph: bool = True,
+        capture: Capture | None = None,
     ):
         """``decoder``: a codec decoder (``speech_tokenizer.decoder.CodecDecoder``), shared
         with Qwen3-Omni's code2wav, which streams through this same class, as does
         MOSS-TTS's codec: anything with ``new_stream()`` and ``stream_rows()``.
         ``chunk_growth``: each chunk after the first is this many times the one
         before (up to ``max_chunk_frames``); a codec whose every call reads all of
-        its weights (MOSS-TTS's transformers) grows faster, to make fewer calls."""
+        its weights (MOSS-TTS's transformers) grows faster, to make fewer calls.
+        ``cuda_graph``: capture the chunks on a GPU; ``capture``: how (default
+        ``CapturedStep``; a test's stand-in captures on the CPU too)."""
         if chunk_frames < 1:
             raise ValueError(f"factory.chunk_frames must be >= 1, got {chunk_frames}")
         if chunk_growth < 1:
@@ -342,6 +357,36 @@ class Vocoder:
         self.context = left_context_frames
         decode = self.decode_streams if self.context is None else self.decode_with_context
         self.batcher = DecodeBatcher(decode, max_batch_size or default_batch)
+        self.graphs: StreamGraphs | None = None
+        self.graph_note = self._capture(cuda_graph, capture)
+        if self.graph_note:
+            log.info("vocoder: %s", self.graph_note)
+
+    def _capture(self, wanted: bool, capture: Capture | None) -> str:
+        """Capture the streamed chunks where asked and possible; what happened, or ""."""
+        if not wanted or (capture is None and self.device.type != "cuda"):
+            return ""
+        if self.context is not None:
+            return "chunks not captured: left_context_frames re-decodes a context of its own"
+        if not isinstance(self.decoder, CodecDecoder):  # MOSS-TTS's codec: its window grows
+            return "chunks not captured: this codec's stream state is not of fixed shape"
+        if capture is None:
+            from omni_core.engine.cuda_graphs import CapturedStep, graph_pool
+
+            pool = graph_pool(self.device)
+
+            def capture(fn: Any, example: Any) -> Any:
+                return CapturedStep(fn, example, pool=pool)
+
+        lengths = chunk_schedule(self.chunk_frames, self.chunk_growth, self.max_chunk_frames)
+        try:
+            self.graphs = StreamGraphs(
+                self.decoder, row_buckets(self.batcher.max_batch), lengths, capture
+            )
+        except RuntimeError as exc:  # fail soft: the eager chunks decode the same audio
+            self.graphs = None
+            return f"chunks not captured, decoded eagerly ({type(exc).__name__}: {exc})"
+        return self.graphs.note()
 
     async def run(self, request: Any) -> dict[str, Any]:
         stream = self.decoder.new_stream() if self.context is None else None
@@ -410,13 +455,16 @@ class Vocoder:
         lengths, so each row's audio comes back on its own.
         """
         with torch.inference_mode():
-            # The decoder's own state type (this package's StreamState, or the MOSS
-            # codec's): each offers stack / split / adopt for batching streams.
-            batch = type(streams[0]).stack(streams)
-            rows = self.decoder.stream_rows(to_device(codes, self.device).clamp(min=0), batch)
-        if len(streams) > 1:
-            for stream, row in zip(streams, batch.split([1] * len(streams)), strict=True):
-                stream.adopt(row)
+            codes = to_device(codes, self.device).clamp(min=0)
+            rows = None if self.graphs is None else self.graphs.decode(codes, streams)
+            if rows is None:
+                # The decoder's own state type (this package's StreamState, or the MOSS
+                # codec's): each offers stack / split / adopt for batching streams.
+                batch = type(streams[0]).stack(streams)
+                rows = self.decoder.stream_rows(codes, batch)
+                if len(streams) > 1:
+                    for stream, row in zip(streams, batch.split([1] * len(streams)), strict=True):
+                        stream.adopt(row)
         # one copy to the host for the batch (a copy per row waits for the device each time);
         # the rows' lengths are their shapes, known here without reading the device
         flat = torch.cat([row[0].float().reshape(-1) for row in rows]).cpu()
@@ -447,6 +495,7 @@ def vocoder_factory(load_decoder: Any, stage: str) -> Any:
         left_context_frames: int | None = None,
         max_batch_size: int | None = None,
         pack_weights: bool = True,
+        disable_cuda_graph: bool = False,
     ) -> Vocoder:
         device = torch_device(gpu_id, stage)
         decoder = load_decoder(model_path, load_format, dtype, device, seed)
@@ -454,7 +503,13 @@ def vocoder_factory(load_decoder: Any, stage: str) -> Any:
             route_float32_layers(decoder)
         rate = getattr(decoder, "sample_rate", SAMPLE_RATE)
         return Vocoder(
-            decoder, chunk_frames, left_context_frames, max_batch_size, max_chunk_frames, rate
+            decoder,
+            chunk_frames,
+            left_context_frames,
+            max_batch_size,
+            max_chunk_frames,
+            rate,
+            cuda_graph=not disable_cuda_graph,
         )
 
     return create

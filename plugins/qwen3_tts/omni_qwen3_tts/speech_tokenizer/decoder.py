@@ -232,6 +232,7 @@ class CodecTransformer(nn.Module):
             x = layer(x, cos, sin, mask, store)
         state.valid = (state.valid + steps).clamp(max=carried)
         state.position = state.position + steps
+        state.fresh = [False] * state.batch
         return self._project_out(x)
 
 
@@ -382,13 +383,17 @@ class CodecDecoder(nn.Module):
         return [wav[row, :, cut:] for row, cut in enumerate(cuts)]
 
     def _stream(
-        self, codes: torch.Tensor, state: StreamState, uniform: bool
+        self, codes: torch.Tensor, state: StreamState, uniform: bool, every_row: bool = False
     ) -> tuple[torch.Tensor, list[int]]:
-        """The stream's audio with each starting row's lead still in front, and the leads."""
+        """The stream's audio with each starting row's lead still in front, and the leads.
+
+        ``every_row``: track the lead on the device for every row, whichever
+        starts (see :meth:`StreamState.begin_chunk`; a captured chunk).
+        """
         self._check_codes(codes)
         if codes.shape[0] != state.batch:
             raise ValueError(f"codes have {codes.shape[0]} rows, the stream {state.batch}")
-        starting = state.begin_chunk(self.lookahead_samples > 0)
+        starting = state.begin_chunk(self.lookahead_samples > 0, every_row)
         cuts = [self.lookahead_samples if s else 0 for s in starting or [False] * state.batch]
         if uniform and len(set(cuts)) > 1:
             state.end_chunk()

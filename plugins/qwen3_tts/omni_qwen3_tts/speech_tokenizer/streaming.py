@@ -60,6 +60,9 @@ class StreamState:
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
         self.valid = torch.zeros(batch, dtype=torch.long, device=device)
         self.position = torch.zeros(batch, dtype=torch.long, device=device)
+        #: Per row, on the host: no frame decoded yet (``position == 0`` without reading
+        #: the device, which would wait for it, and which a CUDA graph cannot capture).
+        self.fresh = [True] * batch
         self._clear_lead()
 
     # -- lead of rows that start in this chunk (left-trimmed transposed convs) -----
@@ -71,21 +74,24 @@ class StreamState:
         self.starting: torch.Tensor | None = None
         self.lead: torch.Tensor | None = None
 
-    def begin_chunk(self, track_lead: bool) -> list[bool] | None:
+    def begin_chunk(self, track_lead: bool, every_row: bool = False) -> list[bool] | None:
         """Start decoding a chunk; with ``track_lead``, which rows start their streams with it.
 
         ``track_lead``: the decoder has left-trimmed layers. Then, if a row
         starts, :attr:`lead` is kept up to date through the chunk. Call
         before anything advances :attr:`position`. Without ``track_lead``
-        nothing is read from the device (returns ``None``).
+        returns ``None``. Nothing is read from the device either way.
+        ``every_row``: track the lead on the device whichever rows start
+        (a captured chunk, whose rows change from replay to replay; a row
+        that continues its stream then has a lead of 0, which changes none
+        of its samples).
         """
         self._clear_lead()
         if not track_lead:
             return None
-        starting = self.position == 0
-        flags = [bool(s) for s in starting.tolist()]
-        if any(flags):
-            self.starting = starting.long()
+        flags = list(self.fresh)
+        if every_row or any(flags):
+            self.starting = (self.position == 0).long()
         return flags
 
     def upsample_lead(self, stride: int, left_trim: int) -> None:
@@ -119,6 +125,35 @@ class StreamState:
         # A copy, so the state does not pin the whole chunk's activation in memory.
         self.tails[module] = joined[..., joined.shape[-1] - length :].clone()
 
+    # -- as a flat list of tensors (a captured chunk's inputs and outputs) -------------
+
+    def tensors(self, tails: list[nn.Module]) -> list[torch.Tensor]:
+        """Every tensor of the state, in a fixed order: ``tails``' (which must all be
+        present), the keys and values per layer, ``valid``, ``position``."""
+        return [
+            *(self.tails[m] for m in tails),
+            *self.keys,
+            *self.values,
+            self.valid,
+            self.position,
+        ]
+
+    @classmethod
+    def from_tensors(
+        cls, tails: list[nn.Module], tensors: list[torch.Tensor], fresh: list[bool]
+    ) -> StreamState:
+        """The inverse of :meth:`tensors`; ``fresh``: which rows have decoded nothing yet."""
+        layers = (len(tensors) - len(tails) - 2) // 2
+        out = cls.__new__(cls)
+        out.batch = int(tensors[-1].shape[0])
+        out.tails = dict(zip(tails, tensors[: len(tails)], strict=True))
+        out.keys = list(tensors[len(tails) : len(tails) + layers])
+        out.values = list(tensors[len(tails) + layers : len(tails) + 2 * layers])
+        out.valid, out.position = tensors[-2], tensors[-1]
+        out.fresh = list(fresh)
+        out._clear_lead()
+        return out
+
     # -- batching of concurrent streams -------------------------------------------
 
     @classmethod
@@ -132,6 +167,7 @@ class StreamState:
         out.values = [torch.cat(layer) for layer in zip(*(s.values for s in states), strict=True)]
         out.valid = torch.cat([s.valid for s in states])
         out.position = torch.cat([s.position for s in states])
+        out.fresh = [f for s in states for f in s.fresh]
         out._clear_lead()
         out.tails = {}
         for module in {m: None for s in states for m in s.tails}:
@@ -155,6 +191,7 @@ class StreamState:
             part.values = [v[rows] for v in self.values]
             part.valid = self.valid[rows]
             part.position = self.position[rows]
+            part.fresh = self.fresh[rows]
             part.tails = {m: t[rows] for m, t in self.tails.items()}
             part._clear_lead()
             parts.append(part)
@@ -166,6 +203,7 @@ class StreamState:
         self.batch, self.tails = other.batch, other.tails
         self.keys, self.values = other.keys, other.values
         self.valid, self.position = other.valid, other.position
+        self.fresh = list(other.fresh)
         self._clear_lead()
 
 

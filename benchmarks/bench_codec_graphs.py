@@ -1,0 +1,124 @@
+"""Streamed codec chunks, eager against captured as CUDA graphs, per chunk shape.
+
+Run on a GPU: ``python benchmarks/bench_codec_graphs.py --device cuda``
+(Qwen3-TTS 0.6B's speech tokenizer decoder at its release size, float32 as
+the vocoder stage keeps it, dummy weights; under a minute). ``--smoke``: the
+tiny decoder on the CPU, where the graphs' stand-in
+(``omni_core.engine.cuda_graphs.FixedAddressReplay``) replays eagerly, one
+pass: it checks the script runs, its figures mean nothing.
+
+Why: the vocoder decodes its streams' chunks eagerly or through CUDA graphs
+(``omni_qwen3_tts.speech_tokenizer.stream_graphs``; the stage's
+``factory.disable_cuda_graph`` chooses). This prints what the graphs save:
+for each rows x frames shape, the milliseconds of one chunk through the
+vocoder's own ``decode_streams`` (the streams' state in and out, the audio
+on the host) both ways, alternated, the median of ``--repeats`` each, and
+the ratio. ``benchmarks/gpu_check.py`` prints it beside its Qwen3-TTS rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni_core.sigterm import run_script
+
+#: (rows, frames): the first chunk of one stream and of eight, the longest chunk of each
+SHAPES = ((1, 4), (1, 48), (8, 4), (8, 48))
+SMOKE_SHAPES = ((1, 2), (2, 4))
+
+
+def load_decoder(device: str, smoke: bool) -> Any:
+    """The release-size decoder (or the tiny preset's) with dummy weights on ``device``."""
+    from omni_qwen3_tts.stages import load_codec
+
+    if smoke:
+        return load_codec("tiny", "dummy", None, device, 0).decoder
+    import bench_qwen3_tts
+
+    with tempfile.TemporaryDirectory(prefix="bench-codec-graphs-") as tmp:
+        bench_qwen3_tts.write_configs(Path(tmp), 64)
+        return load_codec(tmp, "dummy", None, device, 0).decoder
+
+
+def vocoders(decoder: Any, shapes: tuple[tuple[int, int], ...], smoke: bool) -> tuple[Any, Any]:
+    """The vocoder stage's code decoding eagerly, and through graphs of ``shapes``."""
+    from omni_qwen3_tts.speech_tokenizer.stream_graphs import StreamGraphs, row_buckets
+    from omni_qwen3_tts.stages import Vocoder
+
+    rows = max(r for r, _ in shapes)
+    lengths = sorted({f for _, f in shapes})
+    eager = Vocoder(decoder, lengths[0], None, max_batch_size=rows, cuda_graph=False)
+    captured = Vocoder(decoder, lengths[0], None, max_batch_size=rows, cuda_graph=False)
+    if smoke:
+        from omni_core.engine.cuda_graphs import FixedAddressReplay
+
+        capture: Any = FixedAddressReplay
+    else:
+        from omni_core.engine.cuda_graphs import CapturedStep, graph_pool
+
+        pool = graph_pool(next(decoder.parameters()).device)
+
+        def capture(fn: Any, example: Any) -> Any:
+            return CapturedStep(fn, example, pool=pool)
+
+    # the shapes asked for, as the vocoder captures its schedule's (stream_graphs.py)
+    captured.graphs = StreamGraphs(decoder, row_buckets(rows), lengths, capture)
+    captured.graph_note = captured.graphs.note()
+    return eager, captured
+
+
+def chunk_ms(vocoder: Any, decoder: Any, rows: int, frames: int, seed: int) -> float:
+    """One chunk of ``rows`` streams already a chunk in, through ``decode_streams``."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (rows, decoder.cfg.num_quantizers, frames)
+    codes = torch.randint(0, decoder.cfg.codebook_size, shape, generator=gen)
+    streams = [decoder.new_stream() for _ in range(rows)]
+    vocoder.decode_streams(codes, streams)  # past the first chunk: every tail exists
+    started = time.perf_counter()
+    vocoder.decode_streams(codes, streams)  # ends with the audio on the host
+    return 1e3 * (time.perf_counter() - started)
+
+
+def compare(decoder: Any, shapes: tuple[tuple[int, int], ...], repeats: int, smoke: bool) -> str:
+    """The table: per shape, eager and captured ms a chunk (median) and the ratio."""
+    eager, captured = vocoders(decoder, shapes, smoke)
+    lines = [f"codec chunks: {captured.graph_note}"]
+    lines.append(f"{'rows':>5} {'frames':>7} {'eager ms':>9} {'graph ms':>9} {'speed-up':>9}")
+    with torch.inference_mode():
+        for rows, frames in shapes:
+            times: dict[str, list[float]] = {"eager": [], "graph": []}
+            for i in range(repeats + 1):  # the first of each: untimed warm-up
+                for name, vocoder in (("eager", eager), ("graph", captured)):
+                    ms = chunk_ms(vocoder, decoder, rows, frames, seed=i)
+                    if i:
+                        times[name].append(ms)
+            a, b = statistics.median(times["eager"]), statistics.median(times["graph"])
+            lines.append(f"{rows:>5} {frames:>7} {a:>9.2f} {b:>9.2f} {a / b:>8.2f}x")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N (cpu with --smoke)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed chunks per shape and way")
+    parser.add_argument("--smoke", action="store_true", help="tiny, on the CPU, one pass")
+    args = parser.parse_args()
+    device = "cpu" if args.smoke else args.device
+    if not device.startswith("cuda") and not args.smoke:
+        parser.error("a CUDA graph needs --device cuda (or --smoke, for the CPU's stand-in)")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {device}: torch sees no CUDA device here (try --smoke)")
+    decoder = load_decoder(device, args.smoke)
+    shapes = SMOKE_SHAPES if args.smoke else SHAPES
+    print(compare(decoder, shapes, 1 if args.smoke else args.repeats, args.smoke))
+
+
+if __name__ == "__main__":
+    run_script(main)

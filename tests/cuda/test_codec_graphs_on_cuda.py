@@ -1,0 +1,72 @@
+"""The codecs' streamed chunks captured as CUDA graphs hear what eager chunks hear.
+
+Marked ``cuda`` (run by ``benchmarks/gpu_check.py``). On the CPU the same
+code runs with a stand-in for the graphs (``plugins/qwen3_tts/tests/
+test_stream_graphs.py``); here the graphs are real: the capture must
+succeed (no chunk reads the device), each graph passes its own check
+against an eager chunk, and streams batched in changing company through
+them equal the full decode of their codes. Qwen3-TTS's decoder and
+Qwen3-Omni's code2wav, whose first chunk of a stream cuts a lead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.cuda
+
+DEVICE = os.environ.get("OMNI_CUDA_DEVICE", "cuda")
+
+
+def _decoder(family: str):
+    from omni_qwen3_tts.weights import dummy_fill
+
+    if family == "qwen3-tts":
+        from omni_qwen3_tts.model import Qwen3TTSModel
+
+        return Qwen3TTSModel.from_pretrained(
+            "tiny", load_format="dummy", seed=0
+        ).speech_tokenizer.decoder
+    import json
+
+    from omni_qwen3_omni.code2wav.config import Code2WavConfig
+    from omni_qwen3_omni.code2wav.model import Code2Wav
+    from omni_qwen3_omni.source import PRESETS_DIR
+
+    preset = json.loads((PRESETS_DIR / "tiny" / "config.json").read_text())
+    model = Code2Wav(Code2WavConfig.from_dict(preset)).eval()
+    dummy_fill(model, 1)
+    return model
+
+
+@pytest.mark.parametrize("family", ["qwen3-tts", "code2wav"])
+def test_captured_chunks_equal_the_full_decode(family: str) -> None:
+    from omni_qwen3_tts.stages import Vocoder
+
+    cpu = _decoder(family)
+    gpu = _decoder(family).to(DEVICE)
+    vocoder = Vocoder(gpu, 2, None, max_batch_size=4, max_chunk_frames=4)
+    assert vocoder.graphs is not None, vocoder.graph_note
+    assert sorted(vocoder.graphs.graphs) == [(b, t) for b in (1, 2, 4) for t in (2, 4)]
+    gen = torch.Generator().manual_seed(5)
+    shape = (1, cpu.cfg.num_quantizers, 10)
+    codes = [torch.randint(0, cpu.cfg.codebook_size, shape, generator=gen) for _ in range(3)]
+    streams = [gpu.new_stream() for _ in codes]
+    heard: list[list] = [[], [], []]
+    played = [0, 0, 0]
+    for rows, length in (([0, 1], 2), ([0, 1, 2], 4), ([2], 2), ([1, 0, 2], 4)):
+        batch = torch.cat([codes[r][..., played[r] : played[r] + length] for r in rows])
+        audio = vocoder.decode_streams(batch, [streams[r] for r in rows])
+        for r, row in zip(rows, audio, strict=True):
+            heard[r].append(torch.as_tensor(row))
+            played[r] += length
+    assert vocoder.graphs.replays == 4
+    for r in range(3):
+        full = cpu(codes[r][..., : played[r]])[0].float()
+        got = torch.cat(heard[r], -1)
+        assert got.shape == full.shape
+        assert float((got - full).abs().max()) < 1e-3
