@@ -13,7 +13,10 @@ Why: the vocoder decodes its streams' chunks eagerly or through CUDA graphs
 for each rows x frames shape, the milliseconds of one chunk through the
 vocoder's own ``decode_streams`` (the streams' state in and out, the audio
 on the host) both ways, alternated, the median of ``--repeats`` each, and
-the ratio. ``benchmarks/gpu_check.py`` prints it beside its Qwen3-TTS rows.
+the ratio, every shape captured (a served vocoder captures only those of at
+most ``stream_graphs.MAX_FRAME_ROWS`` frames across their rows; this says
+whether the larger would pay). ``benchmarks/gpu_check.py`` prints it beside
+its Qwen3-TTS rows.
 """
 
 from __future__ import annotations
@@ -69,7 +72,10 @@ def vocoders(decoder: Any, shapes: tuple[tuple[int, int], ...], smoke: bool) -> 
             return CapturedStep(fn, example, pool=pool)
 
     # the shapes asked for, as the vocoder captures its schedule's (stream_graphs.py)
-    captured.graphs = StreamGraphs(decoder, row_buckets(rows), lengths, capture)
+    # every shape, the vocoder's cap (MAX_FRAME_ROWS) aside: the table says where it pays
+    captured.graphs = StreamGraphs(
+        decoder, row_buckets(rows), lengths, capture, max_frame_rows=None
+    )
     captured.graph_note = captured.graphs.note()
     return eager, captured
 

@@ -45,7 +45,10 @@ printed as skipped, never silently dropped:
    the others measured; what is left is reported as left out. Qwen3-TTS
    0.6B, eager and compiled, is also run once at c=8 under torch.profiler (``gpu_profile.py``):
    kernel launches, graph replays, host waits and copies per engine step,
-   and the operators that took the most GPU time, printed above the table;
+   and the operators that took the most GPU time, printed above the table,
+   with the vocoder's chunks timed eagerly and as CUDA graphs per shape
+   (``bench_codec_graphs.py``; the Qwen3-TTS rows' vocoder captures its chunks
+   as a served stage does, and the first row's note says how many graphs);
    Qwen3-Omni's row comes with what each engine stage's log said of its static
    steps (which buckets were captured as CUDA graphs, how long that took, and
    why a step was not captured). ``--budget-scale 2`` gives every phase twice
@@ -463,6 +466,7 @@ def measure_qwen3_tts(
     )
     ready = [line for line in printed if line.startswith("engine: ") and "ready in" in line]
     cache = cache_note(printed, bench.CACHE_MARK)
+    codec = codec_note(printed)
     label = f"Qwen3-TTS {size}" + (" compiled" if compiled else "")
     rows = []
     for r in runs:
@@ -480,6 +484,8 @@ def measure_qwen3_tts(
             notes.append(ready_note(ready))
         if share is not None and cache and r.concurrency == runs[0].concurrency:
             notes.append(cache)  # sized from memory: what spans the steps may read
+        if codec and r.concurrency == runs[0].concurrency:
+            notes.append(codec)  # its chunks as CUDA graphs, or why not
         row.note = "; ".join(notes)
         rows.append(row)
     where = None
@@ -524,6 +530,20 @@ def cache_note(lines: list[str], mark: str) -> str:
     positions (memory, ...)"), or "" when it printed none."""
     found = next((line for line in lines if line.startswith(mark)), None)
     return "" if found is None else "cache: " + found[len(mark) :].strip()
+
+
+def codec_note(lines: list[str]) -> str:
+    """What the vocoder said of its chunks ("vocoder: streamed chunks captured as 15 CUDA
+    graphs (...) in 1.2 s, ...") as "codec: 15 CUDA graphs in 1.2 s", its reason where it
+    captured none, or "" where it said nothing (the CPU)."""
+    found = next((line for line in lines if line.startswith("vocoder: ")), None)
+    if found is None:
+        return ""
+    said = found[len("vocoder: ") :].strip()
+    captured = re.match(r"streamed chunks captured as (\d+) CUDA graphs .* in ([\d.]+) s", said)
+    if captured:
+        return f"codec: {captured.group(1)} CUDA graphs in {captured.group(2)} s"
+    return f"codec: {said}"
 
 
 def ready_note(ready: list[str]) -> str:

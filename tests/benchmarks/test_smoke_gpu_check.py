@@ -314,3 +314,17 @@ def test_the_cache_note_quotes_the_engines_cache():
     lines = ["built", "engine cache: 8 slots of 32768 positions (memory)", "ours ..."]
     assert check.cache_note(lines, "engine cache:") == "cache: 8 slots of 32768 positions (memory)"
     assert check.cache_note(["built"], "engine cache:") == ""
+
+
+def test_the_codec_note_says_how_many_chunk_graphs_or_why_none():
+    check = _gpu_check_module()
+    said = (
+        "vocoder: streamed chunks captured as 15 CUDA graphs (rows x frames: 1 x 4-48, "
+        "16 x 4) in 1.3 s, each checked against an eager chunk"
+    )
+    assert check.codec_note(["built", said]) == "codec: 15 CUDA graphs in 1.3 s"
+    refused = "vocoder: chunks not captured, decoded eagerly (RuntimeError: differs)"
+    assert check.codec_note([refused]) == "codec: chunks not captured, decoded eagerly " + (
+        "(RuntimeError: differs)"
+    )
+    assert check.codec_note(["built"]) == ""

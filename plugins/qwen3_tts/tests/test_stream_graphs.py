@@ -63,8 +63,20 @@ def test_the_schedule_and_buckets_are_the_vocoders_chunks():
 
 def test_every_bucket_and_length_is_captured_and_said(graphs):
     assert sorted(graphs.graphs) == [(1, 2), (1, 4), (2, 2), (2, 4), (4, 2), (4, 4)]
-    assert "captured as 6 CUDA graphs (rows 1, 2, 4; frames 2, 4)" in graphs.note()
+    assert "captured as 6 CUDA graphs (rows x frames: 1 x 2-4, 2 x 2-4, 4 x 2-4)" in graphs.note()
     assert graphs.bucket(3) == 4 and graphs.bucket(5) is None
+
+
+def test_only_chunks_of_few_frames_across_their_rows_are_captured(decoder):
+    """A graph keeps its activations' memory: wide and long chunks stay eager."""
+    small = StreamGraphs(decoder, [1, 2, 4], [2, 4], FixedAddressReplay, max_frame_rows=4)
+    assert sorted(small.graphs) == [(1, 2), (1, 4), (2, 2)]
+    assert "(rows x frames: 1 x 2-4, 2 x 2)" in small.note()
+    streams = [decoder.new_stream() for _ in range(2)]
+    with torch.inference_mode():
+        assert small.decode(torch.cat([_codes(decoder, 4, 1)] * 2), streams) is None
+    with pytest.raises(ValueError, match="no chunk of rows"):
+        StreamGraphs(decoder, [2], [4], FixedAddressReplay, max_frame_rows=4)
 
 
 def test_captured_streams_equal_eager_streams_chunk_after_chunk(decoder, graphs):

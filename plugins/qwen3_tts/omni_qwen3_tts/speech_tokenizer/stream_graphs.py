@@ -17,7 +17,13 @@ padded up with rows the graph computes and nobody reads: no operation of
 the decoder mixes rows) and per chunk length the vocoder asks for (its
 schedule: 4, 8, 16, 32, 48 frames by default); a chunk of any other length
 (a stream's last, a voice clone's reference) runs eagerly, as does a batch
-above the largest bucket.
+above the largest bucket. Only shapes of at most ``max_frame_rows`` frames
+across the rows are captured (:data:`MAX_FRAME_ROWS`): a graph keeps its
+activations' memory for good, about 11 MB a frame and row at the release's
+size in float32 (measured on the CPU: a 48-frame chunk of one stream peaks
+0.5 GB above its state), so 16 rows of 48 frames would hold 8 GB, while a
+shape that large is bound by its arithmetic, not by launching kernels,
+which is all a graph saves.
 
 A replay copies the streams' tensors into the graph's input buffers (one
 concatenation per tensor of the state, whatever the rows), replays, and
@@ -53,6 +59,10 @@ from .streaming import StreamState
 #: replay the same kernels, bit for bit; bf16 ones may differ by a rounding).
 CHECK_TOLERANCE = {"rtol": 1e-3, "atol": 1e-3}
 
+#: Frames across the rows of the largest captured chunk (rows x frames): 64 keeps a
+#: vocoder's graphs near 0.7 GB at the release's size (1 row of up to 48 frames, 16 of 4).
+MAX_FRAME_ROWS = 64
+
 
 class Replayable(Protocol):
     """What :data:`Capture` returns (``omni_core.engine.cuda_graphs.CapturedStep``)."""
@@ -78,7 +88,10 @@ class StreamGraphs:
         frames: Sequence[int],
         capture: Capture,
         seed: int = 0,
+        max_frame_rows: int | None = MAX_FRAME_ROWS,
     ):
+        """Captures every ``rows`` x ``frames`` shape of at most ``max_frame_rows`` frames
+        in all (None: every shape)."""
         self.decoder = decoder
         self.rows = sorted(set(rows))
         self.frames = sorted(set(frames))
@@ -96,16 +109,26 @@ class StreamGraphs:
             # first graph sets its size, which the smaller ones then reuse
             for bucket in reversed(self.rows):
                 for length in reversed(self.frames):
-                    self.graphs[(bucket, length)] = self._capture(capture, bucket, length)
+                    if max_frame_rows is None or bucket * length <= max_frame_rows:
+                        self.graphs[(bucket, length)] = self._capture(capture, bucket, length)
+        if not self.graphs:
+            raise ValueError(
+                f"no chunk of rows {self.rows} x frames {self.frames} is within "
+                f"{max_frame_rows} frames across its rows"
+            )
         self.seconds = time.perf_counter() - started
 
     def note(self) -> str:
         """What was captured, for the log: the shapes and how long it took."""
-        rows = ", ".join(map(str, self.rows))
-        frames = ", ".join(map(str, self.frames))
+        shapes = []
+        for bucket in self.rows:
+            lengths = [t for b, t in sorted(self.graphs) if b == bucket]
+            if lengths:
+                span = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
+                shapes.append(f"{bucket} x {span}")
         return (
-            f"streamed chunks captured as {len(self.graphs)} CUDA graphs (rows {rows}; "
-            f"frames {frames}) in {self.seconds:.1f} s, each checked against an eager chunk"
+            f"streamed chunks captured as {len(self.graphs)} CUDA graphs (rows x frames: "
+            f"{', '.join(shapes)}) in {self.seconds:.1f} s, each checked against an eager chunk"
         )
 
     def bucket(self, batch: int) -> int | None:
