@@ -128,6 +128,20 @@ def test_a_stream_goes_on_eagerly_where_no_graph_has_its_shape(decoder, graphs):
         assert graphs.decode(torch.cat([codes[..., :2]] * 5), five) is None  # above 4 rows
 
 
+def test_a_captured_chunk_reads_nothing_from_the_device(decoder, graphs):
+    """What a CUDA graph cannot capture (``.item()``, ``.tolist()``, a tensor's truth:
+    a wait for the device) raises on fake tensors, which hold no data: the chunk's
+    function runs through on them, for a fresh stream's state as for a later one's."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with torch.inference_mode():
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fake = [mode.from_tensor(t) for t in graphs.graphs[(2, 4)].inputs]
+        with mode:
+            wav, *state = graphs._chunk(*fake)
+    assert wav.shape == (2, 1, 4 * decoder.total_upsample) and len(state) == len(fake) - 1
+
+
 def test_a_capture_that_replays_stale_output_is_refused(decoder):
     with pytest.raises(RuntimeError, match=r"captured chunk of 1 row\(s\) x 2 frame\(s\) differs"):
         StreamGraphs(decoder, [1], [2], StaleReplay)
