@@ -13,7 +13,8 @@ Why: the vocoder decodes its streams' chunks eagerly or through CUDA graphs
 for each rows x frames shape, the milliseconds of one chunk through the
 vocoder's own ``decode_streams`` (the streams' state in and out, the audio
 on the host) both ways, alternated, the median of ``--repeats`` each, and
-the ratio, every shape captured (a served vocoder captures only those of at
+the ratio (and on the GPU an eager chunk's peak memory, per frame and row),
+every shape captured (a served vocoder captures only those of at
 most ``stream_graphs.MAX_FRAME_ROWS`` frames across their rows; this says
 whether the larger would pay). ``benchmarks/gpu_check.py`` prints it beside
 its Qwen3-TTS rows.
@@ -93,10 +94,18 @@ def chunk_ms(vocoder: Any, decoder: Any, rows: int, frames: int, seed: int) -> f
 
 
 def compare(decoder: Any, shapes: tuple[tuple[int, int], ...], repeats: int, smoke: bool) -> str:
-    """The table: per shape, eager and captured ms a chunk (median) and the ratio."""
+    """The table: per shape, eager and captured ms a chunk (median), the ratio, and on a GPU
+    the eager chunk's peak memory above what was allocated before it, per frame and row
+    (what sizes the vocoder's allowance in its memory estimate; the graphs' pool, reserved
+    for good, is in the first line)."""
+    device = next(decoder.parameters()).device
+    on_gpu = device.type == "cuda"
+    reserved = torch.cuda.memory_reserved(device) if on_gpu else 0
     eager, captured = vocoders(decoder, shapes, smoke)
-    lines = [f"codec chunks: {captured.graph_note}"]
-    lines.append(f"{'rows':>5} {'frames':>7} {'eager ms':>9} {'graph ms':>9} {'speed-up':>9}")
+    pool = f", graph pool {(torch.cuda.memory_reserved(device) - reserved) / 2**20:.0f} MiB"
+    lines = [f"codec chunks: {captured.graph_note}" + (pool if on_gpu else "")]
+    head = f"{'rows':>5} {'frames':>7} {'eager ms':>9} {'graph ms':>9} {'speed-up':>9}"
+    lines.append(head + (f" {'eager peak MiB':>15} {'MiB/frame-row':>14}" if on_gpu else ""))
     with torch.inference_mode():
         for rows, frames in shapes:
             times: dict[str, list[float]] = {"eager": [], "graph": []}
@@ -106,8 +115,27 @@ def compare(decoder: Any, shapes: tuple[tuple[int, int], ...], repeats: int, smo
                     if i:
                         times[name].append(ms)
             a, b = statistics.median(times["eager"]), statistics.median(times["graph"])
-            lines.append(f"{rows:>5} {frames:>7} {a:>9.2f} {b:>9.2f} {a / b:>8.2f}x")
+            line = f"{rows:>5} {frames:>7} {a:>9.2f} {b:>9.2f} {a / b:>8.2f}x"
+            if on_gpu:
+                peak = eager_peak_bytes(eager, decoder, rows, frames) / 2**20
+                line += f" {peak:>15.0f} {peak / (rows * frames):>14.1f}"
+            lines.append(line)
     return "\n".join(lines)
+
+
+def eager_peak_bytes(vocoder: Any, decoder: Any, rows: int, frames: int) -> int:
+    """CUDA memory an eager chunk allocates at its peak beyond what was allocated before."""
+    device = next(decoder.parameters()).device
+    gen = torch.Generator().manual_seed(99)
+    shape = (rows, decoder.cfg.num_quantizers, frames)
+    codes = torch.randint(0, decoder.cfg.codebook_size, shape, generator=gen)
+    streams = [decoder.new_stream() for _ in range(rows)]
+    vocoder.decode_streams(codes, streams)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    vocoder.decode_streams(codes, streams)
+    return torch.cuda.max_memory_allocated(device) - before
 
 
 def main() -> None:
