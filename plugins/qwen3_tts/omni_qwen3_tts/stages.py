@@ -383,6 +383,8 @@ class Vocoder:
             self.graphs = StreamGraphs(
                 self.decoder, row_buckets(self.batcher.max_batch), lengths, capture
             )
+        except ValueError as exc:  # every chunk of the schedule is too large to keep
+            return f"chunks not captured: {exc}"
         except RuntimeError as exc:  # fail soft: the eager chunks decode the same audio
             self.graphs = None
             return f"chunks not captured, decoded eagerly ({type(exc).__name__}: {exc})"

@@ -184,6 +184,9 @@ def test_a_vocoder_whose_capture_fails_decodes_eagerly_and_says_why(tiny_model):
     assert context.graphs is None and "left_context_frames" in context.graph_note
     off = Vocoder(decoder, 2, None, cuda_graph=False, capture=FixedAddressReplay)
     assert off.graphs is None and off.graph_note == ""
+    long = Vocoder(decoder, 65, None, capture=FixedAddressReplay)  # every chunk over the cap
+    assert long.graphs is None
+    assert long.graph_note.startswith("chunks not captured: no chunk of rows [1] x frames [65]")
 
 
 def test_a_fresh_state_knows_its_rows_start_without_reading_the_device(decoder):
