@@ -44,7 +44,7 @@ def _decoder(family: str):
 
 
 @pytest.mark.parametrize("family", ["qwen3-tts", "code2wav"])
-def test_captured_chunks_equal_the_full_decode(family: str) -> None:
+def test_captured_chunks_equal_eager_chunks_and_the_full_decode(family: str) -> None:
     from omni_qwen3_tts.stages import Vocoder
 
     cpu = _decoder(family)
@@ -52,21 +52,29 @@ def test_captured_chunks_equal_the_full_decode(family: str) -> None:
     vocoder = Vocoder(gpu, 2, None, max_batch_size=4, max_chunk_frames=4)
     assert vocoder.graphs is not None, vocoder.graph_note
     assert sorted(vocoder.graphs.graphs) == [(b, t) for b in (1, 2, 4) for t in (2, 4)]
+    eager = Vocoder(gpu, 2, None, max_batch_size=4, max_chunk_frames=4, cuda_graph=False)
+    assert eager.graphs is None
     gen = torch.Generator().manual_seed(5)
     shape = (1, cpu.cfg.num_quantizers, 10)
     codes = [torch.randint(0, cpu.cfg.codebook_size, shape, generator=gen) for _ in range(3)]
-    streams = [gpu.new_stream() for _ in codes]
-    heard: list[list] = [[], [], []]
-    played = [0, 0, 0]
-    for rows, length in (([0, 1], 2), ([0, 1, 2], 4), ([2], 2), ([1, 0, 2], 4)):
-        batch = torch.cat([codes[r][..., played[r] : played[r] + length] for r in rows])
-        audio = vocoder.decode_streams(batch, [streams[r] for r in rows])
-        for r, row in zip(rows, audio, strict=True):
-            heard[r].append(torch.as_tensor(row))
-            played[r] += length
+    heard: dict[str, list[list[torch.Tensor]]] = {}
+    for name, way in (("graph", vocoder), ("eager", eager)):
+        streams = [gpu.new_stream() for _ in codes]
+        heard[name] = [[], [], []]
+        played = [0, 0, 0]
+        for rows, length in (([0, 1], 2), ([0, 1, 2], 4), ([2], 2), ([1, 0, 2], 4)):
+            batch = torch.cat([codes[r][..., played[r] : played[r] + length] for r in rows])
+            audio = way.decode_streams(batch, [streams[r] for r in rows])
+            for r, row in zip(rows, audio, strict=True):
+                heard[name][r].append(torch.as_tensor(row))  # [samples], on the host
+                played[r] += length
     assert vocoder.graphs.replays == 4
     for r in range(3):
-        full = cpu(codes[r][..., : played[r]])[0].float()
-        got = torch.cat(heard[r], -1)
-        assert got.shape == full.shape
-        assert float((got - full).abs().max()) < 1e-3
+        graph, plain = torch.cat(heard["graph"][r]), torch.cat(heard["eager"][r])
+        assert graph.shape == plain.shape
+        assert float((graph - plain).abs().max()) < 1e-4  # the same kernels, replayed
+        full = cpu(codes[r])[0, 0]  # every stream played its 10 frames
+        assert graph.shape == full.shape
+        # the GPU's convolutions may round as TF32: the full decode on the CPU, loosely
+        relative = float((graph - full.float()).norm() / full.float().norm())
+        assert relative < 1e-2, relative
