@@ -373,6 +373,9 @@ class Vocoder:
         if capture is None:
             from omni_core.engine.cuda_graphs import CapturedStep, graph_pool
 
+            short = memory_refusal(torch.cuda.mem_get_info(self.device)[0], self.device)
+            if short:  # the engines sharing the GPU took it: the eager chunks need less
+                return short
             pool = graph_pool(self.device)
 
             def capture(fn: Any, example: Any) -> Any:
@@ -478,6 +481,23 @@ class Vocoder:
         with torch.inference_mode():
             wav = self.decoder.decode_chunk(to_device(codes, self.device).clamp(min=0), contexts[0])
         return wav[:, 0].float().cpu().numpy()
+
+
+#: Free GPU memory below which a vocoder captures no chunk: its graphs keep their
+#: activations (``stream_graphs.MAX_FRAME_ROWS`` frame-rows, about 0.7 GB at the
+#: release's size as measured on the CPU), and a capture that runs out of memory
+#: half-way costs more to recover from than the eager chunks cost to run.
+CAPTURE_MIN_FREE = 1 << 30
+
+
+def memory_refusal(free: int, device: Any) -> str:
+    """Why chunks are not captured with ``free`` bytes left on ``device``, or ""."""
+    if free >= CAPTURE_MIN_FREE:
+        return ""
+    return (
+        f"chunks not captured: {free / 2**30:.2f} GiB free on {device}, under the "
+        f"{CAPTURE_MIN_FREE / 2**30:.0f} GiB their graphs may keep (decoded eagerly)"
+    )
 
 
 def vocoder_factory(load_decoder: Any, stage: str) -> Any:

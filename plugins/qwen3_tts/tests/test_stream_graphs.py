@@ -211,3 +211,14 @@ def test_disable_cuda_graph_is_a_factory_field_of_both_streaming_vocoders():
     assert Code2WavArgs(disable_cuda_graph=True).disable_cuda_graph is True
     vocoder = create_vocoder("tiny", load_format="dummy", disable_cuda_graph=True)
     assert vocoder.graphs is None and vocoder.graph_note == ""
+
+
+def test_a_gpu_with_little_free_memory_captures_nothing_and_says_so():
+    from omni_qwen3_tts.stages import CAPTURE_MIN_FREE, memory_refusal
+
+    assert memory_refusal(CAPTURE_MIN_FREE, "cuda:0") == ""
+    said = memory_refusal(CAPTURE_MIN_FREE // 4, "cuda:1")
+    assert said == (
+        "chunks not captured: 0.25 GiB free on cuda:1, under the 1 GiB their graphs may keep "
+        "(decoded eagerly)"
+    )
