@@ -16,10 +16,23 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from omni_core.engine.cuda_graphs import FixedAddressReplay  # noqa: E402
 from omni_qwen3_tts.stages import Vocoder  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 SAMPLES_PER_FRAME = 1920
+
+#: Each stateful test runs eagerly and with the chunks captured as a GPU would capture
+#: them (the CPU's stand-in for CUDA graphs): the same audio either way.
+CAPTURES = pytest.mark.parametrize("capture", [None, FixedAddressReplay], ids=["eager", "captured"])
+
+
+def _replayed(vocoder: Vocoder, capture: Any) -> None:
+    """With graphs, some chunks went through them; without, none could."""
+    if capture is None:
+        assert vocoder.graphs is None
+    else:
+        assert vocoder.graphs is not None and vocoder.graphs.replays > 0
 
 
 @pytest.fixture
@@ -59,12 +72,14 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-async def test_stateful_chunks_grow_and_equal_a_full_decode(tiny_model):
+@CAPTURES
+async def test_stateful_chunks_grow_and_equal_a_full_decode(tiny_model, capture):
     vocoder = Vocoder(
         tiny_model.speech_tokenizer.decoder,
         chunk_frames=3,
         left_context_frames=None,
         max_chunk_frames=8,
+        capture=capture,
     )
     codes = frames(30, seed=1)
     request = Request(list(codes.unbind(0)))
@@ -78,16 +93,24 @@ async def test_stateful_chunks_grow_and_equal_a_full_decode(tiny_model):
     }
     full = tiny_model.speech_tokenizer.decoder(codes.T[None])[0, 0].numpy()
     assert rel_l2(request.audio, full) < 1e-5
+    _replayed(vocoder, capture)
 
 
-async def test_an_in_context_reference_is_decoded_but_never_played(tiny_model):
-    vocoder = Vocoder(tiny_model.speech_tokenizer.decoder, chunk_frames=4, left_context_frames=None)
+@CAPTURES
+async def test_an_in_context_reference_is_decoded_but_never_played(tiny_model, capture):
+    vocoder = Vocoder(
+        tiny_model.speech_tokenizer.decoder,
+        chunk_frames=4,
+        left_context_frames=None,
+        capture=capture,
+    )
     reference, codes = frames(9, seed=2), frames(10, seed=3)
     request = Request([{"reference": reference}, *codes.unbind(0)])
     summary = await vocoder.run(request)
     assert summary["frames"] == 10 and request.audio.shape == (10 * SAMPLES_PER_FRAME,)
     joined = tiny_model.speech_tokenizer.decoder(torch.cat([reference, codes]).T[None])[0, 0]
     assert rel_l2(request.audio, joined[9 * SAMPLES_PER_FRAME :].numpy()) < 1e-5
+    _replayed(vocoder, capture)
 
 
 async def test_re_decoded_context_is_exact_only_with_the_whole_receptive_field(tiny_model):
@@ -103,12 +126,16 @@ async def test_re_decoded_context_is_exact_only_with_the_whole_receptive_field(t
     assert rel_l2(rough.audio, full) > 1e-4
 
 
-async def test_concurrent_streams_batched_together_equal_their_own_full_decodes(tiny_model):
+@CAPTURES
+async def test_concurrent_streams_batched_together_equal_their_own_full_decodes(
+    tiny_model, capture
+):
     vocoder = Vocoder(
         tiny_model.speech_tokenizer.decoder,
         chunk_frames=2,
         left_context_frames=None,
         max_batch_size=8,
+        capture=capture,
     )
     codes = [frames(n, seed=10 + n) for n in (7, 12, 12, 16)]
     requests = [Request(list(c.unbind(0))) for c in codes]
@@ -119,6 +146,7 @@ async def test_concurrent_streams_batched_together_equal_their_own_full_decodes(
     decoder = tiny_model.speech_tokenizer.decoder
     for request, c in zip(requests, codes, strict=True):
         assert rel_l2(request.audio, decoder(c.T[None])[0, 0].numpy()) < 1e-5
+    _replayed(vocoder, capture)
 
 
 def test_a_negative_left_context_is_refused(tiny_model):
@@ -126,7 +154,8 @@ def test_a_negative_left_context_is_refused(tiny_model):
         Vocoder(tiny_model.speech_tokenizer.decoder, 4, -1)
 
 
-async def test_chunks_may_grow_faster_and_still_equal_a_full_decode(tiny_model):
+@CAPTURES
+async def test_chunks_may_grow_faster_and_still_equal_a_full_decode(tiny_model, capture):
     """chunk_growth 4 (MOSS-TTS's vocoder): fewer, larger chunks, the same audio."""
     vocoder = Vocoder(
         tiny_model.speech_tokenizer.decoder,
@@ -134,6 +163,7 @@ async def test_chunks_may_grow_faster_and_still_equal_a_full_decode(tiny_model):
         left_context_frames=None,
         max_chunk_frames=16,
         chunk_growth=4,
+        capture=capture,
     )
     codes = frames(40, seed=5)
     request = Request(list(codes.unbind(0)))
@@ -141,5 +171,6 @@ async def test_chunks_may_grow_faster_and_still_equal_a_full_decode(tiny_model):
     assert [c.shape[0] // SAMPLES_PER_FRAME for c in request.chunks] == [2, 8, 16, 14]
     full = tiny_model.speech_tokenizer.decoder(codes.T[None])[0, 0].numpy()
     assert rel_l2(request.audio, full) < 1e-5
+    _replayed(vocoder, capture)
     with pytest.raises(ValueError, match="chunk_growth"):
         Vocoder(tiny_model.speech_tokenizer.decoder, 2, None, chunk_growth=0)
