@@ -74,7 +74,12 @@ async def test_a_cancelled_caller_waits_for_its_job_to_finish():
     assert scope.cancelled_caught and finished == [True]
 
 
-async def test_without_dedicate_a_job_runs_with_the_callers_thread_count():
+async def test_without_dedicate_a_job_runs_with_the_callers_thread_count(monkeypatch):
+    from omni_core.engine import compute
+
+    # a compute thread of its own: another test in this process may have dedicated the
+    # process's one (a fixed count), which is what this test is without
+    monkeypatch.setattr(compute, "_current", None)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -83,6 +88,8 @@ async def test_without_dedicate_a_job_runs_with_the_callers_thread_count():
         assert await run_compute(torch.get_num_threads) == 2
     finally:
         torch.set_num_threads(before)
+        if compute._current is not None:
+            compute._current.stop(5)
 
 
 DEDICATE = textwrap.dedent(
