@@ -415,8 +415,10 @@ def whole_log(child: Any) -> str:
 
 def engine_lines(log: str) -> list[str]:
     """What a stage process's engine said of its static steps: compiled or captured buckets,
-    how long they took, and why one was not captured (its ``engine:`` log lines)."""
-    return [line.strip() for line in log.splitlines() if line.startswith("engine:")]
+    how long they took, and why one was not captured (its ``engine:`` log lines); and what
+    its code2wav said of its chunks (``code2wav:``, captured as CUDA graphs or why not)."""
+    marks = ("engine:", "code2wav:")
+    return [line.strip() for line in log.splitlines() if line.startswith(marks)]
 
 
 def engine_report(ours: dict[str, Any]) -> str | None:

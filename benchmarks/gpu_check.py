@@ -51,9 +51,10 @@ printed as skipped, never silently dropped:
    as a served stage does, and the first row's note says how many graphs);
    Qwen3-Omni's row comes with what each engine stage's log said of its static
    steps (which buckets were captured as CUDA graphs, how long that took, and
-   why a step was not captured). ``--budget-scale 2`` gives every phase twice
-   the time; ``--models`` names the models to measure and their order (a lease
-   too short for all of them measures the one it is for first). A model killed
+   why a step was not captured), and what its code2wav said of its chunks.
+   ``--budget-scale 2`` gives every phase twice the time; ``--models`` names
+   the models to measure and their order (a lease too short for all of them
+   measures the one it is for first). A model killed
    at the phase's deadline leaves the end of what it printed (how far it got).
    With ``--out``, the tests' and each model's whole output is written beside it
    (``gpu_check.tests.log``, ``gpu_check.<model>.log``): a lease returns files, and

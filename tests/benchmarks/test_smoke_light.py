@@ -148,7 +148,8 @@ def test_the_speech_benchmark_reports_what_each_engine_stage_said_of_its_static_
 
     log = tmp_path / "thinker.log"
     startup = "engine: CUDA graphs for batch sizes 1, 2: thinker ready in 3.1 s"
-    log.write_text(f"loading\n{startup}\n" + "served a request\n" * 50)
+    chunks = "code2wav: streamed chunks captured as 15 CUDA graphs (rows x frames: 1 x 4-48)"
+    log.write_text(f"loading\n{startup}\n{chunks}\n" + "served a request\n" * 50)
 
     class Child:
         log_path = str(log)
@@ -165,7 +166,7 @@ def test_the_speech_benchmark_reports_what_each_engine_stage_said_of_its_static_
     said = {"thinker": bench.engine_lines(bench.whole_log(Child()))}
     said["talker_ar"] = bench.engine_lines(bench.whole_log(Remote()))
     said["decode"] = bench.engine_lines("no engine here")
-    assert said["thinker"] == [startup]
+    assert said["thinker"] == [startup, chunks]
     assert said["talker_ar"] == ["engine: eager decode (engine.disable_cuda_graph)"]
     text = bench.engine_report({"engine": {k: v for k, v in said.items() if v}})
     assert text is not None

@@ -19,7 +19,6 @@ memoised per process), so the talker and the codec are loaded once.
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any
 
 import torch
@@ -54,8 +53,6 @@ SAMPLE_RATE = 24000
 MIN_REF_AUDIO_SECONDS = 0.5  # shorter clips give the speaker encoder too little to go on
 # the kit's speech fields (OpenAI's, the server's voices, sampling) and Qwen3-TTS's
 REQUEST_KEYS = SPEECH_REQUEST_KEYS | {"language", "ref_audio", "ref_text", "x_vector_only"}
-
-log = logging.getLogger("omni.stages")
 
 
 @functools.lru_cache(maxsize=4)
@@ -317,7 +314,7 @@ class Vocoder:
     rows bucket (1, 2, 4, ... up to ``max_batch_size``) and chunk length of
     the schedule above (``speech_tokenizer/stream_graphs.py``; the stage's
     ``factory.disable_cuda_graph`` turns it off). :attr:`graph_note` says what
-    was captured, or why not.
+    was captured, or why not; the stage factory prints it to the stage's log.
     """
 
     def __init__(
@@ -359,8 +356,6 @@ class Vocoder:
         self.batcher = DecodeBatcher(decode, max_batch_size or default_batch)
         self.graphs: StreamGraphs | None = None
         self.graph_note = self._capture(cuda_graph, capture)
-        if self.graph_note:
-            log.info("vocoder: %s", self.graph_note)
 
     def _capture(self, wanted: bool, capture: Capture | None) -> str:
         """Capture the streamed chunks where asked and possible; what happened, or ""."""
@@ -524,7 +519,7 @@ def vocoder_factory(load_decoder: Any, stage: str) -> Any:
         if pack_weights:
             route_float32_layers(decoder)
         rate = getattr(decoder, "sample_rate", SAMPLE_RATE)
-        return Vocoder(
+        vocoder = Vocoder(
             decoder,
             chunk_frames,
             left_context_frames,
@@ -533,6 +528,9 @@ def vocoder_factory(load_decoder: Any, stage: str) -> Any:
             rate,
             cuda_graph=not disable_cuda_graph,
         )
+        if vocoder.graph_note:  # the stage log's start-up lines, as the engine prints its own
+            print(f"{stage}: {vocoder.graph_note}", flush=True)
+        return vocoder
 
     return create
 

@@ -201,7 +201,7 @@ def test_a_fresh_state_knows_its_rows_start_without_reading_the_device(decoder):
     assert both.split([1, 1])[1].fresh == [True]
 
 
-def test_disable_cuda_graph_is_a_factory_field_of_both_streaming_vocoders():
+def test_disable_cuda_graph_is_a_factory_field_of_both_streaming_vocoders(capsys):
     from omni_qwen3_omni.pipeline import Code2WavArgs
     from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
     from omni_qwen3_tts.stages import create_vocoder
@@ -211,6 +211,8 @@ def test_disable_cuda_graph_is_a_factory_field_of_both_streaming_vocoders():
     assert Code2WavArgs(disable_cuda_graph=True).disable_cuda_graph is True
     vocoder = create_vocoder("tiny", load_format="dummy", disable_cuda_graph=True)
     assert vocoder.graphs is None and vocoder.graph_note == ""
+    on_cpu = create_vocoder("tiny", load_format="dummy")  # nothing to say: no line in its log
+    assert on_cpu.graphs is None and "vocoder:" not in capsys.readouterr().out
 
 
 def test_a_gpu_with_little_free_memory_captures_nothing_and_says_so():
