@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +173,20 @@ def test_the_speech_benchmark_reports_what_each_engine_stage_said_of_its_static_
     assert text is not None
     assert "  thinker: CUDA graphs for batch sizes 1, 2: thinker ready in 3.1 s" in text
     assert bench.engine_report({"engine": {}}) is None
+
+
+def test_the_codec_graph_benchmark_has_nothing_to_time_without_cuda_and_says_so() -> None:
+    """``make bench`` runs every script bare: without CUDA this one exits 0 saying why; asked
+    for a CUDA device that is not there, it is a usage error (exit 2)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: run bare, the benchmark would measure")
+    script = Path(__file__).parents[2] / "benchmarks" / "bench_codec_graphs.py"
+    bare = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert bare.returncode == 0, bare.stderr
+    assert "no CUDA device here: no CUDA graph to time" in bare.stdout
+    asked = subprocess.run(
+        [sys.executable, str(script), "--device", "cuda"], capture_output=True, text=True
+    )
+    assert asked.returncode == 2
+    assert "--device cuda: torch sees no CUDA device here (try --smoke)" in asked.stderr
