@@ -27,6 +27,13 @@ SAMPLES_PER_FRAME = 1920
 CAPTURES = pytest.mark.parametrize("capture", [None, FixedAddressReplay], ids=["eager", "captured"])
 
 
+def _stateful(model: Any, capture: Any, **chunking: Any) -> Vocoder:
+    """A stateful vocoder over ``model``'s decoder, its chunks captured where ``capture`` is."""
+    return Vocoder(
+        model.speech_tokenizer.decoder, left_context_frames=None, capture=capture, **chunking
+    )
+
+
 def _replayed(vocoder: Vocoder, capture: Any) -> None:
     """With graphs, some chunks went through them; without, none could."""
     if capture is None:
@@ -74,13 +81,7 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
 
 @CAPTURES
 async def test_stateful_chunks_grow_and_equal_a_full_decode(tiny_model, capture):
-    vocoder = Vocoder(
-        tiny_model.speech_tokenizer.decoder,
-        chunk_frames=3,
-        left_context_frames=None,
-        max_chunk_frames=8,
-        capture=capture,
-    )
+    vocoder = _stateful(tiny_model, capture, chunk_frames=3, max_chunk_frames=8)
     codes = frames(30, seed=1)
     request = Request(list(codes.unbind(0)))
     summary = await vocoder.run(request)
@@ -98,12 +99,7 @@ async def test_stateful_chunks_grow_and_equal_a_full_decode(tiny_model, capture)
 
 @CAPTURES
 async def test_an_in_context_reference_is_decoded_but_never_played(tiny_model, capture):
-    vocoder = Vocoder(
-        tiny_model.speech_tokenizer.decoder,
-        chunk_frames=4,
-        left_context_frames=None,
-        capture=capture,
-    )
+    vocoder = _stateful(tiny_model, capture, chunk_frames=4)
     reference, codes = frames(9, seed=2), frames(10, seed=3)
     request = Request([{"reference": reference}, *codes.unbind(0)])
     summary = await vocoder.run(request)
@@ -130,13 +126,7 @@ async def test_re_decoded_context_is_exact_only_with_the_whole_receptive_field(t
 async def test_concurrent_streams_batched_together_equal_their_own_full_decodes(
     tiny_model, capture
 ):
-    vocoder = Vocoder(
-        tiny_model.speech_tokenizer.decoder,
-        chunk_frames=2,
-        left_context_frames=None,
-        max_batch_size=8,
-        capture=capture,
-    )
+    vocoder = _stateful(tiny_model, capture, chunk_frames=2, max_batch_size=8)
     codes = [frames(n, seed=10 + n) for n in (7, 12, 12, 16)]
     requests = [Request(list(c.unbind(0))) for c in codes]
     async with anyio.create_task_group() as group:
@@ -157,14 +147,7 @@ def test_a_negative_left_context_is_refused(tiny_model):
 @CAPTURES
 async def test_chunks_may_grow_faster_and_still_equal_a_full_decode(tiny_model, capture):
     """chunk_growth 4 (MOSS-TTS's vocoder): fewer, larger chunks, the same audio."""
-    vocoder = Vocoder(
-        tiny_model.speech_tokenizer.decoder,
-        chunk_frames=2,
-        left_context_frames=None,
-        max_chunk_frames=16,
-        chunk_growth=4,
-        capture=capture,
-    )
+    vocoder = _stateful(tiny_model, capture, chunk_frames=2, max_chunk_frames=16, chunk_growth=4)
     codes = frames(40, seed=5)
     request = Request(list(codes.unbind(0)))
     await vocoder.run(request)
