@@ -39,7 +39,8 @@ def test_gpu_check_smoke_runs_every_phase_on_the_cpu(run_smoke, short_tmp):
     tts_alone = next(r for r in doc["table"] if r["model"] == "Qwen3-TTS tiny")
     engine, codec, frame = _frame_split(tts_alone["note"])
     # the engine and the codec take turns on the stage's compute thread
-    assert codec > 0 and engine > 0 and engine + codec <= frame + 0.2, tts_alone
+    # (means of a smoke run's few frames: within a few percent, see test_smoke_light)
+    assert codec > 0 and engine > 0 and engine + codec <= 1.05 * frame, tts_alone
     moss_alone = next(
         r for r in doc["table"] if r["model"] == "MOSS-TTS tiny" and r["concurrency"] == 1
     )

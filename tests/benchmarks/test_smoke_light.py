@@ -109,7 +109,10 @@ def test_the_qwen3_tts_codec_dtype_can_differ_from_the_talkers(run_smoke) -> Non
     )
     assert split, ran.stdout
     frame, engine, codec, rest = map(float, split.groups())
-    assert engine > 0 and codec > 0 and rest >= -0.2 and engine + codec < frame + 0.2
+    # the engine's share is its mean call, the frame a level's wall time over its frames:
+    # a smoke run's few frames let the two means part by a few percent (a CI run under load
+    # printed rest -0.7 of 40.4 ms), never by a whole share
+    assert engine > 0 and codec > 0 and rest >= -0.05 * frame, ran.stdout
 
 
 def test_the_moss_codec_runs_in_bf16_when_asked(run_smoke) -> None:
