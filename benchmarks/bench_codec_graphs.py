@@ -97,17 +97,24 @@ def chunk_ms(vocoder: Any, decoder: Any, rows: int, frames: int, seed: int) -> f
 
 def compare(decoder: Any, shapes: tuple[tuple[int, int], ...], repeats: int, smoke: bool) -> str:
     """The table: per shape, eager and captured ms a chunk (median), the ratio, and on a GPU
-    the eager chunk's peak memory above what was allocated before it, per frame and row
-    (what sizes the vocoder's allowance in its memory estimate; the graphs' pool, reserved
-    for good, is in the first line)."""
+    the eager chunk's peak memory above what was allocated before it, beside what the
+    planner counts for it (``codec_footprint.CodecFootprint.calls_peak``: a batch over
+    ``CHUNK_MEMORY`` decodes in several calls), and per frame and row; the graphs' pool,
+    reserved for good, is in the first line beside its estimate."""
     device = next(decoder.parameters()).device
     on_gpu = device.type == "cuda"
     reserved = torch.cuda.memory_reserved(device) if on_gpu else 0
     eager, captured = vocoders(decoder, shapes, smoke)
-    pool = f", graph pool {(torch.cuda.memory_reserved(device) - reserved) / 2**20:.0f} MiB"
+    footprint = eager.footprint
+    estimated = footprint.graph_bytes(captured.graphs.graphs) if captured.graphs else 0
+    pool = (
+        f", graph pool {(torch.cuda.memory_reserved(device) - reserved) / 2**20:.0f} MiB "
+        f"(codec_footprint: {estimated / 2**20:.0f} MiB)"
+    )
     lines = [f"codec chunks: {captured.graph_note}" + (pool if on_gpu else "")]
     head = f"{'rows':>5} {'frames':>7} {'eager ms':>9} {'graph ms':>9} {'speed-up':>9}"
-    lines.append(head + (f" {'eager peak MiB':>15} {'MiB/frame-row':>14}" if on_gpu else ""))
+    memory = f" {'eager peak MiB':>15} {'estimate MiB':>13} {'MiB/frame-row':>14}"
+    lines.append(head + (memory if on_gpu else ""))
     with torch.inference_mode():
         for rows, frames in shapes:
             times: dict[str, list[float]] = {"eager": [], "graph": []}
@@ -120,7 +127,8 @@ def compare(decoder: Any, shapes: tuple[tuple[int, int], ...], repeats: int, smo
             line = f"{rows:>5} {frames:>7} {a:>9.2f} {b:>9.2f} {a / b:>8.2f}x"
             if on_gpu:
                 peak = eager_peak_bytes(eager, decoder, rows, frames) / 2**20
-                line += f" {peak:>15.0f} {peak / (rows * frames):>14.1f}"
+                guess = footprint.calls_peak(rows, frames) / 2**20  # what the planner counts
+                line += f" {peak:>15.0f} {guess:>13.0f} {peak / (rows * frames):>14.1f}"
             lines.append(line)
     return "\n".join(lines)
 

@@ -45,6 +45,12 @@ SCRIPT = textwrap.dedent(
         "plan_asr": main(["plan", "--pipeline", "qwen3-asr", "--no-detect", "--json"]),
         "config": main(["config", "resolve", "--pipeline", "qwen3-tts"]),
     }
+    # the auto policy asks every plugin's memory estimates (codec footprints included)
+    for name in ("qwen3-tts", "moss-tts", "qwen3-omni"):
+        codes["auto_" + name] = main([
+            "plan", "--pipeline", name, "--no-detect", "--json", "--gpus", "2",
+            "--gpu-memory", "80GiB", "--placement.policy", "auto",
+        ])
     print(json.dumps({
         "pipelines": built,
         "codes": codes,
@@ -76,7 +82,15 @@ def test_listing_resolving_and_planning_import_no_ml_framework() -> None:
         "qwen3-tts",
     }
     # ... and every command ran to completion.
-    assert report["codes"] == {"plugins": 0, "plan": 0, "plan_asr": 0, "config": 0}
+    assert report["codes"] == {
+        "plugins": 0,
+        "plan": 0,
+        "plan_asr": 0,
+        "config": 0,
+        "auto_qwen3-tts": 0,
+        "auto_moss-tts": 0,
+        "auto_qwen3-omni": 0,
+    }
     assert report["heavy"] == []
 
 

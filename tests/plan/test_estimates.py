@@ -189,7 +189,10 @@ def test_omni_estimates_follow_the_checkpoint_parts(plugins):
     assert estimates["thinker"].weights_bytes > 55 * GiB
     assert estimates["talker_ar"].kv_bytes > 0
     assert estimates["audio_encoder"].kv_bytes == 0
-    assert estimates["code2wav"].total_bytes < 2 * GiB
+    # the codec's 0.8 GB of weights, its chunks, 32 streams' state and its CUDA graphs
+    code2wav = estimates["code2wav"]
+    assert 2 * GiB < code2wav.total_bytes < 4 * GiB
+    assert "CUDA graphs" in code2wav.source and "streams' state" in code2wav.source
 
 
 def test_estimate_hook_is_documented_and_listed(plugins):
@@ -218,3 +221,27 @@ def test_a_preset_is_estimated_from_its_own_config(plugins, cls, stage):
     assert tiny.weights_bytes < 200 * 1024**2 < release.weights_bytes
     assert tiny.source.startswith("tiny/config.json") and tiny.kv_bytes_per_token > 0
     assert tiny.max_positions and release.max_positions
+
+
+def test_vocoder_stages_reserve_their_streams_chunks_and_graphs(plugins, configure):
+    """Each streaming codec's overhead is counted from its geometry and its factory."""
+    from omni_moss_tts.codec_footprint import RELEASE_DECODER, codec_footprint
+    from omni_qwen3_tts.codec_footprint import PROCESS_SLACK
+
+    moss = collect_estimates(MossTTSPipeline(), plugins)["vocoder"]
+    footprint = codec_footprint(RELEASE_DECODER, 4)
+    assert 165e6 < footprint.state_bytes < 175e6  # about 170 MB a release stream in float32
+    # 16 streams, each call a whole batch (its state's next one beside it), no graphs
+    batch = footprint.chunk_bytes(16, 48) + 16 * footprint.state_bytes
+    assert moss.overhead_bytes == PROCESS_SLACK + batch
+    assert "in calls of 16" in moss.source and "CUDA graphs" not in moss.source
+
+    tts = collect_estimates(Qwen3TTSPipeline(), plugins)["vocoder"]
+    assert "in calls of 5" in tts.source and "CUDA graphs" in tts.source
+    factory = Qwen3TTSPipeline().stage("vocoder").factory
+    eager = factory.model_copy(update={"disable_cuda_graph": True, "max_batch_size": 4})
+    smaller = collect_estimates(
+        configure(Qwen3TTSPipeline, {"vocoder": {"factory": eager}}), plugins
+    )
+    assert "CUDA graphs" not in smaller["vocoder"].source
+    assert smaller["vocoder"].overhead_bytes < tts.overhead_bytes - 0.8 * GiB

@@ -6,7 +6,8 @@ codebook embeddings and heads; the vocoder loads the MOSS audio tokenizer
 (1.77B parameters, encoder and decoder, run in float32). Weights
 by the stage's ``factory.dtype``; the engine adds a KV cache, in the same
 dtype, of ``engine.max_total_tokens`` tokens (the engine backend's default
-when unset). Approximate by design; declare
+when unset); the vocoder adds its streams' state and a batch's chunk
+(``codec_footprint.py``, at the release codec's size). Approximate by design; declare
 ``total_reserve_bytes`` on a stage to replace its estimate.
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from omni_core.kit.memory import by_stage, max_positions, weights_only
+from omni_core.kit.memory import by_stage, max_positions
 from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import (
     GiB,
@@ -25,7 +26,9 @@ from omni_core.plan.estimates import (
     shape_from_config,
     weights_bytes,
 )
+from omni_qwen3_tts.codec_footprint import vocoder_estimate
 
+from .codec_footprint import RELEASE_DECODER, codec_footprint
 from .source import SOURCE
 
 BACKBONE = dict(
@@ -35,7 +38,6 @@ AUDIO_CODEBOOKS = 32
 AUDIO_VOCAB = 1025  # 1024 entries + pad
 CODEC_PARAMS = 1_770_000_000  # the release config.json, counted by our AudioTokenizer
 ENGINE_OVERHEAD = 2 * GiB
-VOCODER_OVERHEAD = 1 * GiB
 
 
 def backbone_shape(model_path: str) -> tuple[dict[str, int], str]:
@@ -79,12 +81,14 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
         pipeline,
         {
             "tts_engine": engine,
-            "vocoder": lambda stage: weights_only(
+            "vocoder": lambda stage: vocoder_estimate(
                 stage,
                 CODEC_PARAMS,
-                overhead=VOCODER_OVERHEAD,
-                label="MOSS audio tokenizer (1.77B)",
-                default_dtype="float32",
+                "MOSS audio tokenizer (1.77B)",
+                lambda itemsize: codec_footprint(RELEASE_DECODER, itemsize),
+                growth=4,
+                chunk_memory=None,  # one call a batch (stages.create_vocoder)
+                captured=False,  # its state grows with a young stream: not captured
             ),
         },
     )

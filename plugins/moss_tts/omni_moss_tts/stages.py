@@ -388,6 +388,16 @@ def create_vocoder(
     # For the same reason every call costs a read of those weights, however few frames it
     # decodes: chunks after the first grow fourfold (2, 8, 32, 48 frames), not twofold,
     # so a request makes fewer calls (bench_moss_tts.py prints the codec's ms per frame).
+    # A batch is one call however large (chunk_memory None): more calls would each read
+    # the weights again, and what a batch allocates is mostly its streams' next states,
+    # which the planner counts (codec_footprint.py).
     return Vocoder(
-        codec, chunk_frames, None, max_batch_size, max_chunk_frames, SAMPLE_RATE, chunk_growth=4
+        codec,
+        chunk_frames,
+        None,
+        max_batch_size,
+        max_chunk_frames,
+        SAMPLE_RATE,
+        chunk_growth=4,
+        chunk_memory=None,
     )

@@ -18,7 +18,9 @@ from typing import Any
 from omni_core.kit.memory import by_stage, config_shapes, max_positions, weights_only
 from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import GiB, MiB, decoder_params, encoder_params, engine_estimate
+from omni_qwen3_tts.codec_footprint import CodecFootprint, decoder_footprint, vocoder_estimate
 
+from .code2wav.config import Code2WavConfig
 from .source import SOURCE
 
 THINKER = dict(
@@ -53,7 +55,6 @@ CODEBOOK_SIZE = 2048
 CODE2WAV_PARAMS = 200_000_000
 ENGINE_OVERHEAD = 2 * GiB
 ENCODER_OVERHEAD = 1 * GiB
-CODE2WAV_OVERHEAD = 512 * MiB
 AGGREGATE_OVERHEAD = 256 * MiB  # mm_aggregate holds no weights, only merged embeddings
 ARCHITECTURE = "Qwen3-Omni-30B-A3B architecture"
 
@@ -111,12 +112,21 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
             "audio_encoder": encoder(encoder_params(**audio) + audio["hidden"] * out),
             "image_encoder": encoder(_vision_params(vision, out)),
             "mm_aggregate": lambda _: MemoryEstimate(0, 0, AGGREGATE_OVERHEAD, "no weights"),
-            "code2wav": lambda stage: weights_only(
-                stage,
-                CODE2WAV_PARAMS,
-                overhead=CODE2WAV_OVERHEAD,
-                label="code2wav decoder",
-                default_dtype="float32",
+            "code2wav": lambda stage: vocoder_estimate(
+                stage, CODE2WAV_PARAMS, "code2wav decoder", code2wav_footprint(config)
             ),
         },
     )
+
+
+def code2wav_footprint(config: Any) -> Any:
+    """``footprint(itemsize)`` of the checkpoint's code2wav (the release's without one)."""
+    try:
+        cfg = Code2WavConfig.from_dict(config) if isinstance(config, dict) else Code2WavConfig()
+    except ValueError:  # a bad section: the stage refuses it at load, with the reason
+        cfg = Code2WavConfig()
+
+    def footprint(itemsize: int) -> CodecFootprint:
+        return decoder_footprint(cfg, cfg.hidden_size, 0, itemsize)
+
+    return footprint

@@ -8,24 +8,30 @@ backend's default when unset) of the talker's cache, in the same dtype; the
 code predictor's cache is rebuilt every frame and is
 counted in the overhead. Approximate by design: norms and biases are left
 out, and the overhead figures are round allowances for activations and CUDA
-graphs. Declare ``total_reserve_bytes`` on a stage to replace its estimate.
+graphs. The vocoder's overhead is counted from its codec's geometry
+(``codec_footprint.py``): its chunks' activations, its streams' state and
+its CUDA graphs, by its factory's chunking and batch. Declare
+``total_reserve_bytes`` on a stage to replace its estimate.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
-from omni_core.kit.memory import by_stage, max_positions, section, weights_only
+from omni_core.kit.memory import by_stage, max_positions, section
 from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import (
     GiB,
-    MiB,
     decoder_params,
     engine_estimate,
     shape_from_config,
 )
 
+from .codec_footprint import CodecFootprint, decoder_footprint, vocoder_estimate
+from .config import DecoderConfig
 from .source import SOURCE
 
 TALKERS: dict[str, dict[str, int]] = {
@@ -44,7 +50,6 @@ TEXT_HIDDEN = 2048
 CODEBOOKS = 16
 SPEECH_TOKENIZER_PARAMS = 170_000_000  # ~682 MB of float32 safetensors
 ENGINE_OVERHEAD = 1 * GiB
-VOCODER_OVERHEAD = 512 * MiB
 
 _SIZE = re.compile(r"(0\.6B|1\.7B)", re.IGNORECASE)
 
@@ -108,12 +113,27 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
         pipeline,
         {
             "tts_engine": engine,
-            "vocoder": lambda stage: weights_only(
-                stage,
-                SPEECH_TOKENIZER_PARAMS,
-                overhead=VOCODER_OVERHEAD,
-                label="12 Hz speech tokenizer",
-                default_dtype="float32",
-            ),
+            "vocoder": lambda stage: vocoder(stage, codec_decoder_config(pipeline.model_path)),
         },
     )
+
+
+def codec_decoder_config(model_path: str) -> DecoderConfig:
+    """The speech tokenizer's decoder geometry: a preset's or a local checkpoint's
+    ``speech_tokenizer/config.json``, else the release's (the defaults)."""
+    preset = SOURCE.preset(model_path or "")
+    root = SOURCE.presets_dir / preset if preset else Path(model_path or "").expanduser()
+    try:
+        raw = json.loads((root / "speech_tokenizer" / "config.json").read_text(encoding="utf-8"))
+        return DecoderConfig.from_dict(raw.get("decoder_config") or {})
+    except (OSError, ValueError, AttributeError, TypeError):
+        return DecoderConfig()
+
+
+def vocoder(stage: Any, cfg: DecoderConfig) -> MemoryEstimate:
+    """The codec's weights, and what its chunks, streams and graphs keep (by its factory)."""
+
+    def footprint(itemsize: int) -> CodecFootprint:
+        return decoder_footprint(cfg, cfg.latent_dim, 2 * cfg.codebook_dim, itemsize)
+
+    return vocoder_estimate(stage, SPEECH_TOKENIZER_PARAMS, "12 Hz speech tokenizer", footprint)

@@ -39,6 +39,7 @@ from omni_core.kit.stages import (
 from omni_core.kit.stages import number as kit_number
 from omni_core.media import AudioLimits, decode_base64_audio
 
+from .codec_footprint import CHUNK_MEMORY, GPU_BATCH, CodecFootprint
 from .config import GenerationDefaults, Qwen3TTSConfig
 from .decode_batcher import DecodeBatcher
 from .model import Qwen3TTSModel, build_speech_tokenizer
@@ -309,6 +310,12 @@ class Vocoder:
     ``max_batch_size``: by default 16 on a GPU and 1 on the CPU, where the
     codec's convolutions are memory-bound and a stacked batch measured
     slower than the same chunks one by one (benchmarks/bench_qwen3_tts.py).
+    A batch whose chunks would allocate more than
+    ``codec_footprint.CHUNK_MEMORY`` (1 GiB) at once is decoded in several
+    calls of even size (16 streams' 48-frame chunks of the release's codec:
+    4 calls of 4, about 0.73 GB each, instead of one of 2.9 GB), so what the
+    stage allocates is bounded whatever the load, and the planner reserves
+    it (``memory.py``).
 
     On a GPU a stateful stream's chunks are captured as CUDA graphs, one per
     rows bucket (1, 2, 4, ... up to ``max_batch_size``) and chunk length of
@@ -328,6 +335,7 @@ class Vocoder:
         chunk_growth: int = 2,
         cuda_graph: bool = True,
         capture: Capture | None = None,
+        chunk_memory: int | None = CHUNK_MEMORY,
     ):
         """``decoder``: a codec decoder (``speech_tokenizer.decoder.CodecDecoder``), shared
         with Qwen3-Omni's code2wav, which streams through this same class, as does
@@ -336,7 +344,9 @@ class Vocoder:
         before (up to ``max_chunk_frames``); a codec whose every call reads all of
         its weights (MOSS-TTS's transformers) grows faster, to make fewer calls.
         ``cuda_graph``: capture the chunks on a GPU; ``capture``: how (default
-        ``CapturedStep``; a test's stand-in captures on the CPU too)."""
+        ``CapturedStep``; a test's stand-in captures on the CPU too). ``chunk_memory``:
+        most bytes an eager call allocates (None: a batch in one call, whatever it
+        takes; MOSS-TTS's codec, whose every call reads all of its weights)."""
         if chunk_frames < 1:
             raise ValueError(f"factory.chunk_frames must be >= 1, got {chunk_frames}")
         if chunk_growth < 1:
@@ -350,10 +360,13 @@ class Vocoder:
         self.device = next(self.decoder.parameters()).device
         self.chunk_frames = chunk_frames
         self.max_chunk_frames = max(chunk_frames, max_chunk_frames or chunk_frames)
-        default_batch = 16 if self.device.type == "cuda" else 1
+        default_batch = GPU_BATCH if self.device.type == "cuda" else 1
         self.context = left_context_frames
         decode = self.decode_streams if self.context is None else self.decode_with_context
         self.batcher = DecodeBatcher(decode, max_batch_size or default_batch)
+        footprint = getattr(decoder, "footprint", None)  # MOSS-TTS's codec has none yet
+        self.footprint: CodecFootprint | None = footprint() if footprint else None
+        self.chunk_memory = chunk_memory
         self.graphs: StreamGraphs | None = None
         self.graph_note = self._capture(cuda_graph, capture)
 
@@ -458,29 +471,48 @@ class Vocoder:
             codes = to_device(codes, self.device).clamp(min=0)
             rows = None if self.graphs is None else self.graphs.decode(codes, streams)
             if rows is None:
-                # The decoder's own state type (this package's StreamState, or the MOSS
-                # codec's): each offers stack / split / adopt for batching streams.
-                batch = type(streams[0]).stack(streams)
-                rows = self.decoder.stream_rows(codes, batch)
-                if len(streams) > 1:
-                    for stream, row in zip(streams, batch.split([1] * len(streams)), strict=True):
-                        stream.adopt(row)
+                rows = []
+                for start, stop in self._calls(len(streams), codes.shape[-1]):
+                    rows += self._decode_eagerly(codes[start:stop], streams[start:stop])
         # one copy to the host for the batch (a copy per row waits for the device each time);
         # the rows' lengths are their shapes, known here without reading the device
         flat = torch.cat([row[0].float().reshape(-1) for row in rows]).cpu()
         parts = flat.split([row[0].numel() for row in rows])
         return [part.view(row[0].shape).numpy() for part, row in zip(parts, rows, strict=True)]
 
+    def _calls(self, rows: int, frames: int) -> list[tuple[int, int]]:
+        """The rows ``[start, stop)`` of each eager call: as few calls as keep each one's
+        allocations within ``codec_footprint.CHUNK_MEMORY``, of even size."""
+        if self.footprint is None or self.chunk_memory is None:
+            return [(0, rows)]
+        most = self.footprint.rows_per_call(frames, self.chunk_memory)
+        calls = -(-rows // most)
+        size = -(-rows // calls)
+        return [(start, min(start + size, rows)) for start in range(0, rows, size)]
+
+    def _decode_eagerly(self, codes: torch.Tensor, streams: list[Any]) -> list[torch.Tensor]:
+        # The decoder's own state type (this package's StreamState, or the MOSS
+        # codec's): each offers stack / split / adopt for batching streams.
+        batch = type(streams[0]).stack(streams)
+        rows = self.decoder.stream_rows(codes, batch)
+        if len(streams) > 1:
+            for stream, row in zip(streams, batch.split([1] * len(streams)), strict=True):
+                stream.adopt(row)
+        return rows
+
     def decode_with_context(self, codes: torch.Tensor, contexts: list[int]) -> Any:
         """Codes ``[B, 16, T]`` -> float32 audio ``[B, N]`` of the frames after the context."""
         with torch.inference_mode():
-            wav = self.decoder.decode_chunk(to_device(codes, self.device).clamp(min=0), contexts[0])
+            codes = to_device(codes, self.device).clamp(min=0)
+            calls = self._calls(codes.shape[0], codes.shape[-1])
+            parts = [self.decoder.decode_chunk(codes[a:b], contexts[0]) for a, b in calls]
+            wav = parts[0] if len(parts) == 1 else torch.cat(parts)
         return wav[:, 0].float().cpu().numpy()
 
 
 #: Free GPU memory below which a vocoder captures no chunk: its graphs keep their
-#: activations (``stream_graphs.MAX_FRAME_ROWS`` frame-rows, about 0.7 GB at the
-#: release's size as measured on the CPU), and a capture that runs out of memory
+#: activations and states (``codec_footprint.MAX_FRAME_ROWS`` frame-rows, about 0.9 GB
+#: at the release's size: ``CodecFootprint.graph_bytes``), and a capture that runs out of memory
 #: half-way costs more to recover from than the eager chunks cost to run.
 CAPTURE_MIN_FREE = 1 << 30
 

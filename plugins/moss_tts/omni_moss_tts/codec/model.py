@@ -25,6 +25,7 @@ import math
 import torch
 from torch import nn
 
+from ..codec_footprint import CodecFootprint, codec_footprint
 from .config import CodecConfig, PatchSpec
 from .patch import Patch
 from .quantizer import ResidualQuantizer
@@ -123,6 +124,21 @@ class AudioTokenizer(nn.Module):
         if codes.shape[-1] == 0:
             return torch.zeros(0, device=codes.device)
         return self._decode(codes, None)[0].float()
+
+    def footprint(self) -> CodecFootprint:
+        """What a stream and a chunk take beyond the weights (``codec_footprint.py``)."""
+        stages, rate = [], 1
+        for module in self.decoder:
+            if isinstance(module, Patch):
+                rate *= module.patch_size
+                continue
+            spec = module.spec
+            stages.append(
+                (rate, spec.num_layers, spec.d_model, spec.num_heads, spec.context,
+                 spec.dim_feedforward)
+            )  # fmt: skip
+        itemsize = self._param(self.decoder).element_size()
+        return codec_footprint(stages, itemsize, self.cfg.downsample_rate)
 
     def new_stream(self, batch: int = 1) -> CodecStream:
         """An empty stream state for ``batch`` rows (see :meth:`stream_rows`)."""

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..codec_footprint import CodecFootprint, decoder_footprint
 from ..config import DecoderConfig
 from ..layers import Attention, RMSNorm, SwiGLU, register_rope, rope_cos_sin
 from .convs import CausalConv1d, CausalTransConv1d, ConvNeXtBlock, SnakeBeta
@@ -305,6 +306,7 @@ class CodecDecoder(nn.Module):
     def __init__(self, cfg: Any, width: int, projected: bool = True, trim_left: bool = False):
         super().__init__()
         self.cfg = cfg
+        self.width = width
         self.pre_transformer = CodecTransformer(cfg, projected)
         self.upsample = nn.ModuleList(
             nn.ModuleList([CausalTransConv1d(width, width, factor, factor), ConvNeXtBlock(width)])
@@ -331,6 +333,15 @@ class CodecDecoder(nn.Module):
         With ``state``, as the next frames of that stream.
         """
         raise NotImplementedError
+
+    def embed_tail(self) -> int:
+        """Elements per row that :meth:`embed` carries between chunks (none here)."""
+        return 0
+
+    def footprint(self) -> CodecFootprint:
+        """What a stream, a chunk and captured chunks take beyond the weights (bytes)."""
+        itemsize = next(self.parameters()).element_size()
+        return decoder_footprint(self.cfg, self.width, self.embed_tail(), itemsize)
 
     def _check_codes(self, codes: torch.Tensor) -> None:
         if codes.dim() != 3 or codes.shape[1] != self.cfg.num_quantizers:
@@ -506,3 +517,6 @@ class Decoder(CodecDecoder):
         latent = self.quantizer.decode(codes)
         hidden = self.pre_conv(latent) if state is None else self.pre_conv.stream(latent, state)
         return hidden.transpose(1, 2)
+
+    def embed_tail(self) -> int:
+        return self.pre_conv.left_pad * self.pre_conv.conv.in_channels

@@ -18,11 +18,11 @@ the decoder mixes rows) and per chunk length the vocoder asks for (its
 schedule: 4, 8, 16, 32, 48 frames by default); a chunk of any other length
 (a stream's last, a voice clone's reference) runs eagerly, as does a batch
 above the largest bucket. Only shapes of at most ``max_frame_rows`` frames
-across the rows are captured (:data:`MAX_FRAME_ROWS`): a graph keeps its
-activations' memory for good, about 11 MB a frame and row at the release's
-size in float32 (measured on the CPU: a 48-frame chunk of one stream peaks
-0.5 GB above its state), so 16 rows of 48 frames would hold 8 GB, while a
-shape that large is bound by its arithmetic, not by launching kernels,
+across the rows are captured (:data:`MAX_FRAME_ROWS`): the graphs' shared
+pool keeps the largest one's activations for good, about 3.7 MB a frame and
+row at the release's size in float32 (``codec_footprint.py``, counted
+allocation by allocation), so 16 rows of 48 frames would hold 2.9 GB, while
+a shape that large is bound by its arithmetic, not by launching kernels,
 which is all a graph saves.
 
 A replay copies the streams' tensors into the graph's input buffers (one
@@ -53,15 +53,14 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..codec_footprint import MAX_FRAME_ROWS, captured_shapes, chunk_schedule, row_buckets
 from .streaming import StreamState
+
+__all__ = ["MAX_FRAME_ROWS", "StreamGraphs", "chunk_schedule", "row_buckets"]
 
 #: Replay and eager run of a captured chunk must agree this closely (float32 codecs
 #: replay the same kernels, bit for bit; bf16 ones may differ by a rounding).
 CHECK_TOLERANCE = {"rtol": 1e-3, "atol": 1e-3}
-
-#: Frames across the rows of the largest captured chunk (rows x frames): 64 keeps a
-#: vocoder's graphs near 0.7 GB at the release's size (1 row of up to 48 frames, 16 of 4).
-MAX_FRAME_ROWS = 64
 
 
 class Replayable(Protocol):
@@ -107,10 +106,8 @@ class StreamGraphs:
         with torch.inference_mode():
             # largest first, as the engine captures its buckets: the shared pool's
             # first graph sets its size, which the smaller ones then reuse
-            for bucket in reversed(self.rows):
-                for length in reversed(self.frames):
-                    if max_frame_rows is None or bucket * length <= max_frame_rows:
-                        self.graphs[(bucket, length)] = self._capture(capture, bucket, length)
+            for bucket, length in reversed(captured_shapes(self.rows, self.frames, max_frame_rows)):
+                self.graphs[(bucket, length)] = self._capture(capture, bucket, length)
         if not self.graphs:
             raise ValueError(
                 f"no chunk of rows {self.rows} x frames {self.frames} is within "
@@ -228,20 +225,3 @@ class StreamGraphs:
         for m in missing:
             tails[m] = self.zeros[m].expand(stream.batch, *self.zeros[m].shape[1:])
         return [*(tails[m] for m in self.tails), *stream.tensors([])]
-
-
-def chunk_schedule(first: int, growth: int, largest: int) -> list[int]:
-    """The chunk lengths a vocoder asks for: ``first``, then ``growth`` times the one
-    before, up to ``largest`` (4, 8, 16, 32, 48 by default)."""
-    lengths = [first]
-    while growth > 1 and lengths[-1] < largest:
-        lengths.append(min(lengths[-1] * growth, largest))
-    return lengths
-
-
-def row_buckets(largest: int) -> list[int]:
-    """Powers of two below ``largest``, and ``largest`` (1, 2, 4, 8, 16 for 16)."""
-    buckets = [1]
-    while buckets[-1] * 2 < largest:
-        buckets.append(buckets[-1] * 2)
-    return sorted({*buckets, largest})
