@@ -39,7 +39,13 @@ from omni_core.kit.stages import (
 from omni_core.kit.stages import number as kit_number
 from omni_core.media import AudioLimits, decode_base64_audio
 
-from .codec_footprint import CHUNK_MEMORY, GPU_BATCH, CodecFootprint
+from .codec_footprint import (
+    CHUNK_MEMORY,
+    GPU_BATCH,
+    MAX_FRAME_ROWS,
+    CodecFootprint,
+    captured_shapes,
+)
 from .config import GenerationDefaults, Qwen3TTSConfig
 from .decode_batcher import DecodeBatcher
 from .model import Qwen3TTSModel, build_speech_tokenizer
@@ -381,7 +387,8 @@ class Vocoder:
         if capture is None:
             from omni_core.engine.cuda_graphs import CapturedStep, graph_pool
 
-            short = memory_refusal(torch.cuda.mem_get_info(self.device)[0], self.device)
+            free = torch.cuda.mem_get_info(self.device)[0]
+            short = memory_refusal(free, self.device, self._capture_needs())
             if short:  # the engines sharing the GPU took it: the eager chunks need less
                 return short
             pool = graph_pool(self.device)
@@ -400,6 +407,17 @@ class Vocoder:
             self.graphs = None
             return f"chunks not captured, decoded eagerly ({type(exc).__name__}: {exc})"
         return self.graphs.note()
+
+    def _capture_needs(self) -> int:
+        """Bytes the graphs keep and the eager calls beside them take at most (at least
+        :data:`CAPTURE_MIN_FREE`: the CUDA graphs' own bookkeeping and rounding)."""
+        if self.footprint is None:
+            return CAPTURE_MIN_FREE
+        lengths = chunk_schedule(self.chunk_frames, self.chunk_growth, self.max_chunk_frames)
+        shapes = captured_shapes(row_buckets(self.batcher.max_batch), lengths, MAX_FRAME_ROWS)
+        budget = self.chunk_memory if self.chunk_memory is not None else 1 << 62
+        eager = self.footprint.calls_peak(self.batcher.max_batch, lengths[-1], budget)
+        return max(CAPTURE_MIN_FREE, self.footprint.graph_bytes(shapes) + eager)
 
     async def run(self, request: Any) -> dict[str, Any]:
         stream = self.decoder.new_stream() if self.context is None else None
@@ -510,20 +528,21 @@ class Vocoder:
         return wav[:, 0].float().cpu().numpy()
 
 
-#: Free GPU memory below which a vocoder captures no chunk: its graphs keep their
-#: activations and states (``codec_footprint.MAX_FRAME_ROWS`` frame-rows, about 0.9 GB
-#: at the release's size: ``CodecFootprint.graph_bytes``), and a capture that runs out of memory
-#: half-way costs more to recover from than the eager chunks cost to run.
+#: Free GPU memory below which a vocoder never captures its chunks, whatever its graphs
+#: would keep (``Vocoder._capture_needs``: at the release's size, 16 rows, about 1.7 GiB
+#: with the eager calls beside them): a capture that runs out of memory half-way costs
+#: more to recover from than the eager chunks cost to run.
 CAPTURE_MIN_FREE = 1 << 30
 
 
-def memory_refusal(free: int, device: Any) -> str:
+def memory_refusal(free: int, device: Any, needed: int = CAPTURE_MIN_FREE) -> str:
     """Why chunks are not captured with ``free`` bytes left on ``device``, or ""."""
-    if free >= CAPTURE_MIN_FREE:
+    if free >= needed:
         return ""
     return (
         f"chunks not captured: {free / 2**30:.2f} GiB free on {device}, under the "
-        f"{CAPTURE_MIN_FREE / 2**30:.0f} GiB their graphs may keep (decoded eagerly)"
+        f"{needed / 2**30:.2f} GiB their graphs and the eager chunks beside them may "
+        "take (decoded eagerly)"
     )
 
 

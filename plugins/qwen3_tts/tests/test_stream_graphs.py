@@ -14,6 +14,7 @@ graphs.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -221,6 +222,24 @@ def test_a_gpu_with_little_free_memory_captures_nothing_and_says_so():
     assert memory_refusal(CAPTURE_MIN_FREE, "cuda:0") == ""
     said = memory_refusal(CAPTURE_MIN_FREE // 4, "cuda:1")
     assert said == (
-        "chunks not captured: 0.25 GiB free on cuda:1, under the 1 GiB their graphs may keep "
-        "(decoded eagerly)"
+        "chunks not captured: 0.25 GiB free on cuda:1, under the 1.00 GiB their graphs and "
+        "the eager chunks beside them may take (decoded eagerly)"
     )
+    assert memory_refusal(3 << 30, "cuda:0", needed=2 << 30) == ""
+    assert "under the 2.00 GiB" in memory_refusal(1 << 30, "cuda:0", needed=2 << 30)
+
+
+def test_what_a_capture_needs_follows_the_codec_and_the_batch(tiny_model):
+    from omni_qwen3_tts.codec_footprint import MAX_FRAME_ROWS, captured_shapes
+    from omni_qwen3_tts.stages import CAPTURE_MIN_FREE, Vocoder
+
+    decoder = tiny_model.speech_tokenizer.decoder
+    vocoder = Vocoder(decoder, 4, None, max_batch_size=16, max_chunk_frames=48, cuda_graph=False)
+    assert vocoder._capture_needs() == CAPTURE_MIN_FREE  # the tiny codec's graphs are small
+    vocoder.footprint = dataclasses.replace(vocoder.footprint, frame_bytes=4 << 20)
+    lengths = [4, 8, 16, 32, 48]
+    graphs = vocoder.footprint.graph_bytes(
+        captured_shapes([1, 2, 4, 8, 16], lengths, MAX_FRAME_ROWS)
+    )
+    eager = vocoder.footprint.calls_peak(16, 48)
+    assert vocoder._capture_needs() == graphs + eager > CAPTURE_MIN_FREE
