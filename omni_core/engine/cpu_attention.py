@@ -68,6 +68,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from .cuda_attention import grouped_prompt_inputs
+
 MODE_VAR = "OMNI_CPU_ATTENTION"
 MODES = ("auto", "fused", "grouped")
 
@@ -102,6 +104,9 @@ def attention(
         and not torch.compiler.is_compiling()
     ):
         return tiled_prefill(q, k, v, mask)
+    if q.is_cuda and mask is not None:  # a prompt: keep it off the score-writing kernel
+        k, v, grouped = grouped_prompt_inputs(q, k, v, mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1]
     )
