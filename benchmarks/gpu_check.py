@@ -82,6 +82,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -369,8 +370,11 @@ def phase_demos(report: Report, clock: Clock, device: str, smoke: bool) -> None:
                 report.skip(f"demos: {demo.name} (--smoke serves one demo)")
         demos = first
     results: dict[str, str] = {}
-    workdir = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    # named first and made inside the try: a SIGTERM between mkdtemp's mkdir and the try
+    # would leave the directory behind
+    workdir = Path(tempfile.gettempdir()) / f"gpu-check-{secrets.token_hex(6)}"
     try:
+        workdir.mkdir(mode=0o700)
         for demo in demos:
             if clock.left() < 20:
                 report.skip(f"demos: {demo.name} (no time left in the phase)")

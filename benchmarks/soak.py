@@ -90,9 +90,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +165,40 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
     """SIGTERM the server if this script dies (prctl PR_SET_PDEATHSIG)."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
+HELD_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT held back until the block ends, then raised again.
+
+    Why: this script turns them into an exception (``omni_core.sigterm``) that may
+    land anywhere; inside ``subprocess.Popen``, after the fork, it would leave a
+    started server that no ``Server.proc`` names, which nothing stops and which
+    writes into a work directory already removed (the GPU check's SIGTERM test
+    caught a directory left behind under load). Held by the handlers, not the
+    signal mask: a process-wide signal goes to whichever thread does not block it,
+    and the main thread runs the handler all the same. A child's handlers are the
+    defaults again once it execs. Outside the main thread (where no handler can be
+    set) nothing is held.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    heard: list[int] = []
+    previous = {
+        number: signal.signal(number, lambda signum, frame: heard.append(signum))
+        for number in HELD_SIGNALS
+    }
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in heard:
+            signal.raise_signal(number)
 
 
 def process_tree(root: int) -> list[int]:
@@ -290,7 +326,7 @@ class Server:
             str(self.runtime_base),
             *self.flags,
         ]
-        with open(self.log_path, "wb") as log:
+        with open(self.log_path, "wb") as log, signals_held():
             self.proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
