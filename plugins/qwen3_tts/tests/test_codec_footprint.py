@@ -93,6 +93,21 @@ def test_a_large_batch_is_decoded_in_calls_within_the_budget(tiny_model):
     assert audio["split peak"] < audio["whole peak"]
 
 
+def test_re_decoded_context_chunks_are_split_the_same_way(tiny_model):
+    decoder = tiny_model.speech_tokenizer.decoder
+    whole = Vocoder(decoder, 4, 3, max_batch_size=6, cuda_graph=False)
+    split = Vocoder(decoder, 4, 3, max_batch_size=6, cuda_graph=False)
+    split.chunk_memory = split.footprint.chunk_bytes(2, 7)  # 2 rows of 3 + 4 frames a call
+    assert split._calls(6, 7) == [(0, 2), (2, 4), (4, 6)]
+    codes = torch.randint(0, 64, (6, 16, 7), generator=torch.Generator().manual_seed(6))
+    np.testing.assert_allclose(
+        split.decode_with_context(codes, [3] * 6),
+        whole.decode_with_context(codes, [3] * 6),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
 def _factory(**fields):
     defaults = dict(
         chunk_frames=4,
