@@ -20,9 +20,10 @@ fixes and, when another policy would plan the deployment, its name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, OmniError
 from ..placement import PlacementPolicy
 from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
@@ -33,8 +34,9 @@ from .decode import compile_startup_note, plan_decodes
 from .endpoints import plan_endpoints
 from .estimates import collect_estimates
 from .expand import expand
+from .headroom import headroom_notes
 from .inventory import inventory_from_cluster
-from .model import DeploymentPlan, GpuInventory, PlacementRequest, Refusal
+from .model import DeploymentPlan, GpuInventory, MemoryEstimate, PlacementRequest, Refusal
 from .mps import plan_mps
 from .nodes import assign_nodes
 from .pages import plan_huge_pages
@@ -156,6 +158,13 @@ def _plan(
         raise Infeasible(problems)
 
     notes = [*result.notes, *notes, *weight_share.notes, *mps.notes]
+    notes += headroom_notes(
+        ledger,
+        {i.name: i for i in request.instances},
+        assignments,
+        estimates or _estimates_if_needed(config, plugins, ledger),
+        request.memory_limit,
+    )
     compiling = compile_startup_note(config, decodes)
     if compiling is not None:
         notes.append(compiling)
@@ -191,6 +200,19 @@ def _plan(
             config, {p: len(r) for p, r in expansion.process_instances.items()}, running
         ),
     )
+
+
+def _estimates_if_needed(
+    config: PipelineConfig, plugins: Any, ledger: Mapping[int, Any]
+) -> dict[str, MemoryEstimate]:
+    """The plugins' estimates where a GPU of known memory is there to check them against
+    (a declared placement asks none for placing); none where a plugin cannot answer."""
+    if not any(plan.memory_bytes for plan in ledger.values()):
+        return {}
+    try:
+        return collect_estimates(config, plugins)
+    except OmniError:
+        return {}
 
 
 def _alternatives(

@@ -1,0 +1,65 @@
+"""The plan warns when what the memory shares leave of a GPU cannot hold what they do not
+cover: the engines' activations and graphs, and the stages that declare no share."""
+
+from __future__ import annotations
+
+from omni_core import EngineArgs
+from omni_core.plan import GpuInventory, plan_deployment
+from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
+
+GiB = 1024**3
+
+
+def _warnings(plan) -> list[str]:
+    return [n for n in plan.notes if "may run out of memory under load" in n]
+
+
+def test_a_small_gpu_beside_an_engine_share_is_warned_of(plugins, configure):
+    config = configure(
+        Qwen3TTSPipeline, {"tts_engine": {"engine": EngineArgs(mem_fraction_static=0.6)}}
+    )
+    small = plan_deployment(config, GpuInventory.uniform(1, 6 * GiB), plugins=plugins)
+    (warning,) = _warnings(small)
+    assert "GPU 0" in warning and "leave 2.4GiB" in warning
+    # the engine's activations and graphs, the whole vocoder (weights, chunks, graphs)
+    assert "tts_engine 1GiB" in warning and "vocoder 2.91GiB" in warning
+    assert "max_batch_size" in warning  # what to change
+    roomy = plan_deployment(config, GpuInventory.uniform(1, 24 * GiB), plugins=plugins)
+    assert _warnings(roomy) == []
+
+
+def test_a_declared_share_covers_its_stage(plugins, configure):
+    config = configure(
+        Qwen3TTSPipeline,
+        {
+            "tts_engine": {"engine": EngineArgs(mem_fraction_static=0.6)},
+            "vocoder": {"gpu_memory_fraction": 0.35},
+        },
+    )
+    plan = plan_deployment(config, GpuInventory.uniform(1, 6 * GiB), plugins=plugins)
+    (warning,) = _warnings(plan)  # 5 % of 6 GiB left: the engine's 1 GiB does not fit
+    needs = warning.split("beside them (")[1].split(":")[0]
+    assert needs == "tts_engine 1GiB"
+
+
+def test_unknown_memory_and_a_smaller_vocoder_say_nothing(plugins, configure):
+    config = configure(
+        Qwen3TTSPipeline, {"tts_engine": {"engine": EngineArgs(mem_fraction_static=0.6)}}
+    )
+    unknown = plan_deployment(config, GpuInventory.uniform(1, None), plugins=plugins)
+    assert _warnings(unknown) == []
+    factory = (
+        Qwen3TTSPipeline()
+        .stage("vocoder")
+        .factory.model_copy(update={"max_batch_size": 2, "disable_cuda_graph": True})
+    )
+    smaller = configure(
+        Qwen3TTSPipeline,
+        {
+            "tts_engine": {"engine": EngineArgs(mem_fraction_static=0.6)},
+            "vocoder": {"factory": factory},
+        },
+    )
+    eight = GpuInventory.uniform(1, 8 * GiB)  # 3.2 GiB left: 3.91 needed by default
+    assert _warnings(plan_deployment(config, eight, plugins=plugins))
+    assert _warnings(plan_deployment(smaller, eight, plugins=plugins)) == []
