@@ -48,7 +48,11 @@ printed as skipped, never silently dropped:
    and the operators that took the most GPU time, printed above the table,
    with the vocoder's chunks timed eagerly and as CUDA graphs per shape
    (``bench_codec_graphs.py``; the Qwen3-TTS rows' vocoder captures its chunks
-   as a served stage does, and the first row's note says how many graphs);
+   as a served stage does, and the first row's note says how many graphs;
+   the Qwen3-TTS and MOSS-TTS first rows' notes also set the CUDA memory their
+   stages allocated at peak beyond the engine's share beside what the plan
+   counts there, the engine's activations and graphs and the vocoder whole:
+   ``omni_core/plan/headroom.py``, ``codec_footprint.py``);
    Qwen3-Omni's row comes with what each engine stage's log said of its static
    steps (which buckets were captured as CUDA graphs, how long that took, and
    why a step was not captured), and what its code2wav said of its chunks.
@@ -461,14 +465,17 @@ def measure_qwen3_tts(
         model = Qwen3TTSModel.from_pretrained(
             tmp, load_format="dummy", seed=0, dtype=dtype, device=device
         )
+        planned = planned_beyond_share("omni_qwen3_tts", "Qwen3TTSPipeline", tmp)
     # On a GPU the cache is sized as examples/qwen3_tts.toml's stage sizes it (a share of
     # memory: slots of up to 32,768 positions), so the rows measure the attention spans a
     # served stage reads; the CPU keeps 512 positions a request.
     share = None if device == "cpu" else TTS_MEMORY_SHARE
     on_cpu = device == "cpu"
+    reset_peak(device)
     runs, printed = run_echoed(
         bench.ours, model, frames, levels, None, None, on_cpu, compiled, memory_share=share
     )
+    memory = beyond_share(device, share, planned)
     ready = [line for line in printed if line.startswith("engine: ") and "ready in" in line]
     cache = cache_note(printed, bench.CACHE_MARK)
     codec = codec_note(printed)
@@ -491,6 +498,8 @@ def measure_qwen3_tts(
             notes.append(cache)  # sized from memory: what spans the steps may read
         if codec and r.concurrency == runs[0].concurrency:
             notes.append(codec)  # its chunks as CUDA graphs, or why not
+        if memory and r.concurrency == runs[0].concurrency:
+            notes.append(memory)  # the planner's allowances against the GPU's own count
         row.note = "; ".join(notes)
         rows.append(row)
     where = None
@@ -591,16 +600,65 @@ def measure_moss(device: str, levels: list[int], frames: int, smoke: bool) -> li
             model = root / "model"
         # as examples/moss_tts.toml's stage sizes its cache there
         share = None if gpu_id is None else MOSS_MEMORY_SHARE
+        planned = planned_beyond_share("omni_moss_tts", "MossTTSPipeline", str(model))
+        reset_peak(device)
         (runs, _, _), printed = run_echoed(
             bench.ours, model, frames, levels, 0, None, "dummy", gpu_id, dtype, memory_share=share
         )
+        memory = beyond_share(device, share, planned)
     label = "MOSS-TTS tiny" if smoke else "MOSS-TTS 8B"
     rows = [level_row(label, r.concurrency, r.wall_s, r.audio_s, r.first_audio_s) for r in runs]
     cache = cache_note(printed, bench.CACHE_MARK) if share is not None else ""
     for i, (row, run) in enumerate(zip(rows, runs, strict=True)):
         split = moss_frame_split(bench, run) if run.codec_s else ""
-        row.note = "; ".join(part for part in (split, note, cache if i == 0 else "") if part)
+        first = (cache, memory) if i == 0 else ()
+        row.note = "; ".join(part for part in (split, note, *first) if part)
     return rows
+
+
+def planned_beyond_share(package: str, pipeline: str, model_path: str) -> int | None:
+    """What the plan counts outside an engine's share for the model at ``model_path``
+    with its stages' defaults: the engine's activations and graphs, the vocoder whole
+    (``omni_core/plan/headroom.py``); None where the plugin cannot say."""
+    import importlib
+
+    try:
+        memory = importlib.import_module(f"{package}.memory")
+        config = getattr(importlib.import_module(f"{package}.pipeline"), pipeline)
+        estimates = memory.estimate(config(model_path=str(model_path)))
+        return estimates["tts_engine"].overhead_bytes + estimates["vocoder"].total_bytes
+    except Exception:  # a figure to print, never a reason to lose the rows
+        return None
+
+
+def reset_peak(device: str) -> None:
+    """Start counting this model's peak of CUDA memory (nothing on the CPU)."""
+    if device != "cpu":
+        import torch
+
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def beyond_share(device: str, share: float | None, planned: int | None) -> str:
+    """``beyond_share_note`` of this model's run on ``device`` ("" on the CPU)."""
+    if device == "cpu" or share is None:
+        return ""
+    import torch
+
+    peak = torch.cuda.max_memory_allocated(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    return beyond_share_note(peak, total, share, planned)
+
+
+def beyond_share_note(peak: int, total: int, share: float, planned: int | None) -> str:
+    """The peak of CUDA memory the model's stages allocated beyond its engine's share,
+    beside what the plan counts there: whether the planner's allowances hold."""
+    beyond = peak - share * total
+    said = f"memory beyond the engine's {share:g} share: {beyond / 2**30:.2f} GiB at peak"
+    if planned is None:
+        return said
+    return f"{said} (the plan counts {planned / 2**30:.2f})"
 
 
 def moss_frame_split(bench: Any, run: Any) -> str:

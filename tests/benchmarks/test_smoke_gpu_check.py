@@ -317,6 +317,24 @@ def test_the_cache_note_quotes_the_engines_cache():
     assert check.cache_note(["built"], "engine cache:") == ""
 
 
+def test_the_memory_note_sets_the_peak_beyond_the_share_beside_what_the_plan_counts():
+    check = _gpu_check_module()
+    gib = 2**30
+    note = check.beyond_share_note(90 * gib, 141 * gib, 0.6, 4 * gib)
+    assert note == "memory beyond the engine's 0.6 share: 5.40 GiB at peak (the plan counts 4.00)"
+    assert check.beyond_share_note(90 * gib, 141 * gib, 0.6, None).endswith("5.40 GiB at peak")
+    assert check.beyond_share("cpu", None, 4 * gib) == ""  # no CUDA: nothing to count
+    # the plan's figure: the engine's activations and graphs and the vocoder whole
+    from omni_qwen3_tts import memory
+    from omni_qwen3_tts.pipeline import Qwen3TTSPipeline
+
+    found = memory.estimate(Qwen3TTSPipeline(model_path="tiny"))
+    expected = found["tts_engine"].overhead_bytes + found["vocoder"].total_bytes
+    planned = check.planned_beyond_share("omni_qwen3_tts", "Qwen3TTSPipeline", "tiny")
+    assert planned == expected
+    assert check.planned_beyond_share("omni_qwen3_tts", "NoSuchPipeline", "tiny") is None
+
+
 def test_the_codec_note_says_how_many_chunk_graphs_or_why_none():
     check = _gpu_check_module()
     said = (
