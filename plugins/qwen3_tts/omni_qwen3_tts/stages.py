@@ -370,7 +370,7 @@ class Vocoder:
         self.context = left_context_frames
         decode = self.decode_streams if self.context is None else self.decode_with_context
         self.batcher = DecodeBatcher(decode, max_batch_size or default_batch)
-        footprint = getattr(decoder, "footprint", None)  # MOSS-TTS's codec has none yet
+        footprint = getattr(decoder, "footprint", None)  # a codec without one: one call a batch
         self.footprint: CodecFootprint | None = footprint() if footprint else None
         self.chunk_memory = chunk_memory
         self.graphs: StreamGraphs | None = None
