@@ -130,7 +130,7 @@ LABELS = {
 #: The shares of GPU memory the Qwen3-TTS and MOSS-TTS rows size their caches from: those of
 #: examples/qwen3_tts.toml's and examples/moss_tts.toml's stages.
 TTS_MEMORY_SHARE = 0.6
-MOSS_MEMORY_SHARE = 0.8
+MOSS_MEMORY_SHARE = 0.75
 #: The compiled row's largest level (its largest bucket): each bucket is compiled and
 #: captured before the clock starts, and 1..32 would take most of the phase's time.
 COMPILED_MAX_LEVEL = 8

@@ -245,3 +245,10 @@ def test_vocoder_stages_reserve_their_streams_chunks_and_graphs(plugins, configu
     )
     assert "CUDA graphs" not in smaller["vocoder"].source
     assert smaller["vocoder"].overhead_bytes < tts.overhead_bytes - 0.8 * GiB
+    # a stream for each request the engine that feeds the vocoder runs, beyond a batch's
+    busy = configure(
+        MossTTSPipeline, {"tts_engine": {"engine": EngineArgs(max_running_requests=32)}}
+    )
+    more = collect_estimates(busy, plugins)["vocoder"]
+    assert more.overhead_bytes - moss.overhead_bytes == 16 * footprint.state_bytes
+    assert "32 streams' state" in more.source and "16 streams' state" in moss.source

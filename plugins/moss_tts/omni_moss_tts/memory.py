@@ -86,6 +86,7 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
                 CODEC_PARAMS,
                 "MOSS audio tokenizer (1.77B)",
                 lambda itemsize: codec_footprint(RELEASE_DECODER, itemsize),
+                next((s for s in pipeline.stages if s.name == "tts_engine"), None),
                 growth=4,
                 chunk_memory=None,  # one call a batch (stages.create_vocoder)
                 captured=False,  # its state grows with a young stream: not captured

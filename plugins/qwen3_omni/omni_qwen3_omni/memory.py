@@ -113,7 +113,11 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
             "image_encoder": encoder(_vision_params(vision, out)),
             "mm_aggregate": lambda _: MemoryEstimate(0, 0, AGGREGATE_OVERHEAD, "no weights"),
             "code2wav": lambda stage: vocoder_estimate(
-                stage, CODE2WAV_PARAMS, "code2wav decoder", code2wav_footprint(config)
+                stage,
+                CODE2WAV_PARAMS,
+                "code2wav decoder",
+                code2wav_footprint(config),
+                next((s for s in pipeline.stages if s.name == "talker_ar"), None),
             ),
         },
     )

@@ -162,6 +162,7 @@ def stage_overhead(
     growth: int = 2,
     chunk_memory: int | None = CHUNK_MEMORY,
     captured: bool = True,
+    streams: int = 0,
 ) -> tuple[int, str]:
     """What a streaming vocoder stage keeps on its GPU beyond its weights, and the sum's
     parts for ``omni plan``.
@@ -169,9 +170,9 @@ def stage_overhead(
     ``factory``: its ``StreamingVocoderArgs`` (``chunk_frames``, ``max_chunk_frames``,
     ``max_batch_size``, ``left_context_frames``, ``disable_cuda_graph``); ``growth``,
     ``chunk_memory`` and ``captured``: the stage's chunk growth, its calls' budget (None:
-    a batch in one call) and whether it captures CUDA graphs. The streams counted are
-    one batch's; each stream alive beyond a batch takes
-    :attr:`CodecFootprint.state_bytes` more.
+    a batch in one call) and whether it captures CUDA graphs. ``streams``: how many
+    streams may be alive at once (the engine that feeds the stage runs as many
+    requests: its ``engine.max_running_requests``); at least one batch's are counted.
     """
     rows = factory.max_batch_size or GPU_BATCH
     first = factory.chunk_frames
@@ -184,7 +185,8 @@ def stage_overhead(
         chunks = footprint.chunk_bytes(per_call, frames)
         note = f"chunks {format_bytes(chunks)} ({rows} rows x {context} + {largest} frames)"
         return PROCESS_SLACK + chunks, note
-    state = rows * footprint.state_bytes
+    streams = max(streams, rows)
+    state = streams * footprint.state_bytes
     chunks = footprint.chunk_bytes(per_call, largest)
     graphs = 0
     if captured and not getattr(factory, "disable_cuda_graph", False):
@@ -194,7 +196,7 @@ def stage_overhead(
         graphs = footprint.graph_bytes(shapes)
     note = (
         f"chunks {format_bytes(chunks)} ({rows} rows x {largest} frames in calls of "
-        f"{per_call}), {rows} streams' state {format_bytes(state)}"
+        f"{per_call}), {streams} streams' state {format_bytes(state)}"
         + (f", CUDA graphs {format_bytes(graphs)}" if graphs else "")
     )
     return PROCESS_SLACK + chunks + state + graphs, note
@@ -205,13 +207,36 @@ def vocoder_estimate(
     params: int,
     label: str,
     footprint: Callable[[int], CodecFootprint],
+    feeder: Any = None,
     **stage_args: Any,
 ) -> MemoryEstimate:
     """A streaming vocoder stage's estimate: its codec's ``params`` weights in its
     ``factory.dtype`` (float32 by default, as all three releases keep their codecs) and
     :func:`stage_overhead` of ``footprint(itemsize)`` (``stage_args``: its other
-    arguments)."""
+    arguments), with as many streams as ``feeder``, the engine stage whose codes it
+    decodes, runs requests."""
     found = weights_only(stage, params, overhead=0, label=label, default_dtype="float32")
     itemsize = ITEMSIZE.get(factory_dtype(stage, "float32"), 4)
-    overhead, note = stage_overhead(stage.factory, footprint(itemsize), **stage_args)
+    streams = running_requests(feeder)
+    overhead, note = stage_overhead(
+        stage.factory, footprint(itemsize), streams=streams, **stage_args
+    )
     return replace(found, overhead_bytes=overhead, source=f"{found.source}; {note}")
+
+
+def running_requests(engine_stage: Any) -> int:
+    """The requests ``engine_stage`` runs at once (its ``engine.max_running_requests``,
+    written or its backend's default; 0 when there is no such stage or it cannot say).
+
+    Where the deploy file leaves it unwritten on a GPU, the plan sizes it from memory
+    later, from these very estimates; the default stands in for it here.
+    """
+    if engine_stage is None:
+        return 0
+    from omni_core.engine.backends import engine_settings
+    from omni_core.errors import OmniError
+
+    try:
+        return engine_settings(engine_stage).max_running_requests
+    except OmniError:  # the config checks say what is wrong with its settings
+        return 0

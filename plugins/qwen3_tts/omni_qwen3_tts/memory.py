@@ -113,7 +113,9 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
         pipeline,
         {
             "tts_engine": engine,
-            "vocoder": lambda stage: vocoder(stage, codec_decoder_config(pipeline.model_path)),
+            "vocoder": lambda stage: vocoder(
+                stage, codec_decoder_config(pipeline.model_path), feeder(pipeline, "tts_engine")
+            ),
         },
     )
 
@@ -130,10 +132,18 @@ def codec_decoder_config(model_path: str) -> DecoderConfig:
         return DecoderConfig()
 
 
-def vocoder(stage: Any, cfg: DecoderConfig) -> MemoryEstimate:
-    """The codec's weights, and what its chunks, streams and graphs keep (by its factory)."""
+def vocoder(stage: Any, cfg: DecoderConfig, engine: Any = None) -> MemoryEstimate:
+    """The codec's weights, and what its chunks, streams and graphs keep (by its factory;
+    a stream for each request ``engine``, the stage that feeds it, runs)."""
 
     def footprint(itemsize: int) -> CodecFootprint:
         return decoder_footprint(cfg, cfg.latent_dim, 2 * cfg.codebook_dim, itemsize)
 
-    return vocoder_estimate(stage, SPEECH_TOKENIZER_PARAMS, "12 Hz speech tokenizer", footprint)
+    return vocoder_estimate(
+        stage, SPEECH_TOKENIZER_PARAMS, "12 Hz speech tokenizer", footprint, engine
+    )
+
+
+def feeder(pipeline: Any, name: str) -> Any:
+    """The pipeline's stage ``name`` (the engine that feeds a vocoder), or None."""
+    return next((s for s in pipeline.stages if s.name == name), None)
