@@ -125,3 +125,24 @@ def plan_caches(
             f"{slots} slots of {slot:,}{why}{chosen}"
         )
     return found
+
+
+def with_sized_requests(config: Any, running: Mapping[str, int]) -> Any:
+    """``config`` with the ``engine.max_running_requests`` the plan sized from memory
+    written in (a copy; ``config`` is left as the user resolved it).
+
+    Why: the plugins estimate what a stage beside an engine holds per request it
+    runs (a vocoder keeps one stream's state for each); they are asked first with
+    the backend's default, before the plan has sized the engine, and again with
+    this copy, so ``omni plan``'s estimates and its memory warning count the
+    requests the engine will really run.
+    """
+    if not running:
+        return config
+    copy = config.model_copy(deep=True)
+    for stage in copy.stages:
+        if stage.name in running:
+            stage.engine = stage.engine.model_copy(
+                update={"max_running_requests": running[stage.name]}
+            )
+    return copy

@@ -28,7 +28,7 @@ from ..placement import PlacementPolicy
 from ..plugins import OmniPlugins, get_plugins
 from ..schema import PipelineConfig
 from .admission import admission_limit
-from .caches import plan_caches
+from .caches import plan_caches, with_sized_requests
 from .checks import check_assignments, check_engine_settings, check_gpus, check_processes
 from .decode import compile_startup_note, plan_decodes
 from .endpoints import plan_endpoints
@@ -158,11 +158,16 @@ def _plan(
         raise Infeasible(problems)
 
     notes = [*result.notes, *notes, *weight_share.notes, *mps.notes]
+    checked = estimates or _estimates_if_needed(config, plugins, ledger)
+    if running and checked:  # what the stages hold with the requests the plan sized
+        checked = _estimates_if_needed(with_sized_requests(config, running), plugins, ledger)
+        checked = checked or estimates
+        estimates = estimates and checked
     notes += headroom_notes(
         ledger,
         {i.name: i for i in request.instances},
         assignments,
-        estimates or _estimates_if_needed(config, plugins, ledger),
+        checked,
         request.memory_limit,
     )
     compiling = compile_startup_note(config, decodes)

@@ -63,3 +63,30 @@ def test_unknown_memory_and_a_smaller_vocoder_say_nothing(plugins, configure):
     eight = GpuInventory.uniform(1, 8 * GiB)  # 3.2 GiB left: 3.91 needed by default
     assert _warnings(plan_deployment(config, eight, plugins=plugins))
     assert _warnings(plan_deployment(smaller, eight, plugins=plugins)) == []
+
+
+def test_streams_follow_the_requests_the_plan_sized(plugins, configure):
+    """A vocoder keeps a stream for each request its engine runs: where the plan sizes
+    the engine's unwritten max_running_requests from memory, the vocoder's estimate and
+    the warning count that many streams, not the backend's default."""
+    from omni_qwen3_omni.pipeline import Qwen3OmniSpeechPipeline
+
+    share = 0.5  # of an 80 GiB GPU: room for far more full-length talker requests than 8
+    config = configure(
+        Qwen3OmniSpeechPipeline, {"talker_ar": {"engine": EngineArgs(mem_fraction_static=share)}}
+    )
+    written = configure(
+        Qwen3OmniSpeechPipeline,
+        {"talker_ar": {"engine": EngineArgs(mem_fraction_static=share, max_running_requests=8)}},
+    )
+    inventory = GpuInventory.uniform(8, 80 * GiB)
+    sized = plan_deployment(config, inventory, plugins=plugins, policy="auto")
+    fixed = plan_deployment(written, inventory, plugins=plugins, policy="auto")
+    streams = sized.running_requests["talker_ar"]
+    assert streams > 16 and "talker_ar" not in fixed.running_requests
+    assert f"{streams} streams' state" in sized.estimates["code2wav"].source
+    assert "16 streams' state" in fixed.estimates["code2wav"].source  # a batch at least
+    grown = sized.estimates["code2wav"].overhead_bytes - fixed.estimates["code2wav"].overhead_bytes
+    assert grown > 0
+    # the config the user resolved is left as written
+    assert "max_running_requests" not in config.stage("talker_ar").engine.model_fields_set

@@ -229,7 +229,8 @@ def running_requests(engine_stage: Any) -> int:
     written or its backend's default; 0 when there is no such stage or it cannot say).
 
     Where the deploy file leaves it unwritten on a GPU, the plan sizes it from memory
-    later, from these very estimates; the default stands in for it here.
+    later, from these very estimates, and then asks again with the sized number
+    written in (``omni_core.plan.caches.with_sized_requests``).
     """
     if engine_stage is None:
         return 0
