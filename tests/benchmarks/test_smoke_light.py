@@ -193,3 +193,42 @@ def test_the_codec_graph_benchmark_has_nothing_to_time_without_cuda_and_says_so(
     )
     assert asked.returncode == 2
     assert "--device cuda: torch sees no CUDA device here (try --smoke)" in asked.stderr
+
+
+def test_the_qwen3_tts_sides_alternate_and_each_keeps_its_fastest_round(run_smoke) -> None:
+    ran = run_smoke("bench_qwen3_tts.py", "--rounds", "2")
+    ran.check()
+    rounds = re.findall(
+        r"^round (\d)/2: baseline ([\d.]+) audio s/s; ours c1 ([\d.]+) \([\d.]+x\), "
+        r"c2 ([\d.]+)",
+        ran.stdout,
+        re.MULTILINE,
+    )
+    assert [r[0] for r in rounds] == ["1", "2"], ran.stdout
+    baseline = max(float(r[1]) for r in rounds)
+    ours = {1: max(float(r[2]) for r in rounds), 2: max(float(r[3]) for r in rounds)}
+    reported = dict(
+        (int(c), float(rate))
+        for c, rate in re.findall(r"^ +(\d) +[\d.]+ +[\d.]+ +([\d.]+) ", ran.stdout, re.MULTILINE)
+    )
+    assert reported == pytest.approx(ours, abs=1e-3), ran.stdout
+    assert f"{baseline:.3f} audio s/s, RTF" in ran.stdout, ran.stdout
+
+
+def test_the_thinker_benchmark_keeps_each_levels_fastest_round(run_smoke) -> None:
+    """``--rounds 2`` (ours alone under --smoke): both rounds printed, and the table holds
+    each level's fastest of them."""
+    ran = run_smoke("bench_qwen3_omni_thinker.py", "--rounds", "2")
+    ran.check()
+    rounds = re.findall(
+        r"^round (\d)/2: decode tokens/s ours mixed c1 ([\d.]+), c2 ([\d.]+)$",
+        ran.stdout,
+        re.MULTILINE,
+    )
+    assert [r[0] for r in rounds] == ["1", "2"], ran.stdout
+    best = {1: max(float(r[1]) for r in rounds), 2: max(float(r[2]) for r in rounds)}
+    table = dict(
+        (int(c), float(rate))
+        for c, rate in re.findall(r"^ +ours mixed +(\d) +([\d.]+) ", ran.stdout, re.MULTILINE)
+    )
+    assert table == pytest.approx(best, abs=0.06), ran.stdout
