@@ -252,3 +252,31 @@ def test_vocoder_stages_reserve_their_streams_chunks_and_graphs(plugins, configu
     more = collect_estimates(busy, plugins)["vocoder"]
     assert more.overhead_bytes - moss.overhead_bytes == 16 * footprint.state_bytes
     assert "32 streams' state" in more.source and "16 streams' state" in moss.source
+
+
+def test_the_codecs_weights_are_counted_from_their_configs(tmp_path):
+    """code2wav's 216 M at the release's config (the planner took 200 M before) and a
+    smaller one's, and Qwen3-TTS's tokenizer at the release's config equal to the count
+    its hub id is given."""
+    torch = pytest.importorskip("torch")
+    import sys
+    from pathlib import Path
+
+    from omni_qwen3_omni.code2wav.model import Code2Wav
+    from omni_qwen3_tts.codec_params import speech_decoder_params, speech_encoder_params
+
+    for section in (None, {"num_hidden_layers": 2, "decoder_dim": 768, "hidden_size": 512}):
+        with torch.device("meta"):
+            module = Code2Wav(qwen3_omni_memory.code2wav_config(section))
+        held = sum(t.numel() for t in module.state_dict().values())
+        assert qwen3_omni_memory.code2wav_params(section) == held
+    assert qwen3_omni_memory.code2wav_params(None) == 216_016_577
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from bench_qwen3_tts import write_configs  # the release's configs, as published
+
+    write_configs(tmp_path, 48)
+    release = qwen3_tts_memory.codec_config(str(tmp_path))
+    assert release is not None
+    counted = speech_decoder_params(release.decoder) + speech_encoder_params(release.encoder)
+    assert counted == qwen3_tts_memory.SPEECH_TOKENIZER_PARAMS

@@ -19,6 +19,7 @@ from omni_core.kit.memory import by_stage, config_shapes, max_positions, weights
 from omni_core.placement import MemoryEstimate
 from omni_core.plan.estimates import GiB, MiB, decoder_params, encoder_params, engine_estimate
 from omni_qwen3_tts.codec_footprint import CodecFootprint, decoder_footprint, vocoder_estimate
+from omni_qwen3_tts.codec_params import codec_decoder_params
 
 from .code2wav.config import Code2WavConfig
 from .source import SOURCE
@@ -52,7 +53,6 @@ TALKER = dict(
 PREDICTOR = dict(layers=5, hidden=1024, heads=16, kv_heads=8, head_dim=128, intermediate=3072)
 CODEBOOKS = 16
 CODEBOOK_SIZE = 2048
-CODE2WAV_PARAMS = 200_000_000
 ENGINE_OVERHEAD = 2 * GiB
 ENCODER_OVERHEAD = 1 * GiB
 AGGREGATE_OVERHEAD = 256 * MiB  # mm_aggregate holds no weights, only merged embeddings
@@ -114,7 +114,7 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
             "mm_aggregate": lambda _: MemoryEstimate(0, 0, AGGREGATE_OVERHEAD, "no weights"),
             "code2wav": lambda stage: vocoder_estimate(
                 stage,
-                CODE2WAV_PARAMS,
+                code2wav_params(config),
                 "code2wav decoder",
                 code2wav_footprint(config),
                 next((s for s in pipeline.stages if s.name == "talker_ar"), None),
@@ -123,12 +123,26 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
     )
 
 
+def code2wav_config(config: Any) -> Code2WavConfig:
+    """The checkpoint's code2wav section (the release's without one, or with a bad one:
+    the stage refuses that at load, with the reason)."""
+    try:
+        return Code2WavConfig.from_dict(config) if isinstance(config, dict) else Code2WavConfig()
+    except ValueError:
+        return Code2WavConfig()
+
+
+def code2wav_params(config: Any) -> int:
+    """code2wav's weights: a codec decoder body at its hidden width (no projections) and its
+    code table of ``codebook_size x num_quantizers`` rows (216 M at the release's size)."""
+    cfg = code2wav_config(config)
+    table = cfg.codebook_size * cfg.num_quantizers * cfg.hidden_size
+    return codec_decoder_params(cfg, cfg.hidden_size, projected=False) + table
+
+
 def code2wav_footprint(config: Any) -> Any:
     """``footprint(itemsize)`` of the checkpoint's code2wav (the release's without one)."""
-    try:
-        cfg = Code2WavConfig.from_dict(config) if isinstance(config, dict) else Code2WavConfig()
-    except ValueError:  # a bad section: the stage refuses it at load, with the reason
-        cfg = Code2WavConfig()
+    cfg = code2wav_config(config)
 
     def footprint(itemsize: int) -> CodecFootprint:
         return decoder_footprint(cfg, cfg.hidden_size, 0, itemsize)

@@ -8,7 +8,8 @@ backend's default when unset) of the talker's cache, in the same dtype; the
 code predictor's cache is rebuilt every frame and is
 counted in the overhead. Approximate by design: norms and biases are left
 out, and the overhead figures are round allowances for activations and CUDA
-graphs. The vocoder's overhead is counted from its codec's geometry
+graphs. The vocoder's weights are counted exactly from its speech tokenizer's
+config (``codec_params.py``; a hub id: the release's), and its overhead from its codec's geometry
 (``codec_footprint.py``): its chunks' activations, its streams' state and
 its CUDA graphs, by its factory's chunking and batch. Declare
 ``total_reserve_bytes`` on a stage to replace its estimate.
@@ -31,7 +32,8 @@ from omni_core.plan.estimates import (
 )
 
 from .codec_footprint import CodecFootprint, decoder_footprint, vocoder_estimate
-from .config import DecoderConfig
+from .codec_params import speech_decoder_params, speech_encoder_params
+from .config import DecoderConfig, SpeechTokenizerConfig
 from .source import SOURCE
 
 TALKERS: dict[str, dict[str, int]] = {
@@ -48,7 +50,9 @@ PREDICTOR = dict(
 TEXT_VOCAB = 151936
 TEXT_HIDDEN = 2048
 CODEBOOKS = 16
-SPEECH_TOKENIZER_PARAMS = 170_000_000  # ~682 MB of float32 safetensors
+#: The release's 12 Hz tokenizer, encoder and decoder (``codec_params.py`` counts
+#: 170,557,441 from its config: its 682 MB of float32 safetensors)
+SPEECH_TOKENIZER_PARAMS = 170_557_441
 ENGINE_OVERHEAD = 1 * GiB
 
 _SIZE = re.compile(r"(0\.6B|1\.7B)", re.IGNORECASE)
@@ -113,35 +117,54 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
         pipeline,
         {
             "tts_engine": engine,
-            "vocoder": lambda stage: vocoder(
-                stage, codec_decoder_config(pipeline.model_path), feeder(pipeline, "tts_engine")
+            "vocoder": lambda stage: codec_estimate(
+                stage, pipeline.model_path, feeder(pipeline, "tts_engine")
             ),
         },
     )
 
 
-def codec_decoder_config(model_path: str) -> DecoderConfig:
-    """The speech tokenizer's decoder geometry: a preset's or a local checkpoint's
-    ``speech_tokenizer/config.json``, else the release's (the defaults)."""
+def codec_config(model_path: str) -> SpeechTokenizerConfig | None:
+    """The speech tokenizer's geometry from a preset's or a local checkpoint's
+    ``speech_tokenizer/config.json``; None without one (a hub id: the release's)."""
     preset = SOURCE.preset(model_path or "")
     root = SOURCE.presets_dir / preset if preset else Path(model_path or "").expanduser()
     try:
         raw = json.loads((root / "speech_tokenizer" / "config.json").read_text(encoding="utf-8"))
-        return DecoderConfig.from_dict(raw.get("decoder_config") or {})
-    except (OSError, ValueError, AttributeError, TypeError):
-        return DecoderConfig()
+        return SpeechTokenizerConfig.from_dict(raw)
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return None  # no config, or a bad one: the stage refuses that at load, saying why
 
 
-def vocoder(stage: Any, cfg: DecoderConfig, engine: Any = None) -> MemoryEstimate:
-    """The codec's weights, and what its chunks, streams and graphs keep (by its factory;
-    a stream for each request ``engine``, the stage that feeds it, runs)."""
+def codec_decoder_config(model_path: str) -> DecoderConfig:
+    """The decoder's geometry (:func:`codec_config`), else the release's footprint: the
+    defaults, whose transformer is wider than the release's 512 but whose stream state
+    and chunks, all the footprint reads, are the release's."""
+    found = codec_config(model_path)
+    return found.decoder if found is not None else DecoderConfig()
+
+
+def vocoder(
+    stage: Any, cfg: DecoderConfig, engine: Any = None, params: int = SPEECH_TOKENIZER_PARAMS
+) -> MemoryEstimate:
+    """The codec's weights (``params``: encoder and decoder, both kept in the process),
+    and what its chunks, streams and graphs keep (by its factory; a stream for each
+    request ``engine``, the stage that feeds it, runs)."""
 
     def footprint(itemsize: int) -> CodecFootprint:
         return decoder_footprint(cfg, cfg.latent_dim, 2 * cfg.codebook_dim, itemsize)
 
-    return vocoder_estimate(
-        stage, SPEECH_TOKENIZER_PARAMS, "12 Hz speech tokenizer", footprint, engine
-    )
+    return vocoder_estimate(stage, params, "12 Hz speech tokenizer", footprint, engine)
+
+
+def codec_estimate(stage: Any, model_path: str, engine: Any = None) -> MemoryEstimate:
+    """:func:`vocoder` for the checkpoint at ``model_path``: its tokenizer's weights counted
+    from its config (``codec_params.py``), the release's without one."""
+    found = codec_config(model_path)
+    if found is None:
+        return vocoder(stage, DecoderConfig(), engine)
+    params = speech_decoder_params(found.decoder) + speech_encoder_params(found.encoder)
+    return vocoder(stage, found.decoder, engine, params)
 
 
 def feeder(pipeline: Any, name: str) -> Any:
