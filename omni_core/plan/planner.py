@@ -160,9 +160,10 @@ def _plan(
     notes = [*result.notes, *notes, *weight_share.notes, *mps.notes]
     checked = estimates or _estimates_if_needed(config, plugins, ledger)
     if running and checked:  # what the stages hold with the requests the plan sized
-        checked = _estimates_if_needed(with_sized_requests(config, running), plugins, ledger)
-        checked = checked or estimates
-        estimates = estimates and checked
+        resized = _estimates_if_needed(with_sized_requests(config, running), plugins, ledger)
+        checked = resized or checked
+        if estimates:  # the plan prints these: the same numbers as the warning's
+            estimates = checked
     notes += headroom_notes(
         ledger,
         {i.name: i for i in request.instances},
