@@ -158,3 +158,18 @@ def test_the_planner_reads_the_checkpoint_codec_and_dtype():
     assert half.weights_bytes * 2 == release.weights_bytes
     assert "calls of 5" in release.source and "calls of 11" in half.source
     assert half.overhead_bytes < release.overhead_bytes and "bfloat16" in half.source
+
+
+def test_the_vocoder_estimate_counts_the_checkpoints_codec():
+    """A local or preset checkpoint's tokenizer weights are counted from its config
+    (``codec_params.py``); a hub id's are the release's."""
+    from omni_qwen3_tts.codec_params import speech_decoder_params, speech_encoder_params
+
+    stage = SimpleNamespace(factory=_factory(dtype="auto"))
+    tiny = memory.codec_estimate(stage, "tiny")
+    hub = memory.codec_estimate(stage, "Qwen/Qwen3-TTS-12Hz-0.6B-Base")
+    assert hub.weights_bytes == 4 * memory.SPEECH_TOKENIZER_PARAMS  # the release, float32
+    cfg = memory.codec_config("tiny")
+    assert cfg is not None
+    expected = speech_decoder_params(cfg.decoder) + speech_encoder_params(cfg.encoder)
+    assert tiny.weights_bytes == 4 * expected < hub.weights_bytes / 100

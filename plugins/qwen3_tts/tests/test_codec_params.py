@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from omni_qwen3_tts import memory  # noqa: E402
 from omni_qwen3_tts.codec_params import speech_decoder_params, speech_encoder_params  # noqa: E402
 from omni_qwen3_tts.config import DecoderConfig, EncoderConfig  # noqa: E402
 from omni_qwen3_tts.source import SOURCE  # noqa: E402
@@ -77,23 +75,3 @@ def test_the_encoder_count_is_the_modules(cfg: EncoderConfig) -> None:
     with torch.device("meta"):
         encoder = Encoder(cfg)
     assert speech_encoder_params(cfg) == held(encoder)
-
-
-def test_the_vocoder_estimate_counts_the_checkpoints_codec() -> None:
-    stage = SimpleNamespace(
-        factory=SimpleNamespace(
-            chunk_frames=4,
-            max_chunk_frames=48,
-            max_batch_size=None,
-            left_context_frames=None,
-            disable_cuda_graph=False,
-            dtype="auto",
-        )
-    )
-    tiny = memory.codec_estimate(stage, "tiny")
-    hub = memory.codec_estimate(stage, "Qwen/Qwen3-TTS-12Hz-0.6B-Base")
-    assert hub.weights_bytes == 4 * memory.SPEECH_TOKENIZER_PARAMS  # the release, float32
-    cfg = memory.codec_config("tiny")
-    assert cfg is not None
-    expected = speech_decoder_params(cfg.decoder) + speech_encoder_params(cfg.encoder)
-    assert tiny.weights_bytes == 4 * expected < hub.weights_bytes / 100
