@@ -78,7 +78,7 @@ first submit to the last audio) at each concurrency, time to first audio
 whole time to audio), the ratios ours / reference, and where time goes
 (ours at concurrency 1: prefill, backbone step, heads + sampling, codec
 decode per frame; the reference's: backbone vs the whole forward and
-sampling, codec decode per frame). The sides alternate for ``--repeats``
+sampling, codec decode per frame). The sides alternate for ``--rounds``
 rounds (default 2: ours, the reference, ours, the reference) and each level
 keeps its fastest run per side: the machine is shared, and a slow spell
 would otherwise decide a ratio. One JSON line
@@ -1093,11 +1093,15 @@ def main() -> None:
     )
     parser.add_argument("--no-reference", action="store_true", help="measure ours only")
     parser.add_argument(
+        "--rounds",
         "--repeats",
+        dest="repeats",
+        metavar="N",
         type=int,
         default=None,
         help="rounds (ours, then the reference), each level's fastest run kept per side: "
-        "the machine is shared and noisy (default 2; 1 with --quick)",
+        "the machine is shared and noisy (default 2; 1 with --quick); --rounds as the "
+        "other model benchmarks spell it",
     )
     parser.add_argument(
         "--vocoder-max-batch",

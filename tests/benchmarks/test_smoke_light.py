@@ -232,3 +232,12 @@ def test_the_thinker_benchmark_keeps_each_levels_fastest_round(run_smoke) -> Non
         for c, rate in re.findall(r"^ +ours mixed +(\d) +([\d.]+) ", ran.stdout, re.MULTILINE)
     )
     assert table == pytest.approx(best, abs=0.06), ran.stdout
+
+
+def test_the_model_benchmarks_spell_their_rounds_alike(run_smoke) -> None:
+    """``--rounds N`` in all three (MOSS-TTS's ``--repeats`` kept as its other name)."""
+    for script in ("bench_qwen3_tts.py", "bench_qwen3_omni_thinker.py", "bench_moss_tts.py"):
+        ran = run_smoke(script, "--help")
+        assert ran.returncode == 0, ran.stderr
+        assert re.search(r"--rounds (N|ROUNDS)\b", ran.stdout), ran.stdout
+    assert "--rounds N, --repeats N" in run_smoke("bench_moss_tts.py", "--help").stdout
