@@ -90,3 +90,26 @@ def test_streams_follow_the_requests_the_plan_sized(plugins, configure):
     assert grown > 0
     # the config the user resolved is left as written
     assert "max_running_requests" not in config.stage("talker_ar").engine.model_fields_set
+
+
+def test_the_warning_counts_the_sized_requests_streams_under_a_declared_placement(
+    plugins, configure
+):
+    """The declared policy asks the plugins only for the warning: there too the vocoder's
+    need counts a stream for each request the plan sized (MOSS-TTS's up to 170 MB each)."""
+    from omni_moss_tts.pipeline import MossTTSPipeline
+
+    def planned(**engine):
+        args = EngineArgs(mem_fraction_static=0.95, **engine)
+        config = configure(MossTTSPipeline, {"tts_engine": {"engine": args}})
+        return plan_deployment(config, GpuInventory.uniform(1, 141 * GiB), plugins=plugins)
+
+    def vocoder_need(plan) -> str:
+        (warning,) = _warnings(plan)  # 5 % of the GPU left: the codec alone needs more
+        return warning.split("vocoder ")[1].split(":")[0].split(",")[0]
+
+    sized = planned()
+    requests = sized.running_requests["tts_engine"]
+    assert requests > 16  # more than a batch: the streams beyond it are what this is about
+    assert vocoder_need(sized) == vocoder_need(planned(max_running_requests=requests))
+    assert vocoder_need(sized) != vocoder_need(planned(max_running_requests=16))
