@@ -231,10 +231,19 @@ def test_vocoder_stages_reserve_their_streams_chunks_and_graphs(plugins, configu
     moss = collect_estimates(MossTTSPipeline(), plugins)["vocoder"]
     footprint = codec_footprint(RELEASE_DECODER, 4)
     assert 165e6 < footprint.state_bytes < 175e6  # about 170 MB a release stream in float32
-    # 16 streams, each call a whole batch (its state's next one beside it), no graphs
+    # 16 streams, each call a whole batch (its state's next one beside it), and graphs of
+    # at most 8 rows sharing one tensor of full windows (codec/graphs.py)
     batch = footprint.chunk_bytes(16, 48) + 16 * footprint.state_bytes
-    assert moss.overhead_bytes == PROCESS_SLACK + batch
-    assert "in calls of 16" in moss.source and "CUDA graphs" not in moss.source
+    shapes = [(r, t) for r in (1, 2, 4, 8) for t in (2, 8, 32, 48) if r * t <= 64]
+    graphs = footprint.graph_bytes(shapes)
+    assert 8 * footprint.state_bytes < graphs < 8 * footprint.state_bytes + 0.2 * GiB
+    assert moss.overhead_bytes == PROCESS_SLACK + batch + graphs
+    assert "in calls of 16" in moss.source and "CUDA graphs 1.4" in moss.source
+    factory = MossTTSPipeline().stage("vocoder").factory
+    eager = factory.model_copy(update={"disable_cuda_graph": True})
+    plain = collect_estimates(configure(MossTTSPipeline, {"vocoder": {"factory": eager}}), plugins)
+    assert plain["vocoder"].overhead_bytes == PROCESS_SLACK + batch
+    assert "CUDA graphs" not in plain["vocoder"].source
 
     tts = collect_estimates(Qwen3TTSPipeline(), plugins)["vocoder"]
     assert "in calls of 5" in tts.source and "CUDA graphs" in tts.source

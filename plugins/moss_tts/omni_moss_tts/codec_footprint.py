@@ -37,6 +37,13 @@ RELEASE_DECODER: tuple[Stage, ...] = (
 )
 SAMPLES_PER_FRAME = 1920
 
+#: Most rows a captured chunk has (``codec/graphs.py``): the graphs share one tensor of
+#: full windows for their largest bucket, 170 MB a row at the release's size in float32,
+#: so 8 rows keep 1.35 GB where 16 would keep 2.7 GB, and ``examples/moss_tts.toml``'s
+#: vocoder would no longer fit beside its engine on an 80 GB GPU. A batch of more rows
+#: is a chunk's worth of arithmetic for each of them, where launching kernels matters least.
+CAPTURED_ROWS = 8
+
 
 def codec_footprint(
     stages: Sequence[Stage], itemsize: int, samples_per_frame: int = SAMPLES_PER_FRAME
@@ -54,4 +61,6 @@ def codec_footprint(
         samples_per_frame=samples_per_frame,
         itemsize=itemsize,
         row_bytes=row * itemsize,
+        shared_state=True,  # captured chunks share one tensor of full windows (codec/graphs.py)
+        captured_rows=CAPTURED_ROWS,
     )

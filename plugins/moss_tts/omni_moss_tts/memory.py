@@ -89,7 +89,6 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
                 next((s for s in pipeline.stages if s.name == "tts_engine"), None),
                 growth=4,
                 chunk_memory=None,  # one call a batch (stages.create_vocoder)
-                captured=False,  # its state grows with a young stream: not captured
             ),
         },
     )

@@ -43,6 +43,9 @@ class VocoderArgs(TypedWeightArgs, ChunkArgs):
     # holds the first frame back 32 steps, so a short first chunk matters; later
     # chunks grow fourfold up to max_chunk_frames (default 16 chunks batched, on the CPU too)
     chunk_frames: int = Field(default=2, ge=1)
+    # GPU: the streamed chunks run eagerly instead of as CUDA graphs (one per rows bucket and
+    # chunk length, full windows shared, checked against eager; omni_moss_tts.codec.graphs)
+    disable_cuda_graph: bool = False
 
     @field_validator("dtype")
     @classmethod

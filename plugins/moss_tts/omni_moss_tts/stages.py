@@ -356,12 +356,15 @@ def create_vocoder(
     max_batch_size: int | None = None,
     dtype: str | None = None,
     pack_weights: bool = True,
+    disable_cuda_graph: bool = False,
 ) -> Vocoder:
     """Stateful streaming decode with the MOSS codec, through Qwen3-TTS's streaming vocoder.
 
     ``dtype``: auto keeps the codec float32, as the release does (``loading.codec_dtype``).
     ``pack_weights`` (CPU only): the decoder's large linear layers routed by row
-    count, as the engines' are (``omni_core.engine.cpu_linear``).
+    count, as the engines' are (``omni_core.engine.cpu_linear``). On a GPU the
+    streamed chunks are captured as CUDA graphs (``codec/graphs.py``) unless
+    ``disable_cuda_graph``; the stage's log says what was captured, or why not.
     """
     device = torch_device(gpu_id, "vocoder")
     resolved = codec_dtype(dtype, torch.device(device))
@@ -391,7 +394,7 @@ def create_vocoder(
     # A batch is one call however large (chunk_memory None): more calls would each read
     # the weights again, and what a batch allocates is mostly its streams' next states,
     # which the planner counts (codec_footprint.py).
-    return Vocoder(
+    vocoder = Vocoder(
         codec,
         chunk_frames,
         None,
@@ -399,5 +402,9 @@ def create_vocoder(
         max_chunk_frames,
         SAMPLE_RATE,
         chunk_growth=4,
+        cuda_graph=not disable_cuda_graph,
         chunk_memory=None,
     )
+    if vocoder.graph_note:  # the stage log's start-up lines, as the engine prints its own
+        print(f"vocoder: {vocoder.graph_note}", flush=True)
+    return vocoder

@@ -58,6 +58,11 @@ class CodecFootprint:
     samples_per_frame: int
     itemsize: int
     row_bytes: int = 0  # a chunk's activations per row whatever its frames (MOSS-TTS's codec)
+    #: Captured chunks share one tensor of states for the largest bucket's rows and write
+    #: the next state into it in place (MOSS-TTS's codec, whose state is most of a row).
+    shared_state: bool = False
+    #: Most rows a captured chunk has (None: every bucket); larger batches run eagerly.
+    captured_rows: int | None = None
 
     def chunk_bytes(self, rows: int, frames: int) -> int:
         """The peak of one call decoding ``rows`` streams' chunks of ``frames`` frames."""
@@ -73,16 +78,21 @@ class CodecFootprint:
 
     def graph_bytes(self, shapes: Iterable[tuple[int, int]]) -> int:
         """What captured chunks of ``shapes`` (rows, frames) keep: each graph's input and
-        output state and audio, and their shared pool's activations (the largest chunk's)."""
-        shapes = list(shapes)
+        output state and audio, and their shared pool's activations (the largest chunk's);
+        with :attr:`shared_state`, one state tensor for all of them instead. Shapes of more
+        than :attr:`captured_rows` rows are not captured."""
+        most = self.captured_rows
+        shapes = [(r, t) for r, t in shapes if most is None or r <= most]
         if not shapes:
             return 0
+        sample = self.samples_per_frame * self.itemsize
+        audio = sum(rows * frames * sample for rows, frames in shapes)
+        if self.shared_state:
+            # one state tensor of the largest bucket; the pool holds a chunk's activations only
+            pool = max(rows * (self.row_bytes + t * self.frame_bytes) for rows, t in shapes)
+            return pool + max(rows for rows, _ in shapes) * self.state_bytes + audio
         pool = max(self.chunk_bytes(rows, frames) for rows, frames in shapes)
-        held = sum(
-            rows * (2 * self.state_bytes + frames * self.samples_per_frame * self.itemsize)
-            for rows, frames in shapes
-        )
-        return pool + held
+        return pool + sum(rows * 2 * self.state_bytes for rows, _ in shapes) + audio
 
 
 def decoder_footprint(cfg: Any, width: int, embed_tail: int, itemsize: int) -> CodecFootprint:

@@ -373,7 +373,7 @@ class Vocoder:
         footprint = getattr(decoder, "footprint", None)  # a codec without one: one call a batch
         self.footprint: CodecFootprint | None = footprint() if footprint else None
         self.chunk_memory = chunk_memory
-        self.graphs: StreamGraphs | None = None
+        self.graphs: Any = None  # StreamGraphs, or the codec's own (MOSS-TTS: CodecStreamGraphs)
         self.graph_note = self._capture(cuda_graph, capture)
 
     def _capture(self, wanted: bool, capture: Capture | None) -> str:
@@ -382,8 +382,12 @@ class Vocoder:
             return ""
         if self.context is not None:
             return "chunks not captured: left_context_frames re-decodes a context of its own"
-        if not isinstance(self.decoder, CodecDecoder):  # MOSS-TTS's codec: its window grows
-            return "chunks not captured: this codec's stream state is not of fixed shape"
+        if isinstance(self.decoder, CodecDecoder):
+            graphs_of: Any = lambda *shape: StreamGraphs(self.decoder, *shape)  # noqa: E731
+        else:  # another codec captures its own chunks, if it can (MOSS-TTS's: codec/graphs.py)
+            graphs_of = getattr(self.decoder, "stream_graphs", None)
+        if graphs_of is None:
+            return "chunks not captured: this codec cannot capture its streamed chunks"
         if capture is None:
             from omni_core.engine.cuda_graphs import CapturedStep, graph_pool
 
@@ -398,9 +402,7 @@ class Vocoder:
 
         lengths = chunk_schedule(self.chunk_frames, self.chunk_growth, self.max_chunk_frames)
         try:
-            self.graphs = StreamGraphs(
-                self.decoder, row_buckets(self.batcher.max_batch), lengths, capture
-            )
+            self.graphs = graphs_of(row_buckets(self.batcher.max_batch), lengths, capture)
         except ValueError as exc:  # every chunk of the schedule is too large to keep
             return f"chunks not captured: {exc}"
         except RuntimeError as exc:  # fail soft: the eager chunks decode the same audio

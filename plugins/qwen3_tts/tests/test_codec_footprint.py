@@ -141,7 +141,7 @@ def test_the_stage_reserves_its_chunks_streams_and_graphs():
     context, note = stage_overhead(_factory(left_context_frames=25), footprint)
     assert context == PROCESS_SLACK + footprint.calls_peak(16, 25 + 48)
     assert "25 + 48 frames" in note
-    # a stage that decodes a batch in one call and captures nothing (MOSS-TTS's)
+    # a stage that decodes a batch in one call and captures nothing
     whole, note = stage_overhead(_factory(), footprint, chunk_memory=None, captured=False)
     assert whole == PROCESS_SLACK + footprint.chunk_bytes(16, 48) + 16 * footprint.state_bytes
     assert "in calls of 16" in note

@@ -21,16 +21,20 @@ All state is in parameters (no buffers), so the module can be built on the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..codec_footprint import CodecFootprint, codec_footprint
+from omni_qwen3_tts.codec_footprint import MAX_FRAME_ROWS
+
+from ..codec_footprint import CAPTURED_ROWS, CodecFootprint, codec_footprint
 from .config import CodecConfig, PatchSpec
 from .patch import Patch
 from .quantizer import ResidualQuantizer
-from .streaming import CodecStream
-from .transformer import ProjectedTransformer
+from .streaming import CodecStream, WindowShape
+from .transformer import KV, ProjectedTransformer
 
 
 class AudioTokenizer(nn.Module):
@@ -182,6 +186,41 @@ class AudioTokenizer(nn.Module):
             if low < 0 or high >= size:
                 raise ValueError(f"code ids must lie in [0, {size}), got [{low}, {high}]")
 
+    def window_shapes(self) -> list[WindowShape]:
+        """(layers, heads, window - 1, head_dim) of each decoder transformer: what a stream
+        carries per layer once its windows are full (``streaming.window_views``)."""
+        return [
+            (m.num_layers, m.spec.num_heads, m.window - 1, m.spec.head_dim)
+            for m in self.decoder
+            if isinstance(m, ProjectedTransformer)
+        ]
+
+    def stream_graphs(
+        self,
+        rows: Sequence[int],
+        frames: Sequence[int],
+        capture: Any,
+        max_frame_rows: int | None = MAX_FRAME_ROWS,
+    ) -> Any:
+        """This codec's streamed chunks captured as CUDA graphs (``graphs.py``), for the
+        vocoder stage, which asks its codec for them: buckets of at most
+        :data:`~..codec_footprint.CAPTURED_ROWS` rows."""
+        from .graphs import CodecStreamGraphs
+
+        rows = [r for r in rows if r <= CAPTURED_ROWS]
+        return CodecStreamGraphs(self, rows, frames, capture, max_frame_rows=max_frame_rows)
+
+    def decode_window(
+        self, codes: torch.Tensor, start: torch.Tensor, kv: list[list[KV]]
+    ) -> torch.Tensor:
+        """Codes ``[B, Q, T]`` of rows at positions ``start`` -> audio ``[B, T * 1920]`` in the
+        decoder's dtype, each row's full windows ``kv`` (``window_views``) read and then
+        overwritten with the next ones: a captured chunk (nothing read back to the host,
+        no shape that depends on a row's age)."""
+        x = self.quantizer.decode(codes.transpose(0, 1).long()).to(self._param(self.decoder).dtype)
+        x, _ = self._through_decoder(x, start, kv, in_place=True)
+        return x[:, 0]
+
     def _decode(self, codes: torch.Tensor, state: CodecStream | None) -> torch.Tensor:
         """Codes ``[Q, B, T]`` -> audio ``[B, T * 1920]``; with ``state``, continuing its rows."""
         param = self._param(self.decoder)
@@ -190,19 +229,33 @@ class AudioTokenizer(nn.Module):
             start = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         else:
             start = state.position
+        x, carried = self._through_decoder(x, start, None if state is None else state.kv)
+        if state is not None:
+            state.kv = carried
+            state.position = state.position + codes.shape[-1]
+            state.advanced()
+        return x[:, 0]
+
+    def _through_decoder(
+        self,
+        x: torch.Tensor,
+        start: torch.Tensor,
+        kv: list[list[KV]] | None,
+        in_place: bool = False,
+    ) -> tuple[torch.Tensor, list[list[KV]]]:
+        """The latent ``[B, C, T]`` through the decoder's patches and transformers; the
+        keys/values each transformer carries on (none without ``kv``)."""
         rate = 1  # steps per frame at the current module
         stage = 0
+        carried: list[list[KV]] = []
         for module in self.decoder:
             if isinstance(module, Patch):
                 x = module(x)
                 rate *= module.patch_size
                 continue
-            past = None if state is None else state.kv[stage]
-            x, carried = module.run(x, start * rate, past)
-            if state is not None and carried is not None:
-                state.kv[stage] = carried
+            past = None if kv is None else kv[stage]
+            x, kept = module.run(x, start * rate, past, in_place=in_place)
+            if kept is not None:
+                carried.append(kept)
             stage += 1
-        if state is not None:
-            state.position = state.position + codes.shape[-1]
-            state.advanced()
-        return x[:, 0]
+        return x, carried

@@ -29,6 +29,13 @@ are negative). :meth:`CodecStream.stack` is therefore a (padded)
 concatenation, :meth:`CodecStream.split` a slice and
 :meth:`CodecStream.adopt` a hand-over.
 
+Captured chunks (``graphs.py``) carry full windows instead: a stream they
+decoded holds its windows as views of one tensor ``[B, n]``
+(:attr:`CodecStream.flat`, laid out by :func:`window_views`), ``window - 1``
+positions per layer whatever its age, a young stream's padded in front
+with zeros at negative positions, which the mask excludes as it does a
+batch's padding. Every path here reads that form as it reads its own.
+
 The same streams usually come back together: a server's concurrent requests
 advance chunk by chunk in step. Stacking the rows a :meth:`~CodecStream.split`
 made, all of them and in order, hands back the state they were cut from
@@ -41,6 +48,49 @@ from __future__ import annotations
 import torch
 
 from .transformer import KV
+
+#: One decoder transformer's carried windows: (layers, heads, window - 1, head_dim).
+WindowShape = tuple[int, int, int, int]
+
+
+def window_width(shapes: list[WindowShape]) -> int:
+    """Elements of one row's full windows, every layer's keys and values."""
+    return sum(2 * layers * heads * length * dim for layers, heads, length, dim in shapes)
+
+
+def window_views(flat: torch.Tensor, shapes: list[WindowShape]) -> list[list[KV]]:
+    """Every layer's keys and values ``[B, heads, window - 1, head_dim]`` as views of the
+    rows of ``flat`` ``[B, window_width(shapes)]``: one copy moves a row's whole state."""
+    batch, offset = flat.shape[0], 0
+    stages = []
+    for layers, heads, length, dim in shapes:
+        size = heads * length * dim
+        layer_views = []
+        for _ in range(layers):
+            keys = flat[:, offset : offset + size].view(batch, heads, length, dim)
+            values = flat[:, offset + size : offset + 2 * size].view(batch, heads, length, dim)
+            layer_views.append((keys, values))
+            offset += 2 * size
+        stages.append(layer_views)
+    if offset != flat.shape[1]:
+        raise ValueError(f"windows of {offset} elements a row laid over rows of {flat.shape[1]}")
+    return stages
+
+
+def write_windows(target: torch.Tensor, stream: CodecStream, shapes: list[WindowShape]) -> None:
+    """Write ``stream``'s full windows into ``target`` ``[B, window_width]``: its own
+    :attr:`~CodecStream.flat`, or its carried positions behind zeros (a stream no
+    captured chunk has decoded; all zeros before its first frame)."""
+    if stream.flat is not None:
+        target.copy_(stream.flat)
+        return
+    target.zero_()
+    for stage, windows in zip(stream.kv, window_views(target, shapes), strict=True):
+        for (keys, values), (key_window, value_window) in zip(stage, windows, strict=True):
+            held = keys.shape[2]
+            if held:
+                key_window[:, :, key_window.shape[2] - held :].copy_(keys)
+                value_window[:, :, value_window.shape[2] - held :].copy_(values)
 
 
 class CodecStream:
@@ -62,6 +112,9 @@ class CodecStream:
         self.cut_from: tuple[CodecStream, int, int] | None = None
         #: Decodes this state has taken in place (:meth:`advanced`).
         self.version = 0
+        #: The tensor ``[batch, n]`` whose views :attr:`kv` are, when a captured chunk
+        #: made them (full windows, :func:`window_views`); None otherwise.
+        self.flat: torch.Tensor | None = None
 
     @classmethod
     def empty(
@@ -117,6 +170,7 @@ class CodecStream:
             kv = [[(k[rows], v[rows]) for k, v in stage] for stage in self.kv]
             part = CodecStream(size, kv, self.position[rows])
             part.cut_from = (self, start, self.version)
+            part.flat = None if self.flat is None else self.flat[rows]
             parts.append(part)
             start += size
         return parts
@@ -124,12 +178,12 @@ class CodecStream:
     def adopt(self, other: CodecStream) -> None:
         """Take ``other``'s contents (its rows of a batched decode) as this stream's own."""
         self.batch, self.kv, self.position = other.batch, other.kv, other.position
-        self.cut_from = other.cut_from
+        self.cut_from, self.flat = other.cut_from, other.flat
 
     def advanced(self) -> None:
         """Mark the rows changed in place (a decode did): they are no longer a split's views,
         and the views split from them earlier are no longer its rows."""
-        self.cut_from = None
+        self.cut_from = self.flat = None
         self.version += 1
 
     def nbytes(self) -> int:

@@ -99,7 +99,11 @@ class ProjectedTransformer(nn.Module):
         return self.run(x, start, None)[0]
 
     def run(
-        self, x: torch.Tensor, start: torch.Tensor, past: list[KV] | None
+        self,
+        x: torch.Tensor,
+        start: torch.Tensor,
+        past: list[KV] | None,
+        in_place: bool = False,
     ) -> tuple[torch.Tensor, list[KV] | None]:
         """Steps of ``x`` ``[B, C_in, T]`` at positions ``start[b] + t``.
 
@@ -107,6 +111,13 @@ class ProjectedTransformer(nn.Module):
         ``start`` (all layers equally long), or ``None`` for a signal that
         starts at ``start`` and whose keys need not be kept. Returns the
         output and, when ``past`` was given, the keys/values to carry on.
+
+        ``in_place``: ``past`` holds a full window (``window - 1`` positions,
+        the captured chunks' fixed shape, ``graphs.py``) and the window to
+        carry on is written into those very tensors, which are returned: a
+        CUDA graph reads and writes fixed addresses. Each layer's own keys are
+        a new tensor (``past`` joined with the chunk's), so overwriting its
+        ``past`` once the layer has run changes nothing it computed.
         """
         t = x.shape[-1]
         held = past[0][0].shape[2] if past else 0
@@ -117,10 +128,21 @@ class ProjectedTransformer(nn.Module):
         )
         mask = window_mask(start, held, t, self.window)
         keep = min(self.window - 1, held + t)
+        if in_place and (past is None or held != self.window - 1):
+            raise ValueError(
+                f"an in-place step needs a full window of {self.window - 1} positions, got {held}"
+            )
         carried: list[KV] | None = None if past is None else []
         for i, layer in enumerate(self.transformer.layers):
             h, keys, values = layer(h, rope, mask, past[i] if past else None)
-            if carried is not None:
-                first = keys.shape[2] - keep
+            if carried is None:
+                continue
+            first = keys.shape[2] - keep
+            if in_place:
+                assert past is not None
+                past[i][0].copy_(keys[:, :, first:])
+                past[i][1].copy_(values[:, :, first:])
+                carried.append(past[i])
+            else:
                 carried.append((keys[:, :, first:].contiguous(), values[:, :, first:].contiguous()))
         return self.output_proj(h).transpose(1, 2), carried
