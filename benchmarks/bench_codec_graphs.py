@@ -20,6 +20,13 @@ every shape captured (a served vocoder captures only those of at
 most ``stream_graphs.MAX_FRAME_ROWS`` frames across their rows; this says
 whether the larger would pay). ``benchmarks/gpu_check.py`` prints it beside
 its Qwen3-TTS rows.
+
+``--codec moss-tts``: MOSS-TTS's codec instead (``omni_moss_tts.codec.graphs``:
+full windows in one shared tensor), at the release's size from the codec's
+released ``config.json`` (``bench_moss_tts.codec_config``: ``MOSS_TTS_REF_SRC``
+or the fetched mirror; exit 2 where neither is here), its chunks 2 to 48
+frames, each stream first decoded a window's length in (``--moss-age``
+frames: its windows full, as a stream some seconds old has them).
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ from omni_core.sigterm import run_script
 #: (rows, frames): the first chunk of one stream and of eight, the longest chunk of each
 SHAPES = ((1, 4), (1, 48), (8, 4), (8, 48))
 SMOKE_SHAPES = ((1, 2), (2, 4))
+#: MOSS-TTS's: its stage's first chunk (2 frames) and its later ones (8, 32), one stream
+#: and eight (the most rows it captures, codec_footprint.CAPTURED_ROWS)
+MOSS_SHAPES = ((1, 2), (1, 8), (1, 32), (8, 2), (8, 8))
+MOSS_SMOKE_SHAPES = ((1, 2), (2, 8))
 
 
 def load_decoder(device: str, smoke: bool) -> Any:
@@ -53,6 +64,25 @@ def load_decoder(device: str, smoke: bool) -> Any:
         return load_codec(tmp, "dummy", None, device, 0).decoder
 
 
+def load_moss_codec(device: str, smoke: bool) -> Any:
+    """MOSS-TTS's codec at the release's size (or the tiny test codec), dummy weights, on
+    ``device``, as its vocoder stage loads it (``omni_moss_tts.loading.load_codec``)."""
+    import json
+
+    from omni_moss_tts.codec import tiny_codec_config
+    from omni_moss_tts.loading import load_codec
+
+    if smoke:
+        config = tiny_codec_config()
+    else:
+        import bench_moss_tts
+
+        config = bench_moss_tts.codec_config(bench_moss_tts.DEFAULT_REF_SRC)
+    with tempfile.TemporaryDirectory(prefix="bench-codec-graphs-moss-") as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        return load_codec("tiny", tmp, "dummy", torch.device(device), 0)
+
+
 def vocoders(decoder: Any, shapes: tuple[tuple[int, int], ...], smoke: bool) -> tuple[Any, Any]:
     """The vocoder stage's code decoding eagerly, and through graphs of ``shapes``."""
     from omni_qwen3_tts.speech_tokenizer.stream_graphs import StreamGraphs, row_buckets
@@ -60,8 +90,11 @@ def vocoders(decoder: Any, shapes: tuple[tuple[int, int], ...], smoke: bool) -> 
 
     rows = max(r for r, _ in shapes)
     lengths = sorted({f for _, f in shapes})
-    eager = Vocoder(decoder, lengths[0], None, max_batch_size=rows, cuda_graph=False)
-    captured = Vocoder(decoder, lengths[0], None, max_batch_size=rows, cuda_graph=False)
+    moss = hasattr(decoder, "stream_graphs")  # MOSS-TTS's codec captures its own chunks
+    # MOSS-TTS's vocoder: a batch in one call, chunks growing fourfold (stages.create_vocoder)
+    how: dict[str, Any] = {"chunk_growth": 4, "chunk_memory": None} if moss else {}
+    eager = Vocoder(decoder, lengths[0], None, max_batch_size=rows, cuda_graph=False, **how)
+    captured = Vocoder(decoder, lengths[0], None, max_batch_size=rows, cuda_graph=False, **how)
     if smoke:
         from omni_core.engine.cuda_graphs import FixedAddressReplay
 
@@ -76,26 +109,44 @@ def vocoders(decoder: Any, shapes: tuple[tuple[int, int], ...], smoke: bool) -> 
 
     # the shapes asked for, as the vocoder captures its schedule's (stream_graphs.py)
     # every shape, the vocoder's cap (MAX_FRAME_ROWS) aside: the table says where it pays
-    captured.graphs = StreamGraphs(
-        decoder, row_buckets(rows), lengths, capture, max_frame_rows=None
-    )
+    if moss:
+        captured.graphs = decoder.stream_graphs(row_buckets(rows), lengths, capture, None)
+    else:
+        captured.graphs = StreamGraphs(
+            decoder, row_buckets(rows), lengths, capture, max_frame_rows=None
+        )
     captured.graph_note = captured.graphs.note()
     return eager, captured
 
 
-def chunk_ms(vocoder: Any, decoder: Any, rows: int, frames: int, seed: int) -> float:
-    """One chunk of ``rows`` streams already a chunk in, through ``decode_streams``."""
+#: Frames a MOSS-TTS stream is decoded before its timed chunk (``--moss-age``): 10
+#: seconds, the release's windows full at every rate.
+MOSS_AGE = 125
+
+
+def chunk_ms(vocoder: Any, decoder: Any, rows: int, frames: int, seed: int, age: int = 0) -> float:
+    """One chunk of ``rows`` streams already a chunk (or ``age`` frames) in, through
+    ``decode_streams``."""
     gen = torch.Generator().manual_seed(seed)
     shape = (rows, decoder.cfg.num_quantizers, frames)
     codes = torch.randint(0, decoder.cfg.codebook_size, shape, generator=gen)
     streams = [decoder.new_stream() for _ in range(rows)]
+    if age:  # eagerly, a window's length in: the state a stream some seconds old carries
+        older = (rows, decoder.cfg.num_quantizers, age)
+        past = torch.randint(0, decoder.cfg.codebook_size, older, generator=gen)
+        rows_state = type(streams[0]).stack(streams)
+        decoder.stream_rows(past.to(next(decoder.parameters()).device), rows_state)
+        for stream, part in zip(streams, rows_state.split([1] * rows), strict=True):
+            stream.adopt(part)
     vocoder.decode_streams(codes, streams)  # past the first chunk: every tail exists
     started = time.perf_counter()
     vocoder.decode_streams(codes, streams)  # ends with the audio on the host
     return 1e3 * (time.perf_counter() - started)
 
 
-def compare(decoder: Any, shapes: tuple[tuple[int, int], ...], repeats: int, smoke: bool) -> str:
+def compare(
+    decoder: Any, shapes: tuple[tuple[int, int], ...], repeats: int, smoke: bool, age: int = 0
+) -> str:
     """The table: per shape, eager and captured ms a chunk (median), the ratio, and on a GPU
     the eager chunk's peak memory above what was allocated before it, beside what the
     planner counts for it (``codec_footprint.CodecFootprint.calls_peak``: a batch over
@@ -120,7 +171,7 @@ def compare(decoder: Any, shapes: tuple[tuple[int, int], ...], repeats: int, smo
             times: dict[str, list[float]] = {"eager": [], "graph": []}
             for i in range(repeats + 1):  # the first of each: untimed warm-up
                 for name, vocoder in (("eager", eager), ("graph", captured)):
-                    ms = chunk_ms(vocoder, decoder, rows, frames, seed=i)
+                    ms = chunk_ms(vocoder, decoder, rows, frames, seed=i, age=age)
                     if i:
                         times[name].append(ms)
             a, b = statistics.median(times["eager"]), statistics.median(times["graph"])
@@ -155,6 +206,18 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=10, help="timed chunks per shape and way")
     parser.add_argument("--smoke", action="store_true", help="tiny, on the CPU, one pass")
+    parser.add_argument(
+        "--codec",
+        choices=("qwen3-tts", "moss-tts"),
+        default="qwen3-tts",
+        help="Qwen3-TTS 0.6B's speech tokenizer decoder, or MOSS-TTS's codec",
+    )
+    parser.add_argument(
+        "--moss-age",
+        type=int,
+        default=MOSS_AGE,
+        help="MOSS-TTS: frames each stream is decoded before its timed chunk",
+    )
     args = parser.parse_args()
     if args.device is None and not args.smoke and not torch.cuda.is_available():
         # make bench runs every script as it is: here there is nothing to capture
@@ -165,9 +228,19 @@ def main() -> None:
         parser.error("a CUDA graph needs --device cuda (or --smoke, for the CPU's stand-in)")
     if device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {device}: torch sees no CUDA device here (try --smoke)")
+    repeats = 1 if args.smoke else args.repeats
+    if args.codec == "moss-tts":
+        try:
+            codec = load_moss_codec(device, args.smoke)
+        except FileNotFoundError as exc:  # the codec's released config.json is not here
+            parser.error(f"--codec moss-tts: {exc} (set MOSS_TTS_REF_SRC)")
+        shapes = MOSS_SMOKE_SHAPES if args.smoke else MOSS_SHAPES
+        age = 3 if args.smoke else args.moss_age
+        print(compare(codec, shapes, repeats, args.smoke, age=age))
+        return
     decoder = load_decoder(device, args.smoke)
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
-    print(compare(decoder, shapes, 1 if args.smoke else args.repeats, args.smoke))
+    print(compare(decoder, shapes, repeats, args.smoke))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ printed as skipped, never silently dropped:
    stages allocated at peak beyond the engine's share beside what the plan
    counts there, the engine's activations and graphs and the vocoder whole:
    ``omni_core/plan/headroom.py``, ``codec_footprint.py``);
+   MOSS-TTS's first row also says what its vocoder captured
+   (``omni_moss_tts/codec/graphs.py``);
    Qwen3-Omni's row comes with what each engine stage's log said of its static
    steps (which buckets were captured as CUDA graphs, how long that took, and
    why a step was not captured), and what its code2wav said of its chunks.
@@ -609,9 +611,10 @@ def measure_moss(device: str, levels: list[int], frames: int, smoke: bool) -> li
     label = "MOSS-TTS tiny" if smoke else "MOSS-TTS 8B"
     rows = [level_row(label, r.concurrency, r.wall_s, r.audio_s, r.first_audio_s) for r in runs]
     cache = cache_note(printed, bench.CACHE_MARK) if share is not None else ""
+    codec = codec_note(printed)  # its chunks as CUDA graphs (codec/graphs.py), or why not
     for i, (row, run) in enumerate(zip(rows, runs, strict=True)):
         split = moss_frame_split(bench, run) if run.codec_s else ""
-        first = (cache, memory) if i == 0 else ()
+        first = (codec, cache, memory) if i == 0 else ()
         row.note = "; ".join(part for part in (split, note, *first) if part)
     return rows
 

@@ -195,6 +195,18 @@ def test_the_codec_graph_benchmark_has_nothing_to_time_without_cuda_and_says_so(
     assert "--device cuda: torch sees no CUDA device here (try --smoke)" in asked.stderr
 
 
+def test_the_codec_graph_benchmark_times_the_moss_codecs_chunks_too(run_smoke) -> None:
+    """``--codec moss-tts``: the MOSS codec's own graphs (full windows, shared), each shape
+    timed both ways on streams decoded a few frames in first."""
+    ran = run_smoke("bench_codec_graphs.py", "--codec", "moss-tts")
+    ran.check()
+    assert "captured as 4 CUDA graphs (rows x frames: 1 x 2-8, 2 x 2-8; full windows of 2 " in (
+        ran.stdout
+    )
+    shapes = re.findall(r"^ +(\d+) +(\d+) +[\d.]+ +[\d.]+ +[\d.]+x$", ran.stdout, re.MULTILINE)
+    assert shapes == [("1", "2"), ("2", "8")], ran.stdout
+
+
 def test_the_qwen3_tts_sides_alternate_and_each_keeps_its_fastest_round(run_smoke) -> None:
     ran = run_smoke("bench_qwen3_tts.py", "--rounds", "2")
     ran.check()
