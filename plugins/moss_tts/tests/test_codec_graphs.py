@@ -113,21 +113,56 @@ def test_buckets_up_to_the_captured_rows_share_one_state_tensor(codec):
     assert "8 x 2-8; full windows of 8 rows shared" in note
 
 
-def test_a_stream_leaves_the_graphs_with_its_rows_of_one_copy(codec, graphs):
-    """After a replay each stream's windows are views of one copy of its rows (the next
-    replay overwrites the shared tensor), in the window layout, advanced in position."""
-    streams = [codec.new_stream(), codec.new_stream()]
+def _rows_of(stream: Any, graphs: Any) -> int | None:
+    """Which row of the shared windows ``stream``'s windows are, or None (its own copy)."""
+    width = graphs.state.stride(0) * graphs.state.element_size()
+    offset = stream.flat.data_ptr() - graphs.state.data_ptr()
+    inside = 0 <= offset < graphs.state.shape[0] * width
+    return offset // width if inside else None
+
+
+def test_streams_in_the_same_company_are_not_copied_in_or_out(codec):
+    """After a replay a stream's windows are its rows of the shared tensor (views, in the
+    window layout); the same streams in the same order next time copy nothing; another
+    company first gives them copies of their own, equal to what they held."""
+    graphs = codec.stream_graphs([1, 2, 4], [2], FixedAddressReplay)
+    first, second, third = (codec.new_stream() for _ in range(3))
     with torch.inference_mode():
-        graphs.decode(_codes(2, 2, 7), streams)
-    for row, stream in enumerate(streams):
-        assert stream.flat is not None and stream.flat.data_ptr() != graphs.state.data_ptr()
-        assert int(stream.position[0]) == 2
-        views = window_views(stream.flat, codec.window_shapes())
-        assert stream.kv[0][0][0].data_ptr() == views[0][0][0].data_ptr()
-        assert torch.equal(stream.flat[0], graphs.state[row])
-    with torch.inference_mode():  # an eager chunk replaces the views with its own windows
-        codec.stream_rows(_codes(1, 3, 8), streams[0])
-    assert streams[0].flat is None and int(streams[0].position[0]) == 5
+        graphs.decode(_codes(2, 2, 7), [first, second])
+        assert graphs.copied_in == 2
+        assert (_rows_of(first, graphs), _rows_of(second, graphs)) == (0, 1)
+        views = window_views(first.flat, codec.window_shapes())
+        assert first.kv[0][0][0].data_ptr() == views[0][0][0].data_ptr()
+        graphs.decode(_codes(2, 2, 8), [first, second])  # the same company: nothing copied
+        assert graphs.copied_in == 2
+        assert [int(s.position[0]) for s in (first, second)] == [4, 4]
+        graphs.decode(_codes(2, 2, 9), [second, first])  # another order: copied again
+        assert graphs.copied_in == 4
+        assert (_rows_of(second, graphs), _rows_of(first, graphs)) == (0, 1)
+        held = [first.flat.clone(), second.flat.clone()]
+        graphs.decode(_codes(1, 2, 10), [third])  # another company takes row 0
+        assert _rows_of(third, graphs) == 0 and graphs.copied_in == 5
+        assert _rows_of(first, graphs) is None and _rows_of(second, graphs) is None
+        assert torch.equal(first.flat, held[0]) and torch.equal(second.flat, held[1])
+        assert first.kv[0][0][0].data_ptr() == first.flat.data_ptr()
+        codec.stream_rows(_codes(1, 3, 11), third)  # an eager chunk: windows of its own
+    assert third.flat is None and int(third.position[0]) == 5
+    with torch.inference_mode():  # its old rows, though still its last replay's, are not
+        graphs.decode(_codes(1, 2, 12), [third])
+    assert graphs.copied_in == 6 and int(third.position[0]) == 7
+
+
+def test_a_stream_whose_request_ended_is_not_copied_out(codec):
+    import gc
+
+    graphs = codec.stream_graphs([1, 2], [2], FixedAddressReplay)
+    kept, ended = codec.new_stream(), codec.new_stream()
+    with torch.inference_mode():
+        graphs.decode(_codes(2, 2, 13), [kept, ended])
+        del ended
+        gc.collect()
+        graphs.decode(_codes(1, 2, 14), [codec.new_stream()])
+    assert graphs.copied_out == 1 and _rows_of(kept, graphs) is None
 
 
 def test_a_captured_chunk_reads_nothing_from_the_device(codec, graphs):

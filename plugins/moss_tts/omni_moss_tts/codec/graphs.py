@@ -23,11 +23,18 @@ it, ``streaming.window_views``), and a chunk writes its next windows there
 in place (``ProjectedTransformer.run(in_place=True)``), so no graph keeps
 state of its own: the captured shapes add that one tensor, their shared
 pool's activations (a chunk's, with no state in it) and their audio
-(``CodecFootprint.graph_bytes``, ``shared_state``). A replay copies the
-streams' windows in (one concatenation; a stream no graph has decoded yet
-is written behind zeros, ``streaming.write_windows``) and the next windows
-out (one copy for the batch; each stream keeps its rows as views,
-:attr:`~.streaming.CodecStream.flat`).
+(``CodecFootprint.graph_bytes``, ``shared_state``).
+
+After a replay each stream's windows are its rows of that tensor
+(:attr:`~.streaming.CodecStream.flat`, views), so the usual next chunk, the
+same streams in the same order, copies nothing in or out: a server's
+concurrent requests advance chunk by chunk in step, and at the release's
+size eight streams' windows are 1.35 GB to read and write twice a chunk
+otherwise, as much traffic as the chunk's own weights. When another company
+replays, the streams that held the rows first get copies of their own (one
+copy a stream), and the new company's windows are copied in (one
+concatenation; a stream no graph has decoded yet is written behind zeros,
+``streaming.write_windows``).
 
 A chunk of a length the schedule does not have (a stream's last, a voice
 clone's reference) or a batch above the largest bucket runs eagerly, on
@@ -40,6 +47,7 @@ differs raises: the vocoder then decodes eagerly.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +108,12 @@ class CodecStreamGraphs:
         self.device_generator = torch.Generator(device=param.device).manual_seed(seed)
         self.graphs: dict[tuple[int, int], Any] = {}
         self.replays = 0  # chunks decoded by a graph (tests, figures)
+        self.copied_in = 0  # streams whose windows a replay had to copy in (tests, figures)
+        self.copied_out = 0  # streams given their own copy before another company replayed
+        #: The streams whose windows are rows of :attr:`state` (in row order) and their
+        #: versions then: the company of the last replay. Weak: a stream whose request
+        #: has ended is not kept, nor copied out.
+        self.held: list[tuple[weakref.ref[CodecStream], int]] = []
         started = time.perf_counter()
         with torch.inference_mode():
             for bucket, length in reversed(shapes):  # largest first: it sets the pool's size
@@ -138,28 +152,51 @@ class CodecStreamGraphs:
             return None
         codes_in, position_in = graph.inputs
         codes_in[:batch].copy_(codes)
-        flats = [s.flat for s in streams]
-        if len(streams) > 1 and all(f is not None for f in flats):  # the usual case
-            torch.cat(flats, out=self.state[:batch])  # type: ignore[arg-type]
-        else:  # one stream, or some that no graph has decoded yet (most: fresh ones)
-            row = 0
-            for stream in streams:
-                write_windows(self.state[row : row + stream.batch], stream, self.shapes)
-                row += stream.batch
+        if not self._holds(streams):
+            self._release()
+            flats = [s.flat for s in streams]
+            if len(streams) > 1 and all(f is not None for f in flats):
+                torch.cat(flats, out=self.state[:batch])  # type: ignore[arg-type]
+            else:  # one stream, or some that no graph has decoded yet (most: fresh ones)
+                row = 0
+                for stream in streams:
+                    write_windows(self.state[row : row + stream.batch], stream, self.shapes)
+                    row += stream.batch
+            self.copied_in += len(streams)
         torch.cat([s.position for s in streams], out=position_in[:batch])
         wav = graph.replay()
         self.replays += 1
-        kept = self.state[:batch].clone()  # the next replay overwrites the shared windows
         advanced = position_in[:batch] + length
         row = 0
         for stream in streams:
             rows = slice(row, row + stream.batch)
-            part = CodecStream(stream.batch, window_views(kept[rows], self.shapes), advanced[rows])
-            part.flat = kept[rows]
+            windows = self.state[rows]  # the stream's own until another company replays
+            part = CodecStream(stream.batch, window_views(windows, self.shapes), advanced[rows])
+            part.flat = windows
             stream.adopt(part)
             stream.version += 1  # changed: views split from it earlier are no longer its rows
             row += stream.batch
+        self.held = [(weakref.ref(stream), stream.version) for stream in streams]
         return [wav[r : r + 1] for r in range(batch)]
+
+    def _holds(self, streams: list[CodecStream]) -> bool:
+        """Whether the shared windows are ``streams``' own, in this order, as the last replay
+        left them (no eager chunk has advanced one since): then nothing is copied in."""
+        return len(streams) == len(self.held) and all(
+            stream is held() and stream.version == version
+            for stream, (held, version) in zip(streams, self.held, strict=True)
+        )
+
+    def _release(self) -> None:
+        """Give the streams whose windows are rows of the shared tensor copies of their own,
+        before another company's windows overwrite those rows (one copy a stream)."""
+        for held, version in self.held:
+            stream = held()
+            if stream is not None and stream.version == version and stream.flat is not None:
+                own = stream.flat.clone()
+                stream.kv, stream.flat = window_views(own, self.shapes), own
+                self.copied_out += 1
+        self.held = []
 
     # -- capture --------------------------------------------------------------------
 
@@ -191,6 +228,7 @@ class CodecStreamGraphs:
     def _check(self, graph: Any, bucket: int, length: int) -> None:
         """Replay on fresh inputs against an eager run of the same chunk; raise if they differ."""
         codes, position, windows = self._example(bucket, length)
+        self._release()
         self.state[:bucket].copy_(windows)
         eager = self._chunk(codes, position).clone()
         eager_windows = self.state[:bucket].clone()
