@@ -10,19 +10,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from wide_codec import wide_codec_config  # noqa: E402
+
 from omni_core.kit.allocation_peak import AllocationPeak  # noqa: E402
 from omni_moss_tts.codec import AudioTokenizer, CodecConfig, tiny_codec_config  # noqa: E402
 
 
-def _wide_config() -> dict:
-    """The tiny codec with its first decoder transformer at the release's width and heads."""
-    raw = tiny_codec_config()
-    first = next(s for s in raw["decoder_kwargs"] if s["module_type"] == "Transformer")
-    first.update(d_model=1280, num_heads=20, dim_feedforward=5120)
-    return raw
-
-
-@pytest.mark.parametrize("raw", [tiny_codec_config(), _wide_config()], ids=["tiny", "wide"])
+@pytest.mark.parametrize("raw", [tiny_codec_config(), wide_codec_config()], ids=["tiny", "wide"])
 def test_the_formula_holds_what_a_full_stream_allocates(raw):
     with torch.device("meta"):
         codec = AudioTokenizer(CodecConfig.from_dict(raw))

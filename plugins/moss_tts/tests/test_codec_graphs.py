@@ -20,6 +20,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from wide_codec import wide_codec_config  # noqa: E402
+
 from omni_core.engine.cuda_graphs import FixedAddressReplay  # noqa: E402
 from omni_core.kit.allocation_peak import AllocationPeak  # noqa: E402
 from omni_moss_tts.codec import (  # noqa: E402
@@ -183,15 +185,7 @@ def test_a_capture_that_replays_stale_output_is_refused(codec):
         codec.stream_graphs([1], [2], StaleReplay)
 
 
-def _wide_config() -> dict:
-    """The tiny codec with its first decoder transformer at the release's width and heads."""
-    raw = tiny_codec_config()
-    first = next(s for s in raw["decoder_kwargs"] if s["module_type"] == "Transformer")
-    first.update(d_model=1280, num_heads=20, dim_feedforward=5120)
-    return raw
-
-
-@pytest.mark.parametrize("raw", [tiny_codec_config(), _wide_config()], ids=["tiny", "wide"])
+@pytest.mark.parametrize("raw", [tiny_codec_config(), wide_codec_config()], ids=["tiny", "wide"])
 def test_the_captured_chunk_allocates_what_the_footprint_says(raw):
     """Counted on ``meta``: a captured chunk's activations (its windows written in place)
     within the footprint's pool per row, and the shared tensor a row's state."""

@@ -145,6 +145,17 @@ def chunk_schedule(first: int, growth: int, largest: int) -> list[int]:
     return lengths
 
 
+def shapes_said(shapes: Iterable[tuple[int, int]]) -> str:
+    """Captured (rows, frames) shapes for a log line: ``1 x 2-8, 2 x 2-8, 4 x 2``."""
+    lengths: dict[int, list[int]] = {}
+    for rows, frames in sorted(shapes):
+        lengths.setdefault(rows, []).append(frames)
+    said = []
+    for rows, of in lengths.items():
+        said.append(f"{rows} x {of[0]}" if len(of) == 1 else f"{rows} x {of[0]}-{of[-1]}")
+    return ", ".join(said)
+
+
 def captured_shapes(rows: Iterable[int], frames: Iterable[int], max_frame_rows: int | None):
     """The (rows, frames) shapes a vocoder captures: every pair within ``max_frame_rows``."""
     return [

@@ -55,6 +55,7 @@ import torch
 
 from omni_core.schema.sizes import format_bytes
 from omni_qwen3_tts.codec_footprint import MAX_FRAME_ROWS, captured_shapes
+from omni_qwen3_tts.speech_tokenizer.stream_graphs import CapturedChunks
 
 from .streaming import CodecStream, window_views, window_width, write_windows
 
@@ -66,12 +67,12 @@ if TYPE_CHECKING:
 CHECK_TOLERANCE = {"rtol": 1e-3, "atol": 1e-3}
 
 
-class CodecStreamGraphs:
+class CodecStreamGraphs(CapturedChunks):
     """Captured chunks of ``codec`` (an ``AudioTokenizer``) for ``rows`` buckets x ``frames``.
 
-    The interface is the Qwen codecs' ``StreamGraphs``': :meth:`decode` returns each
-    row's audio, or None where no graph has the shape; :meth:`note` says what was
-    captured.
+    The interface is the Qwen codecs' ``StreamGraphs``' (their shared
+    ``CapturedChunks``): :meth:`decode` returns each row's audio, or None where no
+    graph has the shape; :meth:`note` says what was captured.
     """
 
     def __init__(
@@ -120,34 +121,17 @@ class CodecStreamGraphs:
                 self.graphs[(bucket, length)] = self._capture(capture, bucket, length)
         self.seconds = time.perf_counter() - started
 
-    def note(self) -> str:
-        """What was captured, for the log."""
-        shapes = []
-        for bucket in self.rows:
-            lengths = [t for b, t in sorted(self.graphs) if b == bucket]
-            if lengths:
-                span = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
-                shapes.append(f"{bucket} x {span}")
-        return (
-            f"streamed chunks captured as {len(self.graphs)} CUDA graphs (rows x frames: "
-            f"{', '.join(shapes)}; full windows of {self.state.shape[0]} rows shared, "
-            f"{format_bytes(self.state.nbytes)}) in {self.seconds:.1f} s, "
-            "each checked against an eager chunk"
-        )
-
-    def bucket(self, batch: int) -> int | None:
-        """The smallest captured row count that holds ``batch`` rows, if any."""
-        return next((b for b in self.rows if b >= batch), None)
+    def held_note(self) -> str:
+        """The one state tensor the graphs share (``CapturedChunks.note``)."""
+        shared = format_bytes(self.state.nbytes)
+        return f"; full windows of {self.state.shape[0]} rows shared, {shared}"
 
     def decode(self, codes: torch.Tensor, streams: list[CodecStream]) -> list[torch.Tensor] | None:
         """Codes ``[B, Q, T]`` (on the codec's device) of the rows of ``streams`` -> each row's
         audio ``[1, T * 1920]`` (views of the graph's buffer, in the decoder's dtype),
         advancing every stream; None where no graph has this shape."""
         batch, length = codes.shape[0], codes.shape[-1]
-        if sum(s.batch for s in streams) != batch:
-            raise ValueError(f"codes have {batch} rows, the streams {[s.batch for s in streams]}")
-        bucket = self.bucket(batch)
-        graph = None if bucket is None else self.graphs.get((bucket, length))
+        graph = self.graph_for(codes, streams)
         if graph is None:
             return None
         codes_in, position_in = graph.inputs

@@ -53,10 +53,18 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ..codec_footprint import MAX_FRAME_ROWS, captured_shapes, chunk_schedule, row_buckets
+from omni_core.engine.buckets import bucket_for
+
+from ..codec_footprint import (
+    MAX_FRAME_ROWS,
+    captured_shapes,
+    chunk_schedule,
+    row_buckets,
+    shapes_said,
+)
 from .streaming import StreamState
 
-__all__ = ["MAX_FRAME_ROWS", "StreamGraphs", "chunk_schedule", "row_buckets"]
+__all__ = ["MAX_FRAME_ROWS", "CapturedChunks", "StreamGraphs", "chunk_schedule", "row_buckets"]
 
 #: Replay and eager run of a captured chunk must agree this closely (float32 codecs
 #: replay the same kernels, bit for bit; bf16 ones may differ by a rounding).
@@ -77,7 +85,41 @@ class Replayable(Protocol):
 Capture = Callable[[Callable[..., Any], Sequence[torch.Tensor]], Replayable]
 
 
-class StreamGraphs:
+class CapturedChunks:
+    """What every codec's captured chunks share: the row buckets, the bucket a batch goes
+    to, and the log line (MOSS-TTS's codec: ``omni_moss_tts.codec.graphs``)."""
+
+    rows: list[int]
+    graphs: dict[tuple[int, int], Any]
+    seconds: float
+
+    def note(self) -> str:
+        """What was captured, for the log: the shapes and how long it took."""
+        return (
+            f"streamed chunks captured as {len(self.graphs)} CUDA graphs (rows x frames: "
+            f"{shapes_said(self.graphs)}{self.held_note()}) in {self.seconds:.1f} s, each "
+            "checked against an eager chunk"
+        )
+
+    def held_note(self) -> str:
+        """What the graphs hold beside their shapes, for :meth:`note` (nothing here)."""
+        return ""
+
+    def bucket(self, batch: int) -> int | None:
+        """The smallest captured row count that holds ``batch`` rows, if any."""
+        return bucket_for(batch, tuple(self.rows))
+
+    def graph_for(self, codes: torch.Tensor, streams: Sequence[Any]) -> Any | None:
+        """The graph of ``codes``' shape ``[B, K, T]`` (its rows bucketed), or None where none
+        was captured: the caller decodes eagerly. ``streams`` hold the ``B`` rows."""
+        batch, length = codes.shape[0], codes.shape[-1]
+        if sum(s.batch for s in streams) != batch:
+            raise ValueError(f"codes have {batch} rows, the streams {[s.batch for s in streams]}")
+        bucket = self.bucket(batch)
+        return None if bucket is None else self.graphs.get((bucket, length))
+
+
+class StreamGraphs(CapturedChunks):
     """Captured chunks of ``decoder`` (a ``CodecDecoder``) for ``rows`` buckets x ``frames``."""
 
     def __init__(
@@ -115,32 +157,12 @@ class StreamGraphs:
             )
         self.seconds = time.perf_counter() - started
 
-    def note(self) -> str:
-        """What was captured, for the log: the shapes and how long it took."""
-        shapes = []
-        for bucket in self.rows:
-            lengths = [t for b, t in sorted(self.graphs) if b == bucket]
-            if lengths:
-                span = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
-                shapes.append(f"{bucket} x {span}")
-        return (
-            f"streamed chunks captured as {len(self.graphs)} CUDA graphs (rows x frames: "
-            f"{', '.join(shapes)}) in {self.seconds:.1f} s, each checked against an eager chunk"
-        )
-
-    def bucket(self, batch: int) -> int | None:
-        """The smallest captured row count that holds ``batch`` rows, if any."""
-        return next((b for b in self.rows if b >= batch), None)
-
     def decode(self, codes: torch.Tensor, streams: list[StreamState]) -> list[torch.Tensor] | None:
         """Codes ``[B, K, T]`` (on the decoder's device) of one row per stream -> each row's
         audio ``[1, N_row]`` (views of the graph's buffer), advancing every stream; ``None``
         where no graph has this shape (the caller decodes eagerly)."""
-        batch, length = codes.shape[0], codes.shape[-1]
-        if sum(s.batch for s in streams) != batch:
-            raise ValueError(f"codes have {batch} rows, the streams {[s.batch for s in streams]}")
-        bucket = self.bucket(batch)
-        graph = None if bucket is None else self.graphs.get((bucket, length))
+        batch = codes.shape[0]
+        graph = self.graph_for(codes, streams)
         if graph is None:
             return None
         fresh = [f for s in streams for f in s.fresh]
