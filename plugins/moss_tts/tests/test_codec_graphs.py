@@ -226,15 +226,16 @@ def test_the_moss_vocoder_decodes_through_its_graphs_and_says_so(codec):
     stale = vocoder(capture=StaleReplay)
     assert stale.graphs is None
     assert stale.graph_note.startswith("chunks not captured, decoded eagerly (RuntimeError: ")
-    codes = _codes(2, 10, 21)
+    codes = _codes(2, 15, 21)
     ours = [codec.new_stream(), codec.new_stream()]
     theirs = [codec.new_stream(), codec.new_stream()]
-    for start, stop in ((0, 2), (2, 10)):
+    # 3 frames: both streams eagerly together, between chunks of the graphs' same company
+    for start, stop in ((0, 2), (2, 10), (10, 13), (13, 15)):
         got = captured.decode_streams(codes[..., start:stop], ours)
         want = plain.decode_streams(codes[..., start:stop], theirs)
         for a, b in zip(got, want, strict=True):
             assert a.shape == b.shape and abs(a - b).max() < 1e-5
-    assert captured.graphs.replays == 2
+    assert captured.graphs.replays == 3
 
 
 def test_the_plan_counts_the_graphs_unless_the_stage_turns_them_off():

@@ -165,11 +165,20 @@ class CodecStreamGraphs(CapturedChunks):
 
     def _holds(self, streams: list[CodecStream]) -> bool:
         """Whether the shared windows are ``streams``' own, in this order, as the last replay
-        left them (no eager chunk has advanced one since): then nothing is copied in."""
-        return len(streams) == len(self.held) and all(
-            stream is held() and stream.version == version
-            for stream, (held, version) in zip(streams, self.held, strict=True)
-        )
+        left them: then nothing is copied in. Each stream's windows must still be its rows
+        there (an eager chunk of several streams hands each new windows of its own
+        without a version of its own changing), at the same version (one of its own)."""
+        if len(streams) != len(self.held):
+            return False
+        row = 0
+        for stream, (held, version) in zip(streams, self.held, strict=True):
+            flat = stream.flat
+            if stream is not held() or stream.version != version or flat is None:
+                return False
+            if flat.data_ptr() != self.state[row].data_ptr():
+                return False
+            row += stream.batch
+        return True
 
     def _release(self) -> None:
         """Give the streams whose windows are rows of the shared tensor copies of their own,
