@@ -52,7 +52,13 @@ from .model import Qwen3TTSModel, build_speech_tokenizer
 from .prompt import PromptBuilder, PromptError
 from .speech_tokenizer import SpeechTokenizer
 from .speech_tokenizer.decoder import CodecDecoder
-from .speech_tokenizer.stream_graphs import Capture, StreamGraphs, chunk_schedule, row_buckets
+from .speech_tokenizer.stream_graphs import (
+    Capture,
+    CapturedChunks,
+    StreamGraphs,
+    chunk_schedule,
+    row_buckets,
+)
 from .tokenizer import TextTokenizer
 from .weights import read_json, resolve_model_path
 
@@ -373,7 +379,7 @@ class Vocoder:
         footprint = getattr(decoder, "footprint", None)  # a codec without one: one call a batch
         self.footprint: CodecFootprint | None = footprint() if footprint else None
         self.chunk_memory = chunk_memory
-        self.graphs: Any = None  # StreamGraphs, or the codec's own (MOSS-TTS: CodecStreamGraphs)
+        self.graphs: CapturedChunks | None = None  # StreamGraphs, or the codec's own
         self.graph_note = self._capture(cuda_graph, capture)
 
     def _capture(self, wanted: bool, capture: Capture | None) -> str:
@@ -383,7 +389,7 @@ class Vocoder:
         if self.context is not None:
             return "chunks not captured: left_context_frames re-decodes a context of its own"
         if isinstance(self.decoder, CodecDecoder):
-            graphs_of: Any = lambda *shape: StreamGraphs(self.decoder, *shape)  # noqa: E731
+            graphs_of: Any = functools.partial(StreamGraphs, self.decoder)
         else:  # another codec captures its own chunks, if it can (MOSS-TTS's: codec/graphs.py)
             graphs_of = getattr(self.decoder, "stream_graphs", None)
         if graphs_of is None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -35,6 +35,9 @@ from .patch import Patch
 from .quantizer import ResidualQuantizer
 from .streaming import CodecStream, WindowShape
 from .transformer import KV, ProjectedTransformer
+
+if TYPE_CHECKING:
+    from .graphs import CodecStreamGraphs
 
 
 class AudioTokenizer(nn.Module):
@@ -201,7 +204,7 @@ class AudioTokenizer(nn.Module):
         frames: Sequence[int],
         capture: Any,
         max_frame_rows: int | None = MAX_FRAME_ROWS,
-    ) -> Any:
+    ) -> CodecStreamGraphs:
         """This codec's streamed chunks captured as CUDA graphs (``graphs.py``), for the
         vocoder stage, which asks its codec for them: buckets of at most
         :data:`~..codec_footprint.CAPTURED_ROWS` rows."""

@@ -92,6 +92,12 @@ class CapturedChunks:
     rows: list[int]
     graphs: dict[tuple[int, int], Any]
     seconds: float
+    replays: int  # chunks decoded by a graph (tests, figures)
+
+    def decode(self, codes: torch.Tensor, streams: Sequence[Any]) -> list[torch.Tensor] | None:
+        """Each row's audio of one chunk of ``streams`` through its graph, advancing them;
+        None where no graph has the shape (the caller decodes eagerly)."""
+        raise NotImplementedError
 
     def note(self) -> str:
         """What was captured, for the log: the shapes and how long it took."""
