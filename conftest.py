@@ -9,6 +9,7 @@ called done.
 from __future__ import annotations
 
 import atexit
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -49,6 +50,10 @@ if "OMNI_TEST_RUN_ROOT" not in os.environ:  # the main process; a nested pytest 
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
     _PARENT = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
     remove_stale_run_roots(_PARENT)
+    # multiprocessing's own directory (pymp-*) of this process is made now, outside the
+    # run's: made under it later, it would be gone by the time multiprocessing's exit
+    # handler removes it (after pytest_unconfigure), which then printed a traceback.
+    multiprocessing.util.get_temp_dir()
     _RUN_ROOT = tempfile.mkdtemp(prefix="omni-run-", dir=_PARENT)
     Path(_RUN_ROOT, RUN_OWNER).write_text(str(os.getpid()))
     os.environ["OMNI_TEST_RUN_ROOT"] = os.environ["TMPDIR"] = _RUN_ROOT
