@@ -74,6 +74,9 @@ def _frame_split(note: str) -> tuple[float, float, float]:
     return engine, codec, frame
 
 
+# the smoke run above measures in such children already, under the same guard; this one
+# reads a child's file directly (~8 s more): make test-all
+@pytest.mark.slow
 def test_a_measuring_child_imports_no_pytest(run_smoke, short_tmp):
     out = short_tmp / "rows.json"
     ran = run_smoke(

@@ -158,6 +158,7 @@ def test_a_compiled_step_with_regions_equals_eager_through_inductor():
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.slow  # a second cold inductor build (~9 s here): make test-all
 def test_a_layer_that_breaks_the_graph_compiles_in_pieces_and_says_so(monkeypatch, caplog):
     """A region must be traced whole; a layer dynamo cannot take so is compiled as before."""
     finish = Block.finish
