@@ -46,7 +46,7 @@ from omni_core.sigterm import run_script
 SHAPES = ((1, 4), (1, 48), (8, 4), (8, 48))
 SMOKE_SHAPES = ((1, 2), (2, 4))
 #: MOSS-TTS's: its stage's first chunk (2 frames) and its later ones (8, 32), one stream
-#: and eight (the most rows it captures, codec_footprint.CAPTURED_ROWS)
+#: and eight (the most rows it captures by default: its vocoder's cuda_graph_max_bs)
 MOSS_SHAPES = ((1, 2), (1, 8), (1, 32), (8, 2), (8, 8))
 MOSS_SMOKE_SHAPES = ((1, 2), (2, 8))
 

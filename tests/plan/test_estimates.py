@@ -244,6 +244,14 @@ def test_vocoder_stages_reserve_their_streams_chunks_and_graphs(plugins, configu
     plain = collect_estimates(configure(MossTTSPipeline, {"vocoder": {"factory": eager}}), plugins)
     assert plain["vocoder"].overhead_bytes == PROCESS_SLACK + batch
     assert "CUDA graphs" not in plain["vocoder"].source
+    # factory.cuda_graph_max_bs = 16: the shared windows are 16 rows tall
+    tall = factory.model_copy(update={"cuda_graph_max_bs": 16})
+    taller = collect_estimates(configure(MossTTSPipeline, {"vocoder": {"factory": tall}}), plugins)
+    sixteen = [(r, t) for r in (1, 2, 4, 8, 16) for t in (2, 8, 32, 48) if r * t <= 64]
+    wide = codec_footprint(RELEASE_DECODER, 4, captured_rows=16).graph_bytes(sixteen)
+    assert taller["vocoder"].overhead_bytes == PROCESS_SLACK + batch + wide
+    assert wide - graphs >= 8 * footprint.state_bytes
+    assert "CUDA graphs 2.7" in taller["vocoder"].source
 
     tts = collect_estimates(Qwen3TTSPipeline(), plugins)["vocoder"]
     assert "in calls of 5" in tts.source and "CUDA graphs" in tts.source

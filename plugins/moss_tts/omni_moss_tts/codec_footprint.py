@@ -37,18 +37,24 @@ RELEASE_DECODER: tuple[Stage, ...] = (
 )
 SAMPLES_PER_FRAME = 1920
 
-#: Most rows a captured chunk has (``codec/graphs.py``): the graphs share one tensor of
-#: full windows for their largest bucket, 170 MB a row at the release's size in float32,
-#: so 8 rows keep 1.35 GB where 16 would keep 2.7 GB, and ``examples/moss_tts.toml``'s
-#: vocoder would no longer fit beside its engine on an 80 GB GPU. A batch of more rows
-#: is a chunk's worth of arithmetic for each of them, where launching kernels matters least.
+#: Most rows a captured chunk has by default (the vocoder's ``factory.cuda_graph_max_bs``;
+#: ``codec/graphs.py``): the graphs share one tensor of full windows for their largest
+#: bucket, 170 MB a row at the release's size in float32, so 8 rows keep 1.35 GB where 16
+#: keep 2.7 GB: the default leaves ``examples/moss_tts.toml``'s vocoder room beside its
+#: engine on an 80 GB GPU (the plan: 16.93 GiB of the 20 left; 18.25 GiB with 16 rows),
+#: and a GPU with memory to spare may take 16. A batch of more rows is a chunk's worth of
+#: arithmetic for each of them, where launching kernels matters least.
 CAPTURED_ROWS = 8
 
 
 def codec_footprint(
-    stages: Sequence[Stage], itemsize: int, samples_per_frame: int = SAMPLES_PER_FRAME
+    stages: Sequence[Stage],
+    itemsize: int,
+    samples_per_frame: int = SAMPLES_PER_FRAME,
+    captured_rows: int = CAPTURED_ROWS,
 ) -> CodecFootprint:
-    """The footprint of a MOSS codec decoder made of ``stages`` (see :data:`Stage`)."""
+    """The footprint of a MOSS codec decoder made of ``stages`` (see :data:`Stage`), its
+    captured chunks at most ``captured_rows`` rows (the vocoder's ``cuda_graph_max_bs``)."""
     state = sum(2 * layers * width * (window - 1) for _, layers, width, _, window, _ in stages)
     row = max(4 * width * window for _, _, width, _, window, _ in stages)
     frame = 4 * samples_per_frame  # the last projection's output and the audio made of it
@@ -62,5 +68,5 @@ def codec_footprint(
         itemsize=itemsize,
         row_bytes=row * itemsize,
         shared_state=True,  # captured chunks share one tensor of full windows (codec/graphs.py)
-        captured_rows=CAPTURED_ROWS,
+        captured_rows=captured_rows,
     )

@@ -85,7 +85,9 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
                 stage,
                 CODEC_PARAMS,
                 "MOSS audio tokenizer (1.77B)",
-                lambda itemsize: codec_footprint(RELEASE_DECODER, itemsize),
+                lambda itemsize: codec_footprint(
+                    RELEASE_DECODER, itemsize, captured_rows=stage.factory.cuda_graph_max_bs
+                ),
                 next((s for s in pipeline.stages if s.name == "tts_engine"), None),
                 growth=4,
                 chunk_memory=None,  # one call a batch (stages.create_vocoder)

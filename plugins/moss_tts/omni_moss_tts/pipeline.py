@@ -13,6 +13,7 @@ from pydantic import Field, field_validator
 from omni_core.kit.pipeline import ChunkArgs, TTSPipeline, TypedWeightArgs
 from omni_core.schema import DType, Quantization
 
+from .codec_footprint import CAPTURED_ROWS  # torch-free
 from .source import SOURCE  # torch-free
 
 DEFAULT_VOICE = "default"  # the model's own voice: the release ships no named speakers
@@ -46,6 +47,12 @@ class VocoderArgs(TypedWeightArgs, ChunkArgs):
     # GPU: the streamed chunks run eagerly instead of as CUDA graphs (one per rows bucket and
     # chunk length, full windows shared, checked against eager; omni_moss_tts.codec.graphs)
     disable_cuda_graph: bool = False
+    # GPU: the most streams a captured chunk decodes (buckets 1, 2, 4 ... up to it and to
+    # max_batch_size); a larger batch runs eagerly. The graphs share one tensor of full
+    # windows this many rows tall, 170 MB a row at the release's size in float32, which
+    # the plan counts (omni plan's "CUDA graphs" in the vocoder's estimate: 1.41 GiB at 8,
+    # 2.74 GiB at 16 for examples/moss_tts.toml)
+    cuda_graph_max_bs: int = Field(default=CAPTURED_ROWS, ge=1)
 
     @field_validator("dtype")
     @classmethod

@@ -43,6 +43,7 @@ from omni_qwen3_tts.stages import Vocoder
 from omni_qwen3_tts.tokenizer import TextTokenizer
 
 from .codec import AudioTokenizer, prepare_reference
+from .codec_footprint import CAPTURED_ROWS
 from .loading import codec_dtype, load_codec, model_root, read_config
 from .model import MAX_TEXT_STEPS, MossTTSModel, RequestPrompt, TextSampling
 from .pipeline import DEFAULT_VOICE
@@ -357,6 +358,7 @@ def create_vocoder(
     dtype: str | None = None,
     pack_weights: bool = True,
     disable_cuda_graph: bool = False,
+    cuda_graph_max_bs: int = CAPTURED_ROWS,
 ) -> Vocoder:
     """Stateful streaming decode with the MOSS codec, through Qwen3-TTS's streaming vocoder.
 
@@ -364,7 +366,8 @@ def create_vocoder(
     ``pack_weights`` (CPU only): the decoder's large linear layers routed by row
     count, as the engines' are (``omni_core.engine.cpu_linear``). On a GPU the
     streamed chunks are captured as CUDA graphs (``codec/graphs.py``) unless
-    ``disable_cuda_graph``; the stage's log says what was captured, or why not.
+    ``disable_cuda_graph``, in row buckets up to ``cuda_graph_max_bs`` (their shared
+    windows are that many rows tall); the stage's log says what was captured, or why not.
     """
     device = torch_device(gpu_id, "vocoder")
     resolved = codec_dtype(dtype, torch.device(device))
@@ -404,6 +407,7 @@ def create_vocoder(
         chunk_growth=4,
         cuda_graph=not disable_cuda_graph,
         chunk_memory=None,
+        graph_max_rows=cuda_graph_max_bs,
     )
     if vocoder.graph_note:  # the stage log's start-up lines, as the engine prints its own
         print(f"vocoder: {vocoder.graph_note}", flush=True)

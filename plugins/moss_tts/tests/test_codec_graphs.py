@@ -98,7 +98,14 @@ def test_captured_streams_equal_the_one_pass_decode_chunk_after_chunk(codec, gra
 
 
 def test_buckets_up_to_the_captured_rows_share_one_state_tensor(codec):
-    graphs = codec.stream_graphs([1, 2, 4, 8, 16], [2, 8, 32, 48], FixedAddressReplay)
+    from omni_qwen3_tts.stages import Vocoder
+
+    # the stage's default: batches of 16, graphs of at most CAPTURED_ROWS rows
+    vocoder = Vocoder(
+        codec, 2, None, 16, 48, 24000, chunk_growth=4, chunk_memory=None,
+        capture=FixedAddressReplay, graph_max_rows=CAPTURED_ROWS,
+    )  # fmt: skip
+    graphs = vocoder.graphs
     assert max(r for r, _ in graphs.graphs) == CAPTURED_ROWS == 8
     assert sorted(graphs.graphs) == [
         (1, 2), (1, 8), (1, 32), (1, 48), (2, 2), (2, 8), (2, 32), (4, 2), (4, 8), (8, 2),
@@ -253,3 +260,54 @@ def test_the_plan_counts_the_graphs_unless_the_stage_turns_them_off():
     assert "CUDA graphs 1.4" in note and "CUDA graphs" not in plain
     # the release's float32 windows of 8 rows, the most a graph has: 1.35 GB
     assert on - off >= 8 * footprint.state_bytes > 1.3e9
+    # factory.cuda_graph_max_bs = 16: windows 16 rows tall, counted as such
+    taller, _ = stage_overhead(
+        factory_on := SimpleNamespace(**{**vars(factory), "disable_cuda_graph": False}),
+        codec_footprint(RELEASE_DECODER, 4, captured_rows=16),
+        growth=4,
+        chunk_memory=None,
+    )
+    assert factory_on.max_batch_size is None  # the stage's 16 a batch (GPU_BATCH)
+    assert taller - on >= 8 * footprint.state_bytes
+
+
+def test_the_vocoder_captures_up_to_its_largest_batch_and_says_what_it_counts(codec):
+    """``factory.cuda_graph_max_bs``: the rows buckets the graphs take; the footprint the
+    stage checks its free memory against counts windows that many rows tall."""
+    from omni_qwen3_tts.stages import Vocoder
+
+    def vocoder(most: int | None) -> Vocoder:
+        return Vocoder(
+            codec, 2, None, 16, 8, 24000, chunk_growth=4, chunk_memory=None,
+            capture=FixedAddressReplay, graph_max_rows=most,
+        )  # fmt: skip
+
+    two, sixteen, every = vocoder(2), vocoder(16), vocoder(None)
+    assert sorted({r for r, _ in two.graphs.graphs}) == [1, 2]
+    assert two.graphs.bucket(2) == 2 and two.graphs.bucket(3) is None  # 3-16 rows: eagerly
+    assert sorted({r for r, _ in sixteen.graphs.graphs}) == [1, 2, 4, 8, 16]
+    assert sixteen.graphs.state.shape[0] == 16 and two.graphs.state.shape[0] == 2
+    assert "full windows of 16 rows shared" in sixteen.graph_note
+    assert sorted(every.graphs.graphs) == sorted(sixteen.graphs.graphs)  # None: the batch
+    assert two.footprint.captured_rows == 2 and sixteen.footprint.captured_rows == 16
+    # what _capture_needs sizes (above its 1 GiB floor, which a tiny codec stays under)
+    shapes = [(rows, 2) for rows in (1, 2, 4, 8, 16)]
+    more = sixteen.footprint.graph_bytes(shapes) - two.footprint.graph_bytes(shapes)
+    assert more >= 14 * two.footprint.state_bytes
+    with pytest.raises(ValueError, match="largest captured batch must be >= 1, got 0"):
+        vocoder(0)
+
+
+def test_the_stage_field_reaches_the_vocoder_and_is_checked(monkeypatch):
+    from pydantic import ValidationError
+
+    from omni_moss_tts import stages
+    from omni_moss_tts.pipeline import VocoderArgs
+
+    assert VocoderArgs().cuda_graph_max_bs == CAPTURED_ROWS
+    assert VocoderArgs(cuda_graph_max_bs=16).cuda_graph_max_bs == 16
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        VocoderArgs(cuda_graph_max_bs=0)
+    made = stages.create_vocoder("tiny", load_format="dummy", cuda_graph_max_bs=4)
+    assert made.graph_max_rows == 4 and made.footprint.captured_rows == 4
+    assert stages.create_vocoder("tiny", load_format="dummy").graph_max_rows == CAPTURED_ROWS

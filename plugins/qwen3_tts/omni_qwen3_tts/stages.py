@@ -19,6 +19,7 @@ memoised per process), so the talker and the codec are loaded once.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -348,6 +349,7 @@ class Vocoder:
         cuda_graph: bool = True,
         capture: Capture | None = None,
         chunk_memory: int | None = CHUNK_MEMORY,
+        graph_max_rows: int | None = None,
     ):
         """``decoder``: a codec decoder (``speech_tokenizer.decoder.CodecDecoder``), shared
         with Qwen3-Omni's code2wav, which streams through this same class, as does
@@ -358,7 +360,10 @@ class Vocoder:
         ``cuda_graph``: capture the chunks on a GPU; ``capture``: how (default
         ``CapturedStep``; a test's stand-in captures on the CPU too). ``chunk_memory``:
         most bytes an eager call allocates (None: a batch in one call, whatever it
-        takes; MOSS-TTS's codec, whose every call reads all of its weights)."""
+        takes; MOSS-TTS's codec, whose every call reads all of its weights).
+        ``graph_max_rows``: the largest rows bucket captured (None: ``max_batch_size``);
+        MOSS-TTS's ``factory.cuda_graph_max_bs``, whose graphs share windows that many
+        rows tall."""
         if chunk_frames < 1:
             raise ValueError(f"factory.chunk_frames must be >= 1, got {chunk_frames}")
         if chunk_growth < 1:
@@ -376,8 +381,13 @@ class Vocoder:
         self.context = left_context_frames
         decode = self.decode_streams if self.context is None else self.decode_with_context
         self.batcher = DecodeBatcher(decode, max_batch_size or default_batch)
+        if graph_max_rows is not None and graph_max_rows < 1:
+            raise ValueError(f"the largest captured batch must be >= 1, got {graph_max_rows}")
+        self.graph_max_rows = graph_max_rows
         footprint = getattr(decoder, "footprint", None)  # a codec without one: one call a batch
         self.footprint: CodecFootprint | None = footprint() if footprint else None
+        if self.footprint is not None and graph_max_rows is not None:
+            self.footprint = replace(self.footprint, captured_rows=graph_max_rows)
         self.chunk_memory = chunk_memory
         self.graphs: CapturedChunks | None = None  # StreamGraphs, or the codec's own
         self.graph_note = self._capture(cuda_graph, capture)
@@ -408,7 +418,7 @@ class Vocoder:
 
         lengths = chunk_schedule(self.chunk_frames, self.chunk_growth, self.max_chunk_frames)
         try:
-            self.graphs = graphs_of(row_buckets(self.batcher.max_batch), lengths, capture)
+            self.graphs = graphs_of(self._graph_rows(), lengths, capture)
         except ValueError as exc:  # every chunk of the schedule is too large to keep
             return f"chunks not captured: {exc}"
         except RuntimeError as exc:  # fail soft: the eager chunks decode the same audio
@@ -416,13 +426,19 @@ class Vocoder:
             return f"chunks not captured, decoded eagerly ({type(exc).__name__}: {exc})"
         return self.graphs.note()
 
+    def _graph_rows(self) -> list[int]:
+        """The rows buckets to capture: powers of two up to the batch, and to
+        ``graph_max_rows`` where set (larger batches decode eagerly)."""
+        most = self.graph_max_rows
+        return [r for r in row_buckets(self.batcher.max_batch) if most is None or r <= most]
+
     def _capture_needs(self) -> int:
         """Bytes the graphs keep and the eager calls beside them take at most (at least
         :data:`CAPTURE_MIN_FREE`: the CUDA graphs' own bookkeeping and rounding)."""
         if self.footprint is None:
             return CAPTURE_MIN_FREE
         lengths = chunk_schedule(self.chunk_frames, self.chunk_growth, self.max_chunk_frames)
-        shapes = captured_shapes(row_buckets(self.batcher.max_batch), lengths, MAX_FRAME_ROWS)
+        shapes = captured_shapes(self._graph_rows(), lengths, MAX_FRAME_ROWS)
         budget = self.chunk_memory if self.chunk_memory is not None else 1 << 62
         eager = self.footprint.calls_peak(self.batcher.max_batch, lengths[-1], budget)
         return max(CAPTURE_MIN_FREE, self.footprint.graph_bytes(shapes) + eager)

@@ -29,7 +29,7 @@ from torch import nn
 
 from omni_qwen3_tts.codec_footprint import MAX_FRAME_ROWS
 
-from ..codec_footprint import CAPTURED_ROWS, CodecFootprint, codec_footprint
+from ..codec_footprint import CodecFootprint, codec_footprint
 from .config import CodecConfig, PatchSpec
 from .patch import Patch
 from .quantizer import ResidualQuantizer
@@ -206,11 +206,11 @@ class AudioTokenizer(nn.Module):
         max_frame_rows: int | None = MAX_FRAME_ROWS,
     ) -> CodecStreamGraphs:
         """This codec's streamed chunks captured as CUDA graphs (``graphs.py``), for the
-        vocoder stage, which asks its codec for them: buckets of at most
-        :data:`~..codec_footprint.CAPTURED_ROWS` rows."""
+        vocoder stage, which asks its codec for them: the ``rows`` buckets asked for (the
+        stage caps them at its ``factory.cuda_graph_max_bs``, by default
+        :data:`~..codec_footprint.CAPTURED_ROWS`)."""
         from .graphs import CodecStreamGraphs
 
-        rows = [r for r in rows if r <= CAPTURED_ROWS]
         return CodecStreamGraphs(self, rows, frames, capture, max_frame_rows=max_frame_rows)
 
     def decode_window(
