@@ -28,7 +28,7 @@ from omni_core.plan.estimates import (
 )
 from omni_qwen3_tts.codec_footprint import vocoder_estimate
 
-from .codec_footprint import RELEASE_DECODER, codec_footprint
+from .codec_footprint import CAPTURED_ROWS, RELEASE_DECODER, codec_footprint
 from .source import SOURCE
 
 BACKBONE = dict(
@@ -86,7 +86,9 @@ def estimate(pipeline: Any) -> dict[str, MemoryEstimate]:
                 CODEC_PARAMS,
                 "MOSS audio tokenizer (1.77B)",
                 lambda itemsize: codec_footprint(
-                    RELEASE_DECODER, itemsize, captured_rows=stage.factory.cuda_graph_max_bs
+                    RELEASE_DECODER,
+                    itemsize,
+                    captured_rows=getattr(stage.factory, "cuda_graph_max_bs", CAPTURED_ROWS),
                 ),
                 next((s for s in pipeline.stages if s.name == "tts_engine"), None),
                 growth=4,
