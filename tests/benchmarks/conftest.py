@@ -63,6 +63,7 @@ FIGURES = {
     "bench_plan.py": "us/instance",
     "bench_cli.py": "x floor",
     "bench_cpu_linear.py": "GB/s",
+    "bench_cpu_kernel_survey.py": "relative error against the float64 product",
     "bench_weight_share.py": "total PSS",
     "soak.py": "soak: PASS",
     "gpu_check.py": "throughput",
