@@ -18,7 +18,9 @@ choice can be checked again on another machine or another torch:
   route ``factory.quantization = "int8"`` takes.
 * **fbgemm fp16**: ``quantized::linear_dynamic_fp16``. bf16 weights held as
   float16 (exact for every value in float16's normal range), float32
-  activations: the same products as bf16's up to summation order.
+  activations: the same products as bf16's up to summation order. What
+  ``factory.fp16_row_weights`` takes for one or two rows, beside the blocked
+  weight (``omni_core.engine.cpu_row_copy``).
 * **oneDNN W8A8**: ``onednn::qlinear_pointwise`` (what torch's x86 PT2E
   quantization lowers to), int8 weights per channel and activations
   quantised per row here, before the call.

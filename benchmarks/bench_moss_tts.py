@@ -9,9 +9,11 @@ keeps the checkpoint for the next run). Needs the reference environment
 ``--no-reference`` measures ours alone). ``--smoke``: the tiny preset with
 dummy weights (no checkpoint written), a few frames at concurrency 1 and 2,
 ours alone, in seconds: it checks that the script still runs (``make test``).
-``--dtype bfloat16`` runs our backbone in bf16 and ``--quantization int8``
-adds int8 weight-only backbone layers (the tts_engine stage's
-``factory.dtype`` and ``factory.quantization``; the checkpoint stays float32);
+``--dtype bfloat16`` runs our backbone in bf16, ``--quantization int8``
+adds int8 weight-only backbone layers and ``--fp16-row-weights`` float16
+copies of its blocked weights for one- and two-row products (the tts_engine
+stage's ``factory.dtype``, ``factory.quantization`` and
+``factory.fp16_row_weights``; the checkpoint stays float32);
 ``--reference-dtype bfloat16`` casts the reference's model after its strict
 load (its codec stays float32). ``--codec-dtype bfloat16`` is our vocoder
 stage's ``factory.dtype = "bfloat16"`` (the codec decoder's transformers in
@@ -591,6 +593,7 @@ async def ours(
     prepack: bool = False,
     codec_dtype: str | None = None,
     memory_share: float | None = None,
+    fp16_row_weights: bool = False,
 ) -> tuple[list[Level], dict[str, Any], dict[str, Any]]:
     """Our three stages at each concurrency of ``levels``, built by the stages' factories.
 
@@ -607,7 +610,8 @@ async def ours(
     one for encoding); ``memory_share``: the cache sized as a served stage on a
     GPU sizes it (``engine.mem_fraction_static``), not ``1024 + frames``
     positions a request (the CPU: the engine's default ``max_total_tokens``);
-    the cache's shape is printed. At
+    the cache's shape is printed. ``fp16_row_weights``: the tts_engine stage's
+    ``factory.fp16_row_weights`` (float16 copies of the blocked bf16 weights). At
     concurrency 1, the decode step in the middle of the request (the most
     codebooks due) counts the bytes of weights it reads (:class:`roofline.StepReads`;
     that step's timings are left out of the breakdown).
@@ -639,6 +643,7 @@ async def ours(
         dtype=dtype,
         load_format=load_format,
         quantization=quantization,
+        fp16_row_weights=fp16_row_weights,
     )
     plan = getattr(engine.engine, "plan", None)  # the torch backend's slots
     if plan is not None:
@@ -1055,6 +1060,7 @@ def smoke(args: argparse.Namespace) -> None:
             "dummy",
             dtype=args.dtype,
             quantization=args.quantization,
+            fp16_row_weights=args.fp16_row_weights,
             threads=args.threads,
             compile_steps=args.compile,
             prepack=args.cpu_weight_prepack,
@@ -1132,6 +1138,12 @@ def main() -> None:
         "the heads not (needs --dtype bfloat16)",
     )
     parser.add_argument(
+        "--fp16-row-weights",
+        action="store_true",
+        help="the tts_engine stage's factory.fp16_row_weights: float16 copies of the blocked "
+        "bf16 backbone weights for one- and two-row products (needs --dtype bfloat16)",
+    )
+    parser.add_argument(
         "--reference-dtype",
         choices=("float32", "bfloat16"),
         default="float32",
@@ -1173,6 +1185,8 @@ def main() -> None:
     )
     if problem is not None:
         parser.error(f"--quantization {args.quantization}: {problem}")
+    if args.fp16_row_weights and (args.dtype != "bfloat16" or args.quantization != "none"):
+        parser.error("--fp16-row-weights copies bf16 weights: add --dtype bfloat16, without int8")
     torch.set_num_threads(args.threads)
     if args.write_checkpoint is not None:
         info = write_checkpoint(args.write_checkpoint, args.layers, args.seed, args.reference_src)
@@ -1210,6 +1224,7 @@ def main() -> None:
             f"vocab 151936, 32 codebooks), {args.layers} of 36 layers, real codec; dummy "
             f"weights (float32 checkpoint), ours {args.dtype} (quantization "
             f"{args.quantization}{', compiled' if args.compile else ''}"
+            f"{', float16 row copies' if args.fp16_row_weights else ''}"
             f"{', prepacked' if args.cpu_weight_prepack else ''}; codec {args.codec_dtype}), "
             f"reference "
             f"{args.reference_dtype}, cpu, {args.threads} torch threads: "
@@ -1236,6 +1251,7 @@ def main() -> None:
                         args.vocoder_max_batch,
                         dtype=args.dtype,
                         quantization=args.quantization,
+                        fp16_row_weights=args.fp16_row_weights,
                         threads=args.threads,
                         compile_steps=args.compile,
                         prepack=args.cpu_weight_prepack,
@@ -1315,6 +1331,7 @@ def main() -> None:
             "threads": args.threads,
             "dtype": args.dtype,
             "quantization": args.quantization,
+            "fp16_row_weights": args.fp16_row_weights,
             "codec_dtype": args.codec_dtype,
             "reference_dtype": args.reference_dtype,
             "reference_attn": ref["attn_implementation"] if ref else None,

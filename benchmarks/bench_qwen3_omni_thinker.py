@@ -18,7 +18,9 @@ sides; ``--dtype bfloat16`` casts our weights after filling (as the stage's
 loader builds them for ``factory.dtype``: parameters only, the rotary tables
 stay float32; oneDNN packing is float32's, so one layout is measured),
 ``--quantization int8`` then swaps in int8 weight-only layers as the stage
-does for ``factory.quantization`` (experts included, the LM head not), and
+does for ``factory.quantization`` (experts included, the LM head not),
+``--fp16-row-weights`` gives the blocked bf16 weights float16 copies for one-
+and two-row products as the stage does for ``factory.fp16_row_weights``, and
 ``--reference-dtype bfloat16`` casts the reference's parameters the same way.
 
 * the reference, first, in its own environment (``--reference-python``,
@@ -127,6 +129,7 @@ from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_band
 from omni_core.engine.backends import create_engine
 from omni_core.engine.compute import dedicate
 from omni_core.engine.cpu_linear import pack_linear_weights, packing_available
+from omni_core.engine.cpu_row_copy import apply_row_copies
 from omni_core.engine.huge_pages import ask_for_huge_pages, user_environ
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.precision import PrecisionError, torch_dtype
@@ -888,6 +891,12 @@ def main() -> int:
         "included, the LM head not (needs --dtype bfloat16)",
     )
     parser.add_argument(
+        "--fp16-row-weights",
+        action="store_true",
+        help="the thinker stage's factory.fp16_row_weights: float16 copies of the blocked bf16 "
+        "weights (experts included) for one- and two-row products (needs --dtype bfloat16)",
+    )
+    parser.add_argument(
         "--reference-dtype",
         choices=("float32", "bfloat16"),
         default="float32",
@@ -934,6 +943,8 @@ def main() -> int:
     problem = quantization_problem(args.quantization, dtype, torch.device("cpu"))
     if problem is not None:
         parser.error(f"--quantization {args.quantization}: {problem}")
+    if args.fp16_row_weights and (dtype != torch.bfloat16 or args.quantization != "none"):
+        parser.error("--fp16-row-weights copies bf16 weights: add --dtype bfloat16, without int8")
     if not args.smoke and not args.reference_python.exists():
         print(
             f"skipped: no reference environment at {args.reference_python} (set "
@@ -1015,6 +1026,7 @@ def main() -> int:
     # int8 weight-only layers, experts included, as the thinker stage does (after packing,
     # which only float32 weights take)
     quantized = apply_quantization(lm, args.quantization, stage="thinker")
+    copies = apply_row_copies(lm, args.fp16_row_weights, stage="thinker")
     dedicate(args.threads)  # what a stage process does once built (engine/compute.py)
 
     common = (lm, vision, cfg, inputs, levels, args.new_tokens, args.repeats)
@@ -1046,7 +1058,8 @@ def main() -> int:
     if args.compile:
         compiled = measure(runs[-1].label + " compiled", common, False, compiled=True)
     print(
-        f"ours: {packed} linear layers packed for oneDNN in all, {quantized} int8; torch threads "
+        f"ours: {packed} linear layers packed for oneDNN in all, {quantized} int8, {copies} "
+        "with float16 row copies; torch threads "
         f"in the engine's "
         f"worker: {runs[-1].threads_in_engine}; peak memory "
         f"{gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}"

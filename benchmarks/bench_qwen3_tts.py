@@ -5,7 +5,9 @@ Run: ``python benchmarks/bench_qwen3_tts.py [--frames 48] [--threads 2] [--round
 ``--size 1.7B`` builds the larger release instead (talker width 2048),
 ``--device cuda --dtype bfloat16`` runs ours on a GPU (``benchmarks/gpu_check.py``
 does), ``--dtype bfloat16`` casts the codec too unless ``--codec-dtype float32``
-keeps it (the vocoder stage's own ``factory.dtype``), and ``--smoke`` runs the
+keeps it (the vocoder stage's own ``factory.dtype``), ``--fp16-row-weights``
+gives the talker's blocked bf16 weights float16 copies for one- and two-row
+products (the tts_engine stage's ``factory.fp16_row_weights``), and ``--smoke`` runs the
 tiny preset for a few frames without the reference, in seconds: it checks that
 the script still runs (``make test``).
 
@@ -76,6 +78,7 @@ from roofline import Bandwidth, DecodeWatch, best, kv_bytes, limit_line, read_ba
 
 from omni_core.engine.compute import call_on_compute_thread, dedicate
 from omni_core.engine.cpu_linear import pack_linear_weights
+from omni_core.engine.cpu_row_copy import apply_row_copies
 from omni_core.engine.huge_pages import ask_for_huge_pages, user_environ
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.quantize import apply_quantization
@@ -387,6 +390,7 @@ async def ours(
     compile_steps: bool = False,
     prepack: bool = False,
     memory_share: float | None = None,
+    row_copies: bool = False,
 ) -> list[Level]:
     """Our stages at each concurrency of ``levels`` after a warm-up, on the model's device.
 
@@ -397,6 +401,8 @@ async def ours(
     slots of up to the model's 32,768 positions, where a step's attention span
     can grow with the slot), not 512 positions a request; where the device's
     memory is unknown (the CPU) the engine's default ``max_total_tokens``.
+    ``row_copies``: the stage's ``factory.fp16_row_weights`` (float16 copies of the
+    blocked weights for one- and two-row products).
     The cache's shape is printed.
     """
     sizing: dict[str, Any] = {"max_total_tokens": max(levels) * 512}
@@ -412,6 +418,8 @@ async def ours(
     if pack_weights and on_cpu:  # what the stages do on the CPU (their factory.pack_weights)
         pack_linear_weights(model.network)
         route_float32_layers(model.speech_tokenizer.decoder)  # type: ignore[union-attr]
+    # after packing, as the stage: copies of the blocked weights (idempotent)
+    apply_row_copies(model.network.talker, row_copies, stage="tts_engine")
     torch_engine = TorchEngine(model, settings)
     plan = torch_engine.plan
     print(f"{CACHE_MARK} {plan.num_slots} slots of {plan.slot_len} positions ({plan.source})")
@@ -729,6 +737,12 @@ def main() -> None:
         help="the tts_engine stage's factory.quantization (int8 needs --dtype bfloat16)",
     )
     parser.add_argument(
+        "--fp16-row-weights",
+        action="store_true",
+        help="the tts_engine stage's factory.fp16_row_weights: float16 copies of the blocked "
+        "bf16 weights for one- and two-row products (needs --dtype bfloat16)",
+    )
+    parser.add_argument(
         "--codec-dtype",
         choices=("float32", "bfloat16"),
         default=None,
@@ -758,6 +772,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.cpu_weight_prepack and not args.compile:
         parser.error("--cpu-weight-prepack packs weights into compiled steps: add --compile")
+    if args.fp16_row_weights and (args.dtype not in ("bfloat16", "bf16") or args.no_pack_weights):
+        parser.error(
+            "--fp16-row-weights copies the blocked bf16 weights: add --dtype bfloat16 "
+            "(and keep the packing: drop --no-pack-weights)"
+        )
     if args.smoke:
         args.size, args.frames, args.levels, args.no_reference = "tiny", 4, "1,2", True
         args.reference_requests = 1
@@ -788,7 +807,8 @@ def main() -> None:
         codec = sum(p.numel() for p in model.speech_tokenizer.parameters())  # type: ignore[union-attr]
         print(
             f"Qwen3-TTS CustomVoice {args.size} architecture, dummy weights, {args.dtype} "
-            f"(codec {codec_dtype}) on {args.device}, "
+            f"(codec {codec_dtype}) on {args.device}"
+            f"{', float16 row copies' if args.fp16_row_weights else ''}, "
             f"{torch.get_num_threads()} torch threads: {talker / 1e6:.0f} M parameters "
             f"(+ {codec / 1e6:.0f} M codec), built in {time.perf_counter() - started:.1f} s"
         )
@@ -826,6 +846,7 @@ def main() -> None:
                 args.compile,
                 args.cpu_weight_prepack,
                 args.memory_share,
+                args.fp16_row_weights,
             )
             rounds.append((baseline, levels_run))
             if args.rounds > 1:

@@ -180,6 +180,10 @@ def _storage_key(tensor: torch.Tensor) -> int | None:
     return tensor.untyped_storage().data_ptr()
 
 
+#: The op that reads a float16 row copy (omni_core.engine.cpu_row_copy): counted by its shapes.
+ROW_COPY_PRODUCT = "quantized::linear_dynamic_fp16"
+
+
 class StepReads(TorchDispatchMode):
     """Counts the bytes of the given modules' weights that the ops run inside it read.
 
@@ -224,6 +228,10 @@ class StepReads(TorchDispatchMode):
         for tensor in operands:
             if self._is_weight(tensor):
                 self.bytes += tensor.numel() * tensor.element_size()
+        if name == ROW_COPY_PRODUCT and operands:
+            # a float16 row copy (factory.fp16_row_weights): fbgemm's packed object, not a
+            # tensor, and another Python wrapper at every call; [out, in] at two bytes each
+            self.bytes += operands[0].shape[-1] * out.shape[-1] * 2
         return out
 
 

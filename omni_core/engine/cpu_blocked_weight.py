@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .cpu_row_copy import row_copy_product, takes_row_copy
 from .graph_handles import Handles, number_tensor
 
 
@@ -75,7 +76,18 @@ def _blocked_linear(
     min_rows: int,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    return blocked_product(x, _BLOCKED[int(weight)].packed, bias, min_rows)
+    return layer_product(_BLOCKED[int(weight)], x, bias, min_rows)
+
+
+def layer_product(
+    layer: Any, x: torch.Tensor, bias: torch.Tensor | None, min_rows: int
+) -> torch.Tensor:
+    """A blocked layer's product of ``x``: through its float16 copy where it holds one and
+    the call has few rows (:mod:`.cpu_row_copy`), else through its blocked weight."""
+    copy = takes_row_copy(layer, x)
+    if copy is not None:
+        return row_copy_product(x, copy, bias)
+    return blocked_product(x, layer.packed, bias, min_rows)
 
 
 def _blocked_linear_shape(

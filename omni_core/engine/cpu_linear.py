@@ -52,8 +52,8 @@ from torch import nn
 from . import mapped
 from .cpu_blocked_weight import (
     block_weight,
-    blocked_product,
     blocking_available,
+    layer_product,
     register_blocked,
 )
 from .cpu_kernel_choice import KernelChoice, kernel_choice
@@ -218,12 +218,14 @@ class BlockedLinear(nn.Module):
             return torch.ops.omni.blocked_linear(
                 x, self.handle, self.out_features, _routes.bf16_blocked_min_rows, self.bias
             )
-        return blocked_product(x, self.packed, self.bias, _routes.bf16_blocked_min_rows)
+        return layer_product(self, x, self.bias, _routes.bf16_blocked_min_rows)
 
     def extra_repr(self) -> str:
+        held = self.__dict__.get("row_copy") is not None
+        copy = ", a float16 copy for 1-2 rows" if held else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            "bf16 in oneDNN's blocked layout"
+            f"bf16 in oneDNN's blocked layout{copy}"
         )
 
 

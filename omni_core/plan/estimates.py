@@ -148,6 +148,10 @@ def engine_estimate(
         # int8 linear layers plus their per-channel scales; embeddings and heads are not
         # converted, but at release sizes they are a few percent: counted at 1 byte too
         weights, label = params, f"int8 weights, {dtype} activations"
+    elif getattr(stage.factory, "fp16_row_weights", False):
+        # a float16 copy beside each blocked linear weight (omni_core.engine.cpu_row_copy);
+        # embeddings keep none, but at release sizes they are a few percent: counted twice too
+        weights, label = 2 * weights, f"{dtype} weights and their float16 row copies"
     return MemoryEstimate(
         weights,
         per_token * tokens,

@@ -91,8 +91,49 @@ def plan_precisions(
             precision = Precision(
                 precision.dtype, f"{precision.reason}; {quantization} weight-only linear layers"
             )
+        if row_copies_of(stage):
+            problem = row_copy_problem(device, precision.dtype, quantization, stage.name)
+            if problem is not None:
+                problems.append(problem)
+                continue
+            precision = Precision(
+                precision.dtype,
+                f"{precision.reason}; float16 copies of the blocked linear weights for one- "
+                "and two-row products (fbgemm): their memory twice over",
+            )
         found[stage.name] = precision
     return found
+
+
+def row_copies_of(stage: Any) -> bool:
+    return bool(getattr(stage.factory, "fp16_row_weights", False))
+
+
+def row_copy_problem(device: str, dtype: str, quantization: str, stage: str) -> Refusal | None:
+    """float16 row copies are of bf16 CPU weights that stay blocked; else refused."""
+    path = f"stages.{stage}.factory.fp16_row_weights"
+    if device != "cpu":
+        return Refusal(
+            f"{path} = true on a GPU: the copies serve fbgemm's CPU kernel "
+            "(omni_core.engine.cpu_row_copy)",
+            stage=stage,
+            fix=f'remove {path}, or run the stage on the host (placement policy "cpu")',
+        )
+    if dtype != "bfloat16":
+        return Refusal(
+            f"{path} = true with {dtype} weights (stages.{stage}.factory.dtype): the copies "
+            "are of bf16 weights",
+            stage=stage,
+            fix=f'set stages.{stage}.factory.dtype = "bfloat16" (or remove {path})',
+        )
+    if quantization != "none":
+        return Refusal(
+            f"{path} = true with factory.quantization = {quantization!r}: int8 layers hold "
+            "no bf16 weight to copy",
+            stage=stage,
+            fix=f"use one of them: remove {path} or stages.{stage}.factory.quantization",
+        )
+    return None
 
 
 def quantization_problem(quantization: str, device: str, dtype: str, stage: str) -> Refusal | None:

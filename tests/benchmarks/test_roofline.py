@@ -116,6 +116,23 @@ def test_a_blocked_group_counts_its_product_once_per_call(roofline, monkeypatch)
     assert reads.bytes == 1024 * 256 * 2
 
 
+def test_a_float16_row_copy_counts_its_own_bytes_where_it_is_read(roofline):
+    """``factory.fp16_row_weights``: one row reads the float16 copy (an fbgemm object, not
+    a tensor), more rows the blocked weight; each counts a weight's two bytes."""
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.cpu_row_copy import add_row_copies, row_copies_available
+
+    if not (cpu_linear.blocking_available() and row_copies_available()):
+        pytest.skip("this torch build or CPU has no oneDNN bf16 product or no fbgemm")
+    model = nn.Sequential(cpu_linear.BlockedLinear(nn.Linear(256, 96).to(torch.bfloat16)))
+    assert add_row_copies(model) == 1
+    reads = roofline.StepReads(model)
+    for rows in (1, 4):
+        with torch.inference_mode(), reads:
+            model(torch.ones(rows, 256, dtype=torch.bfloat16))
+        assert reads.bytes == 96 * 256 * 2 + 96 * 2, rows  # the weight and the bias
+
+
 def test_a_decode_watch_times_every_call_but_the_counted_one_and_can_count_none(roofline):
     layer = nn.Linear(16, 8)
 

@@ -133,6 +133,16 @@ def test_int8_without_bf16_is_a_usage_error(run_smoke) -> None:
     assert "--quantization int8" in done.stderr and 'factory.dtype = "bfloat16"' in done.stderr
 
 
+@pytest.mark.parametrize(
+    "script", ["bench_qwen3_tts.py", "bench_qwen3_omni_thinker.py", "bench_moss_tts.py"]
+)
+def test_float16_row_copies_of_float32_weights_are_a_usage_error(run_smoke, script) -> None:
+    """The copies are of bf16 weights: float32 with --fp16-row-weights exits 2 saying so."""
+    done = run_smoke(script, "--fp16-row-weights")
+    assert done.returncode == 2, done.stderr
+    assert "--fp16-row-weights copies" in done.stderr and "--dtype bfloat16" in done.stderr
+
+
 @pytest.mark.parametrize("script", ["bench_qwen3_tts.py", "bench_moss_tts.py"])
 def test_prepacking_without_compiling_is_a_usage_error(run_smoke, script) -> None:
     """``--cpu-weight-prepack`` packs weights into compiled steps: alone it exits 2, saying so."""

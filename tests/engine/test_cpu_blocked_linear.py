@@ -14,6 +14,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from omni_core.engine import cpu_linear  # noqa: E402
+from omni_core.engine.cpu_blocked_weight import blocked_product  # noqa: E402
 from omni_core.engine.cpu_kernel_choice import KernelChoice  # noqa: E402
 from omni_core.engine.cpu_linear import (  # noqa: E402
     BlockedLinear,
@@ -147,10 +148,10 @@ def test_a_padded_product_gives_the_rows_it_was_given(shape):
     bias = torch.randn(384).to(torch.bfloat16)
     blocked = cpu_linear.block_weight(weight)
     x = torch.randn(shape).to(torch.bfloat16)
-    got = cpu_linear.blocked_product(x, blocked, bias, min_rows=4)
+    got = blocked_product(x, blocked, bias, min_rows=4)
     assert got.shape == (*shape[:-1], 384) and got.is_contiguous()
     torch.testing.assert_close(got, F.linear(x, weight, bias), **CLOSE)
-    torch.testing.assert_close(got, cpu_linear.blocked_product(x, blocked, bias), **CLOSE)
+    torch.testing.assert_close(got, blocked_product(x, blocked, bias), **CLOSE)
 
 
 def test_blocked_layers_pad_where_the_routes_say_so(blocked_routes, monkeypatch):

@@ -92,3 +92,37 @@ def test_the_memory_estimate_counts_the_dtype_and_int8_weights():
     assert weights() == 2000  # auto on a GPU: the release's bf16
     assert weights(dtype="float32") == 4000
     assert weights(dtype="auto", quantization="int8") == 1000
+
+
+def test_fp16_row_copies_are_printed_and_need_bf16_cpu_weights_without_int8(capsys, monkeypatch):
+    monkeypatch.setenv(FLAGS_VAR, "amx_bf16")
+    flag = "--tts_engine.factory.fp16_row_weights"
+    code, out = plan(capsys, TTS, flag, "true")
+    assert code == 0, out
+    assert "float16 copies of the blocked linear weights for one- and two-row products" in out
+    code, out = plan(capsys, TTS, flag, "true", "--tts_engine.factory.quantization", "int8")
+    assert code == 2
+    assert "fp16_row_weights = true with factory.quantization = 'int8'" in out
+    monkeypatch.setenv(FLAGS_VAR, "")
+    code, out = plan(capsys, TTS, flag, "true")
+    assert code == 2
+    assert "stages.tts_engine.factory.fp16_row_weights = true with float32 weights" in out
+    moss = str(EXAMPLES / "moss_tts.toml")
+    code = main(["plan", moss, "--tts_engine.factory.fp16_row_weights", "true"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "fp16_row_weights = true on a GPU" in captured.out + captured.err
+
+
+def test_the_memory_estimate_counts_the_row_copies_twice():
+    from omni_core.plan.estimates import engine_estimate
+    from omni_moss_tts.pipeline import MossTTSPipeline
+
+    stage = next(s for s in MossTTSPipeline().stages if s.name == "tts_engine")
+    shape = {"layers": 2, "kv_heads": 1, "head_dim": 4}
+    changed = stage.model_copy(
+        update={"factory": stage.factory.model_copy(update={"fp16_row_weights": True})}
+    )
+    estimate = engine_estimate(changed, 1000, shape, source="x", overhead_bytes=0)
+    assert estimate.weights_bytes == 4000  # bf16 weights and a float16 copy of each
+    assert "float16 row copies" in estimate.source

@@ -26,6 +26,7 @@ import torch
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.compute import run_compute
+from omni_core.engine.cpu_row_copy import apply_row_copies
 from omni_core.engine.interface import SamplingParams, check_sampling
 from omni_core.engine.quantize import apply_quantization
 from omni_core.kit.stages import (
@@ -282,11 +283,17 @@ def create_tts_engine(
     tp_rank: int = 0,
     tp_size: int = 1,
     quantization: str = "none",
+    fp16_row_weights: bool = False,
 ) -> Any:
     if quantization != "none" and tp_size > 1:
         raise ValueError(
             f"stage 'tts_engine': factory.quantization = {quantization!r} with tp_size {tp_size}: "
             "not implemented yet (int8 layers are not sharded); use one of them"
+        )
+    if fp16_row_weights and tp_size > 1:
+        raise ValueError(
+            f"stage 'tts_engine': factory.fp16_row_weights = true with tp_size {tp_size}: "
+            "not implemented yet (the ranks' shards hold no copies); use one of them"
         )
     group = tp_group("tts_engine", tp_rank, tp_size)
     if group is not None and not group.leader:
@@ -311,6 +318,7 @@ def create_tts_engine(
         model.network.block_audio_heads()
     # int8 weight-only backbone layers (bf16 models only; the heads stay as they are)
     apply_quantization(model.network.language_model, quantization, stage="tts_engine")
+    apply_row_copies(model.network.language_model, fp16_row_weights, stage="tts_engine")
     backend = create_engine(model, engine.settings, device=engine.device)
     if mirror is not None:
         mirror.setup(backend.plan.num_slots, backend.plan.slot_len)

@@ -23,6 +23,7 @@ import torch
 
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
+from omni_core.engine.cpu_row_copy import apply_row_copies
 from omni_core.engine.interface import SamplingParams
 from omni_core.engine.quantize import apply_quantization
 from omni_core.kit.batching import Coalescer
@@ -237,6 +238,7 @@ def create_thinker(
     pack_weights: bool = True,
     talker_stage: str | None = None,
     quantization: str = "none",
+    fp16_row_weights: bool = False,
 ) -> Thinker:
     from .chat import ChatPrompter
     from .loading import read_raw_config
@@ -247,6 +249,11 @@ def create_thinker(
         raise ValueError(
             f"stage 'thinker': factory.quantization = {quantization!r} runs on omni's own "
             "engine with tp_size 1 only: not implemented yet with SGLang or tensor parallelism"
+        )
+    if fp16_row_weights and (settings.backend == "sglang" or tp_size > 1):
+        raise ValueError(
+            "stage 'thinker': factory.fp16_row_weights = true runs on omni's own engine with "
+            "tp_size 1 only: not implemented yet with SGLang or tensor parallelism"
         )
     if settings.backend == "sglang":  # tp_size: SGLang's own ranks, started by its engine
         return _sglang_thinker(engine, talker_stage, tp_size)
@@ -276,6 +283,7 @@ def create_thinker(
         pack_decoder_weights(lm)
     # int8 weight-only layers, experts included (bf16 models only; lm_head stays)
     apply_quantization(lm, quantization, stage="thinker")
+    apply_row_copies(lm, fp16_row_weights, stage="thinker")
     eos = ChatPrompter.from_dir(root).eos_token_ids
     mirror = None
     if group is not None:
@@ -519,6 +527,7 @@ def create_talker(
     max_frames: int = 2048,
     quantization: str = "none",
     pack_weights: bool = True,
+    fp16_row_weights: bool = False,
 ) -> TalkerStage:
     from .talker.step import TalkerStepModel
 
@@ -538,6 +547,7 @@ def create_talker(
         # predictor, whose 15 steps a frame read more weight bytes than the decoder
         pack_decoder_weights(talker)
     apply_quantization(talker, quantization, stage="talker_ar")  # bf16 only; heads stay
+    apply_row_copies(talker, fp16_row_weights, stage="talker_ar")
     model = TalkerStepModel(talker, config, device=torch.device(device), dtype=dtype_of)
     return TalkerStage(create_engine(model, engine.settings, device=device), config, max_frames)
 

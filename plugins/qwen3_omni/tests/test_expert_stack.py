@@ -427,6 +427,44 @@ def test_blocked_experts_run_past_their_modules_with_the_modules_numbers(monkeyp
         assert torch.equal(got, want), count
 
 
+def test_experts_with_float16_row_copies_take_them_unpadded_with_the_modules_numbers(
+    monkeypatch,
+):
+    """``factory.fp16_row_weights``: blocked experts that hold float16 copies run their
+    one or two rows through them, unpadded (a floor would send every expert to its
+    blocked weight), and the direct path still gives the modules' numbers bit for bit."""
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.cpu_kernel_choice import KernelChoice
+    from omni_core.engine.cpu_row_copy import add_row_copies, row_copies_available
+    from omni_qwen3_omni.thinker import blocked_experts
+    from omni_qwen3_omni.thinker import moe as moe_module
+    from omni_qwen3_omni.thinker.moe import block_mixtures
+
+    if not (cpu_linear.blocking_available() and row_copies_available()):
+        pytest.skip("this torch build or CPU has no oneDNN bf16 product or no fbgemm")
+    monkeypatch.setattr(cpu_linear, "_routes", KernelChoice(0, False, 0, True, 4))
+    moe = _moe(seed=7, dtype=torch.bfloat16)
+    block_mixtures(moe)
+    plain = {count: None for count in (1, 3, 8, 17)}
+    for count in plain:
+        x = _tokens(count, torch.bfloat16, seed=count)
+        with torch.no_grad():
+            plain[count] = moe._loop(x, *moe.route(x))
+    assert add_row_copies(moe) == 2 * EXPERTS  # each expert's gate/up product and its down
+    assert blocked_experts.blocked_floor(moe.experts) == 0
+    for count, before in plain.items():
+        x = _tokens(count, torch.bfloat16, seed=count)
+        with torch.no_grad():
+            weights, experts = moe.route(x)
+            got = moe._loop(x, weights, experts)
+            monkeypatch.setattr(moe_module, "blocked_floor", lambda experts: None)
+            want = moe._loop(x, weights, experts)  # through the expert modules
+            monkeypatch.setattr(moe_module, "blocked_floor", blocked_experts.blocked_floor)
+        assert torch.equal(got, want), count
+        # bf16's products up to summation order: close to the blocked weights' answer
+        torch.testing.assert_close(got, before, rtol=3e-2, atol=3e-2)
+
+
 def test_experts_made_dense_again_leave_the_blocked_path(monkeypatch):
     from omni_core.engine import cpu_linear
     from omni_core.engine.compiled import dense_linears

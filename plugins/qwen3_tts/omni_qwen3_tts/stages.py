@@ -27,6 +27,7 @@ import torch
 from omni_core import RequestError
 from omni_core.engine.backends import create_engine
 from omni_core.engine.compute import run_compute
+from omni_core.engine.cpu_row_copy import apply_row_copies
 from omni_core.engine.interface import SamplingParams
 from omni_core.engine.quantize import apply_quantization
 from omni_core.engine.sampling import to_device
@@ -285,7 +286,10 @@ class TTSEngine:
 
 @engine_factory("tts_engine")
 def create_tts_engine(
-    engine: EngineContext, pack_weights: bool = True, quantization: str = "none"
+    engine: EngineContext,
+    pack_weights: bool = True,
+    quantization: str = "none",
+    fp16_row_weights: bool = False,
 ) -> TTSEngine:
     model = load_model(*engine.load_args)
     if pack_weights and engine.device == "cpu":
@@ -294,6 +298,7 @@ def create_tts_engine(
         pack_linear_weights(model.network)  # idempotent: the model is shared per process
     # int8 weight-only talker and code predictor (bf16 models only; idempotent as well)
     apply_quantization(model.network.talker, quantization, stage="tts_engine")
+    apply_row_copies(model.network.talker, fp16_row_weights, stage="tts_engine")
     return TTSEngine(model, create_engine(model, engine.settings, device=engine.device))
 
 

@@ -283,3 +283,43 @@ def test_compiled_decode_steps_equal_eager(tiny_model):
     for a, b in zip(eager, compiled, strict=True):
         assert torch.equal(a, b)
     assert model._static_talker.calls > 0 and model.talker.code_predictor.static.calls > 0
+
+
+def test_the_cpu_engine_stage_gives_blocked_bf16_weights_float16_row_copies(tmp_path, monkeypatch):
+    """factory.fp16_row_weights: every blocked product of the talker holds a float16 copy,
+    and frames still come, the same ones every time; float32 weights are refused."""
+    import json
+    import shutil
+
+    from omni_core.engine import cpu_linear
+    from omni_core.engine.cpu_kernel_choice import KernelChoice
+    from omni_core.engine.cpu_row_copy import row_copies_available
+    from omni_qwen3_tts.model import Qwen3TTSModel
+    from omni_qwen3_tts.stages import create_tts_engine
+    from omni_qwen3_tts.weights import PRESETS_DIR
+
+    if not (cpu_linear.blocking_available() and row_copies_available()):
+        pytest.skip("this torch build or CPU has no oneDNN bf16 product or no fbgemm")
+    blocked = KernelChoice(0, False, 0, bf16_blocked=True, source="test")
+    monkeypatch.setattr(cpu_linear, "kernel_choice", lambda onednn=True: blocked)
+    monkeypatch.setattr(cpu_linear, "_routes", cpu_linear.routes())
+    root = tmp_path / "wide"
+    shutil.copytree(PRESETS_DIR / "tiny", root)
+    config = json.loads((root / "config.json").read_text())
+    config["talker_config"]["intermediate_size"] = 1 << 15  # MLP weights of 1M elements
+    (root / "config.json").write_text(json.dumps(config))
+
+    model = create_tts_engine(
+        str(root), load_format="dummy", seed=3, dtype="bfloat16", fp16_row_weights=True
+    ).model
+    mlp = model.talker.model.layers[0].mlp
+    assert isinstance(mlp.down_proj, cpu_linear.BlockedLinear)
+    assert mlp.down_proj.__dict__.get("row_copy") is not None
+    prompt = _prompts(Qwen3TTSModel.from_pretrained(root, load_format="dummy", seed=3))[0]
+    first = model.generate(prompt, 4)
+    assert first.shape == (4, 16)
+    assert torch.equal(first, model.generate(prompt, 4))  # greedy: repeatable
+    with pytest.raises(ValueError, match=r"fp16_row_weights = true: the copies are of bf16"):
+        create_tts_engine(
+            str(root), load_format="dummy", seed=3, dtype="float32", fp16_row_weights=True
+        )

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_core.engine import cpu_linear
-from omni_core.engine.cpu_blocked_weight import blocked_product
+from omni_core.engine.cpu_blocked_weight import layer_product
 from omni_core.engine.cpu_linear import BlockedLinear, BlockedRows
 
 
@@ -44,14 +44,19 @@ def blocked_floor(experts: nn.ModuleList) -> int | None:
         return None
     if gate.product.bias is not None or down.bias is not None:
         return None
+    if down.__dict__.get("row_copy") is not None:
+        # float16 copies (factory.fp16_row_weights) take an expert's one or two rows as
+        # they are: padded to a floor, every expert would read its blocked weight instead
+        return 0
     return cpu_linear.routes().bf16_blocked_min_rows
 
 
 def _expert(expert: nn.Module, rows: torch.Tensor) -> torch.Tensor:
-    """``down(silu(gate(rows)) * up(rows))`` through the blocked weights, no padding."""
-    gate_up = blocked_product(rows, expert.gate_proj.product.packed)
+    """``down(silu(gate(rows)) * up(rows))`` through the blocked weights (or their float16
+    copies, for one or two rows), no padding."""
+    gate_up = layer_product(expert.gate_proj.product, rows, None, 0)
     inner = expert.gate_proj.stop
-    return blocked_product(F.silu(gate_up[:, :inner]) * gate_up[:, inner:], expert.down_proj.packed)
+    return layer_product(expert.down_proj, F.silu(gate_up[:, :inner]) * gate_up[:, inner:], None, 0)
 
 
 def _padded(rows: torch.Tensor, floor: int) -> torch.Tensor:
