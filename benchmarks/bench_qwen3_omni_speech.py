@@ -23,7 +23,9 @@ casts it as it loads, as ``from_pretrained(dtype=...)`` does; code2wav
 follows ``--dtype`` unless ``--code2wav-dtype`` says otherwise, since the
 release casts it with the rest); ``--quantization int8`` makes the thinker's
 and the talker's linear layers int8 weight-only (their stages'
-``factory.quantization``, bf16 only). The same ``--threads`` torch threads per
+``factory.quantization``, bf16 only), and ``--fp16-row-weights`` gives their
+blocked bf16 weights float16 copies for one- and two-row products
+(``factory.fp16_row_weights``). The same ``--threads`` torch threads per
 process on both sides.
 
 Same weights: the reference runner (``qwen3_omni_speech_reference_runner.py``,
@@ -384,6 +386,8 @@ def precision_flags(args: argparse.Namespace) -> list[str]:
         flags += [f"--{stage}.factory.dtype", dtype]
     for stage in QUANTIZED:
         flags += [f"--{stage}.factory.quantization", args.quantization]
+        if args.fp16_row_weights:
+            flags += [f"--{stage}.factory.fp16_row_weights", "true"]
     return flags
 
 
@@ -402,6 +406,8 @@ def precision(args: argparse.Namespace) -> str:
         said += f" (code2wav {args.code2wav_dtype})"
     if args.quantization != "none":
         said += f", thinker and talker {args.quantization} weight-only"
+    if args.fp16_row_weights:
+        said += ", thinker and talker with float16 row copies"
     return said
 
 
@@ -707,6 +713,12 @@ def main() -> int:
         help="the thinker's and talker's factory.quantization (int8 needs --dtype bfloat16)",
     )
     parser.add_argument(
+        "--fp16-row-weights",
+        action="store_true",
+        help="the thinker's and talker's factory.fp16_row_weights: float16 copies of their "
+        "blocked bf16 weights for one- and two-row products (needs --dtype bfloat16)",
+    )
+    parser.add_argument(
         "--reference-dtype",
         choices=("float32", "bfloat16"),
         default="float32",
@@ -737,6 +749,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.quantization != "none" and args.dtype != "bfloat16":
         parser.error("--quantization int8 computes in bf16: add --dtype bfloat16")
+    if args.fp16_row_weights and (args.dtype != "bfloat16" or args.quantization != "none"):
+        parser.error("--fp16-row-weights copies bf16 weights: add --dtype bfloat16, without int8")
     args.code2wav_dtype = args.code2wav_dtype or args.dtype
     if args.smoke:
         args.levels, args.tokens, args.frames = "1,2", 4, 4
