@@ -37,7 +37,6 @@ the others (the outlier channels of real transformer activations).
 from __future__ import annotations
 
 import argparse
-import time
 import warnings
 from collections.abc import Callable
 
@@ -46,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_core.engine.cpu_blocked_weight import blocking_available
-from omni_core.engine.cpu_kernel_choice import kernel_choice
+from omni_core.engine.cpu_kernel_choice import best_time, kernel_choice
 from omni_core.engine.cpu_linear import BlockedLinear, use_routes
 from omni_core.engine.quantize import Int8Linear
 from omni_core.sigterm import run_script
@@ -152,16 +151,6 @@ def kernels(weight: torch.Tensor) -> dict[str, tuple[Kernel, int]]:
     return found
 
 
-def best_seconds(run: Callable[[], object], passes: int) -> float:
-    run()
-    best = float("inf")
-    for _ in range(passes):
-        started = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
 def relative_error(kernel: Kernel, weight: torch.Tensor, x: torch.Tensor) -> float:
     """``|kernel(x) - x W^T| / |x W^T|`` against the float64 product of the same bf16 values."""
     exact = x.double() @ weight.double().t()
@@ -171,7 +160,7 @@ def relative_error(kernel: Kernel, weight: torch.Tensor, x: torch.Tensor) -> flo
 def read_bandwidth(megabytes: int, passes: int) -> float:
     """GB/s a plain ``sum`` reads from a buffer far beyond the caches."""
     big = torch.ones(megabytes * 1024 * 1024 // 4)
-    seconds = best_seconds(big.sum, passes)
+    seconds = best_time(big.sum, repeats=passes)
     return megabytes / 1e3 / seconds
 
 
@@ -209,7 +198,7 @@ def main() -> None:
                 for name in names:
                     size = built[0][name][1]
                     calls = [b[name][0] for b in built]
-                    seconds = best_seconds(lambda c=calls, x=x: [f(x) for f in c], passes)
+                    seconds = best_time(lambda c=calls, x=x: [f(x) for f in c], repeats=passes)
                     seconds /= len(calls)
                     gbs = n * k * size / seconds / 1e9
                     cells.append(f"{seconds * 1e3:.3f} ({gbs:4.1f})")

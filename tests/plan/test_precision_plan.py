@@ -85,13 +85,19 @@ def test_the_memory_estimate_counts_the_dtype_and_int8_weights():
     stage = next(s for s in MossTTSPipeline().stages if s.name == "tts_engine")
     shape = {"layers": 2, "kv_heads": 1, "head_dim": 4}
 
-    def weights(**factory) -> int:
+    def estimate(**factory):
         changed = stage.model_copy(update={"factory": stage.factory.model_copy(update=factory)})
-        return engine_estimate(changed, 1000, shape, source="x", overhead_bytes=0).weights_bytes
+        return engine_estimate(changed, 1000, shape, source="x", overhead_bytes=0)
+
+    def weights(**factory) -> int:
+        return estimate(**factory).weights_bytes
 
     assert weights() == 2000  # auto on a GPU: the release's bf16
     assert weights(dtype="float32") == 4000
     assert weights(dtype="auto", quantization="int8") == 1000
+    # bf16 weights and a float16 copy of each (factory.fp16_row_weights)
+    assert weights(dtype="auto", fp16_row_weights=True) == 4000
+    assert "float16 row copies" in estimate(fp16_row_weights=True).source
 
 
 def test_fp16_row_copies_are_printed_and_need_bf16_cpu_weights_without_int8(capsys, monkeypatch):
@@ -112,17 +118,3 @@ def test_fp16_row_copies_are_printed_and_need_bf16_cpu_weights_without_int8(caps
     captured = capsys.readouterr()
     assert code == 2
     assert "fp16_row_weights = true on a GPU" in captured.out + captured.err
-
-
-def test_the_memory_estimate_counts_the_row_copies_twice():
-    from omni_core.plan.estimates import engine_estimate
-    from omni_moss_tts.pipeline import MossTTSPipeline
-
-    stage = next(s for s in MossTTSPipeline().stages if s.name == "tts_engine")
-    shape = {"layers": 2, "kv_heads": 1, "head_dim": 4}
-    changed = stage.model_copy(
-        update={"factory": stage.factory.model_copy(update={"fp16_row_weights": True})}
-    )
-    estimate = engine_estimate(changed, 1000, shape, source="x", overhead_bytes=0)
-    assert estimate.weights_bytes == 4000  # bf16 weights and a float16 copy of each
-    assert "float16 row copies" in estimate.source
