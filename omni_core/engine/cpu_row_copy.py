@@ -62,19 +62,29 @@ def row_copy_product(
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for bf16 ``x`` through the float16 copy: bf16 out."""
     flat = x.reshape(-1, x.shape[-1]).float()
-    out = torch.ops.quantized.linear_dynamic_fp16(flat, copy).to(torch.bfloat16)
+    out = row_copy_float(flat, copy).to(torch.bfloat16)
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+def row_copy_float(x: torch.Tensor, copy: torch.ScriptObject) -> torch.Tensor:
+    """The product of float32 rows ``x`` ``[rows, in]`` through the copy, float32 out (for
+    callers that convert many products' rows at once, :mod:`omni_qwen3_omni`'s experts)."""
+    return torch.ops.quantized.linear_dynamic_fp16(x, copy)
+
+
 def takes_row_copy(layer: nn.Module, x: torch.Tensor) -> torch.ScriptObject | None:
     """The float16 copy ``layer`` holds if this call's rows should take it, else None."""
-    copy = layer.__dict__.get("row_copy")
-    if copy is None or not x.shape[-1]:
+    if not x.shape[-1]:
         return None
-    rows = x.numel() // x.shape[-1]
-    return copy if 0 < rows <= ROW_COPY_MAX_ROWS else None
+    return row_copy_for(layer, x.numel() // x.shape[-1])
+
+
+def row_copy_for(layer: nn.Module, rows: int) -> torch.ScriptObject | None:
+    """The float16 copy ``layer`` holds if a call of ``rows`` rows should take it."""
+    copy = layer.__dict__.get("row_copy")
+    return copy if copy is not None and 0 < rows <= ROW_COPY_MAX_ROWS else None
 
 
 def add_row_copies(module: nn.Module) -> int:

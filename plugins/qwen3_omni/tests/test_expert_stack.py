@@ -412,15 +412,16 @@ def test_blocked_experts_run_past_their_modules_with_the_modules_numbers(monkeyp
     assert block_mixtures(moe) == 3 * EXPERTS
     assert blocked_experts.blocked_floor(moe.experts) == floor
     ran = []
-    expert = blocked_experts._expert
-    monkeypatch.setattr(blocked_experts, "_expert", lambda *a: ran.append(1) or expert(*a))
+    product = blocked_experts.blocked_product
+    monkeypatch.setattr(blocked_experts, "blocked_product", lambda *a: ran.append(1) or product(*a))
     for count in (1, 3, 8, 17):
         x = _tokens(count, torch.bfloat16, seed=count)
         with torch.no_grad():
             weights, experts = moe.route(x)
             ran.clear()
             got = moe._loop(x, weights, experts)
-            assert len(ran) == len(set(experts.reshape(-1).tolist()))  # one call per expert
+            # two products per touched expert: its gate/up and its down
+            assert len(ran) == 2 * len(set(experts.reshape(-1).tolist()))
             monkeypatch.setattr(moe_module, "blocked_floor", lambda experts: None)
             want = moe._loop(x, weights, experts)  # through the expert modules
             monkeypatch.setattr(moe_module, "blocked_floor", blocked_experts.blocked_floor)
