@@ -453,11 +453,20 @@ def test_experts_with_float16_row_copies_take_them_unpadded_with_the_modules_num
             plain[count] = moe._loop(x, *moe.route(x))
     assert add_row_copies(moe) == 2 * EXPERTS  # each expert's gate/up product and its down
     assert blocked_experts.blocked_floor(moe.experts) == 0
+    copied = []
+    through_copy = blocked_experts.row_copy_float
+    monkeypatch.setattr(
+        blocked_experts, "row_copy_float", lambda *a: copied.append(1) or through_copy(*a)
+    )
     for count, before in plain.items():
         x = _tokens(count, torch.bfloat16, seed=count)
         with torch.no_grad():
             weights, experts = moe.route(x)
+            copied.clear()
             got = moe._loop(x, weights, experts)
+            # the experts given one or two rows, and only they, took their copies
+            rows = torch.bincount(experts.reshape(-1), minlength=EXPERTS).tolist()
+            assert len(copied) == 2 * sum(0 < n <= 2 for n in rows), (count, rows)
             monkeypatch.setattr(moe_module, "blocked_floor", lambda experts: None)
             want = moe._loop(x, weights, experts)  # through the expert modules
             monkeypatch.setattr(moe_module, "blocked_floor", blocked_experts.blocked_floor)

@@ -5,8 +5,8 @@ decoding batch sizes is its products plus the Python around each touched
 expert: three module calls, ``project``'s split and a padding per product,
 about 95 us an expert, 5 ms of a release-width mixture's 31 at eight tokens
 on one thread (the thinker's compiled step at concurrency 8, profiled). Here
-each expert is two oneDNN calls and one activation on its weights read
-straight from its layers, and where products need a floor of rows
+each expert is two oneDNN calls on its weights read straight from its
+layers, and where products need a floor of rows
 (``bf16_blocked_min_rows``: oneDNN reads a blocked weight faster with four
 rows than with one) the rows are padded once for the whole call instead of
 per product: an expert with fewer rows reads a window of the gathered
