@@ -147,11 +147,6 @@ class SparseMoE(nn.Module):
         flat = x.reshape(-1, shape[-1])
         if self.uses_stack():
             return self._stacked(flat).view(shape)
-        if torch.compiler.is_compiling():
-            # the router is traced; the loop is one opaque operator (looped_op.py)
-            weights, experts = self.route(flat)
-            looped = torch.ops.omni.looped_mixture(flat, weights, experts, self.handle)
-            return looped.view(shape)
         return self._looped(flat).view(shape)
 
     def _stacked(self, flat: torch.Tensor) -> torch.Tensor:
@@ -187,12 +182,14 @@ class SparseMoE(nn.Module):
         """One product per touched expert: experts that cannot be stacked (int8 layers,
         widths the grouped product refuses, a leader's unstacked shared weights)."""
         weights, experts = self.route(flat)
+        if torch.compiler.is_compiling():
+            # The loop reads expert counts on the host: in a compiled graph the router is
+            # traced and the loop is one opaque operator (looped_op.py), which runs it
+            # eagerly. (Not torch.compiler.disable on _loop: that decorator imports dynamo
+            # when this module loads, 1.4 s in every stage process that imports it.)
+            return torch.ops.omni.looped_mixture(flat, weights, experts, self.handle)
         return self._loop(flat, weights, experts)
 
-    # The loop reads expert counts on the host; a compiled step reaches it only through
-    # omni::looped_mixture, and should dynamo ever meet it directly, it runs it eagerly
-    # (a graph break) rather than recompiling for every count.
-    @torch.compiler.disable
     def _loop(
         self, flat: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
     ) -> torch.Tensor:
