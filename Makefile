@@ -36,9 +36,10 @@ $(STAMP): $(BIN)/python pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 install: $(STAMP)
 
 # One worker per core (pytest-xdist); a file's tests stay on one worker, so a module's
-# server or cluster starts once. PYTEST_WORKERS=0 runs in this process (for -x, pdb).
+# server or cluster starts once, the longest modules first (conftest.py: LONGEST_FIRST).
+# PYTEST_WORKERS=0 runs in this process (for -x, pdb).
 PYTEST_WORKERS ?= auto
-PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: $(STAMP)
 	$(BIN)/pytest -q $(PYTEST_PARALLEL)

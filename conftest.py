@@ -9,6 +9,7 @@ called done.
 from __future__ import annotations
 
 import atexit
+import getpass
 import multiprocessing.util
 import os
 import shutil
@@ -54,6 +55,16 @@ if "OMNI_TEST_RUN_ROOT" not in os.environ:  # the main process; a nested pytest 
     # run's: made under it later, it would be gone by the time multiprocessing's exit
     # handler removes it (after pytest_unconfigure), which then printed a traceback.
     multiprocessing.util.get_temp_dir()
+    # Inductor keeps what it compiled under the temporary directory, across runs: with
+    # TMPDIR moved below, every run (and a user's later run) would compile from nothing,
+    # the C++ compiler probing each vector ISA first (~7 s) and every kernel again. The
+    # suite, and what it starts, keep torch's own default place, as a user's runs do;
+    # what is cached is keyed by the graph and the settings, so no result depends on it
+    # (bench_compile_start measures a cold start with a directory of its own).
+    os.environ.setdefault(
+        "TORCHINDUCTOR_CACHE_DIR",
+        os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"),
+    )
     _RUN_ROOT = tempfile.mkdtemp(prefix="omni-run-", dir=_PARENT)
     Path(_RUN_ROOT, RUN_OWNER).write_text(str(os.getpid()))
     os.environ["OMNI_TEST_RUN_ROOT"] = os.environ["TMPDIR"] = _RUN_ROOT
@@ -103,7 +114,53 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow", action="store_true", help="also run the tests marked slow")
 
 
+# The modules that take longest here (tens of seconds to two minutes each: the benchmarks'
+# smoke groups, servers started and stopped, inductor builds), longest first. ``make
+# test`` hands them out first (xdist's --no-loadscope-reorder, Makefile), so that a run
+# does not end on one worker finishing a long module while the other waits, as it did
+# when xdist ordered modules by their number of tests. Only the order changes: a module
+# missing here runs after these, in collection order.
+LONGEST_FIRST = (
+    "tests/benchmarks/test_smoke_light.py",
+    "tests/benchmarks/test_smoke_start.py",
+    "tests/benchmarks/test_smoke_gpu_check.py",
+    "tests/serve/test_cli_serve.py",
+    "tests/benchmarks/test_smoke_served.py",
+    "tests/benchmarks/test_smoke_processes.py",
+    "tests/engine/test_compiled.py",
+    "tests/runtime/test_start_method.py",
+    "tests/serve/test_disconnects.py",
+    "tests/serve/test_playground_browser.py",
+    "plugins/qwen3_omni/tests/test_realtime.py",
+    "tests/serve/test_ray_launcher.py",
+    "tests/runtime/test_transports.py",
+    "tests/runtime/test_runtime.py",
+    "tests/config/test_early_refusals.py",
+    "plugins/qwen3_asr/tests/test_serve.py",
+    "tests/serve/test_qwen3_tts_e2e.py",
+    "tests/test_walkthrough.py",
+    "plugins/qwen3_omni/tests/test_expert_stack.py",
+    "tests/serve/test_ws_speech.py",
+    "tests/test_sigterm.py",
+    "tests/serve/test_voices_safety.py",
+    "tests/serve/test_hostile_clients.py",
+    "plugins/qwen3_tts/tests/test_stages.py",
+    "tests/runtime/test_weight_share.py",
+    "plugins/qwen3_omni/tests/test_serve.py",
+    "plugins/moss_tts/tests/test_serve.py",
+)
+
+
+def _schedule_rank(item: pytest.Item) -> int:
+    module = item.nodeid.split("::", 1)[0]
+    return _RANKS.get(module, len(_RANKS))
+
+
+_RANKS = {module: rank for rank, module in enumerate(LONGEST_FIRST)}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_schedule_rank)  # stable: each module keeps its own order
     skip_cuda_unless_available([item for item in items if "cuda" in item.keywords])
     if config.getoption("--slow") or os.environ.get("OMNI_SLOW_TESTS") == "1":
         return

@@ -45,6 +45,8 @@ GROUPS = {
     "soak.py": "processes",
     "bench_weight_share.py": "processes",
     "gpu_check.py": "gpu_check",
+    "bench_compile_start.py": "start",
+    "bench_startup.py": "start",
 }
 # What each script's figures look like, beyond the generic check (a decimal number).
 FIGURES = {

@@ -97,6 +97,7 @@ def test_the_thinker_benchmark_prints_a_compiled_run_measured_and_projected(run_
     assert rows == ["1", "2"], ran.stdout
 
 
+@pytest.mark.slow  # another model benchmark run: make test-all
 def test_the_qwen3_tts_codec_dtype_can_differ_from_the_talkers(run_smoke) -> None:
     ran = run_smoke("bench_qwen3_tts.py", "--dtype", "bfloat16", "--codec-dtype", "float32")
     ran.check()
@@ -134,7 +135,14 @@ def test_int8_without_bf16_is_a_usage_error(run_smoke) -> None:
 
 
 @pytest.mark.parametrize(
-    "script", ["bench_qwen3_tts.py", "bench_qwen3_omni_thinker.py", "bench_moss_tts.py"]
+    "script",
+    # one script in make test, the others (the same check, seconds of start-up each) in
+    # make test-all
+    [
+        pytest.param("bench_qwen3_tts.py", marks=pytest.mark.slow),
+        pytest.param("bench_qwen3_omni_thinker.py", marks=pytest.mark.slow),
+        "bench_moss_tts.py",
+    ],
 )
 def test_float16_row_copies_of_float32_weights_are_a_usage_error(run_smoke, script) -> None:
     """The copies are of bf16 weights: float32 with --fp16-row-weights exits 2 saying so."""
@@ -143,7 +151,9 @@ def test_float16_row_copies_of_float32_weights_are_a_usage_error(run_smoke, scri
     assert "--fp16-row-weights copies" in done.stderr and "--dtype bfloat16" in done.stderr
 
 
-@pytest.mark.parametrize("script", ["bench_qwen3_tts.py", "bench_moss_tts.py"])
+@pytest.mark.parametrize(
+    "script", ["bench_qwen3_tts.py", pytest.param("bench_moss_tts.py", marks=pytest.mark.slow)]
+)
 def test_prepacking_without_compiling_is_a_usage_error(run_smoke, script) -> None:
     """``--cpu-weight-prepack`` packs weights into compiled steps: alone it exits 2, saying so."""
     ran = run_smoke(script, "--cpu-weight-prepack")
@@ -257,6 +267,7 @@ def test_the_thinker_benchmark_keeps_each_levels_fastest_round(run_smoke) -> Non
     assert table == pytest.approx(best, abs=0.06), ran.stdout
 
 
+@pytest.mark.slow  # three --help runs, seconds of start-up each: make test-all
 def test_the_model_benchmarks_spell_their_rounds_alike(run_smoke) -> None:
     """``--rounds N`` in all three (MOSS-TTS's ``--repeats`` kept as its other name)."""
     helps = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 GROUP = "served"
 
 
@@ -21,6 +23,7 @@ def test_benchmark_smoke(run_smoke, benchmark: str) -> None:
         assert line in ran.stdout, ran.stdout
 
 
+@pytest.mark.slow  # another served benchmark run: make test-all
 def test_the_speech_benchmark_plans_the_precision_it_was_given(run_smoke) -> None:
     """``--dtype`` / ``--quantization`` reach the stages (the line reads the resolved plan;
     the defaults' line is read by the plain smoke run, ``SAYS``)."""

@@ -247,6 +247,7 @@ async def test_the_engine_compiles_through_inductor_and_equals_eager(capsys):
     assert re.search(r"toy decoder ready in \d+\.\d s \(2 compiled graphs\)", logged), logged
 
 
+@pytest.mark.slow  # a second inductor build of the toy engine (~12 s here): make test-all
 @pytest.mark.anyio
 async def test_a_compiled_engine_keeps_blocked_bf16_layers_and_equals_eager(monkeypatch):
     """Blocked bf16 layers stay blocked through compiling (``omni::blocked_linear``) and

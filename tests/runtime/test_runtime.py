@@ -211,6 +211,7 @@ async def test_timeout_aborts_the_request_in_every_stage(deployment):
         assert "b" in await runtime.run({})
 
 
+@pytest.mark.slow  # omni serve's own case stays in make test (test_cli_serve.py)
 def test_children_die_with_a_sigkilled_parent(tmp_path, short_tmp):
     script = tmp_path / "parent.py"
     script.write_text(

@@ -53,6 +53,7 @@ def test_run_writes_a_wav(short_tmp):
     assert os.listdir(short_tmp) == ["out.wav"]  # the runtime directory is gone
 
 
+@pytest.mark.slow  # omni run answering a prompt stays in make test (test_walkthrough.py)
 def test_run_prints_a_chat_reply(short_tmp):
     done = omni("run", "--pipeline", "t-chat", "--prompt", "hi there", base=short_tmp)
     assert done.returncode == 0, done.stderr
