@@ -151,12 +151,12 @@ LONGEST_FIRST = (
 )
 
 
+_RANKS = {module: rank for rank, module in enumerate(LONGEST_FIRST)}
+
+
 def _schedule_rank(item: pytest.Item) -> int:
     module = item.nodeid.split("::", 1)[0]
     return _RANKS.get(module, len(_RANKS))
-
-
-_RANKS = {module: rank for rank, module in enumerate(LONGEST_FIRST)}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
