@@ -62,7 +62,11 @@ def register_rope(module: nn.Module, head_dim: int, theta: float) -> None:
     recomputes it from ``rope_spec``. Setting both here keeps them in step.
     """
     module.rope_spec = (head_dim, theta)
-    module.register_buffer("inv_freq", inv_frequencies(head_dim, theta), persistent=False)
+    # Computed on the CPU, then moved to the device the model is being built on: on the
+    # meta device (build_empty) the division runs through torch's Python reference
+    # kernels, whose first call imports dynamo (1.1 s of CPU in a stage process).
+    table = inv_frequencies(head_dim, theta, device=torch.device("cpu"))
+    module.register_buffer("inv_freq", table.to(torch.get_default_device()), persistent=False)
 
 
 def rope_cos_sin(
