@@ -1149,8 +1149,10 @@ def smoke(args: argparse.Namespace) -> None:
     print("BENCH_JSON " + json.dumps({"smoke": True, "frames": args.frames, **figures}))
 
 
-def main() -> None:
-    ask_for_huge_pages()  # as omni's CPU stage processes (plan/pages.py); ours only
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: a mistake exits 2 (argparse) before anything is
+    built or measured, and the tests call this in-process rather than start the
+    script for each mistake (2 s of start-up each)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2, help="backbone layers (the release: 36)")
     parser.add_argument("--frames", type=int, default=None, help="frames per request (12.5/s)")
@@ -1246,7 +1248,7 @@ def main() -> None:
         help="the tiny preset (dummy weights), 4 frames, concurrency 1 and 2, ours alone: "
         "checks the script runs (make test)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.cpu_weight_prepack and not args.compile:
         parser.error("--cpu-weight-prepack packs weights into compiled steps: add --compile")
     problem = quantization_problem(
@@ -1256,6 +1258,12 @@ def main() -> None:
         parser.error(f"--quantization {args.quantization}: {problem}")
     if args.fp16_row_weights and (args.dtype != "bfloat16" or args.quantization != "none"):
         parser.error("--fp16-row-weights copies bf16 weights: add --dtype bfloat16, without int8")
+    return args
+
+
+def main() -> None:
+    ask_for_huge_pages()  # as omni's CPU stage processes (plan/pages.py); ours only
+    args = arguments()
     torch.set_num_threads(args.threads)
     if args.write_checkpoint is not None:
         info = write_checkpoint(args.write_checkpoint, args.layers, args.seed, args.reference_src)

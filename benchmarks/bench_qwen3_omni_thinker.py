@@ -844,8 +844,11 @@ def round_line(number: int, total: int, references: list[dict[str, Any]], ours: 
     return f"round {number}/{total}: decode tokens/s {against}{ours.label} {', '.join(parts)}"
 
 
-def main() -> int:
-    ask_for_huge_pages()  # as omni's CPU stage processes (plan/pages.py); ours only
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: a mistake exits 2 (argparse) before anything is
+    built or measured, and the tests call this in-process rather than start the
+    script for each mistake (2 s of start-up each). ``variants`` and
+    ``torch_dtype`` carry what the checks made of ``--ours`` and ``--dtype``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2, help="decoder layers (release: 48)")
     parser.add_argument("--vision-depth", type=int, default=2, help="ViT blocks (release: 27)")
@@ -921,7 +924,7 @@ def main() -> int:
         type=Path,
         default=Path(os.environ.get("QWEN_TTS_REF_PYTHON", "/tmp/qwen-tts-ref/bin/python")),
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.full:
         args.layers, args.vision_depth, args.new_tokens = 4, 4, 64
     if args.smoke:
@@ -930,8 +933,6 @@ def main() -> int:
         args.rounds = 1 if args.smoke else 2
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    torch.set_num_threads(args.threads)
-    levels = [int(c) for c in args.levels.split(",")]
     variants = [v.strip() for v in args.ours.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or not variants:
@@ -945,6 +946,16 @@ def main() -> int:
         parser.error(f"--quantization {args.quantization}: {problem}")
     if args.fp16_row_weights and (dtype != torch.bfloat16 or args.quantization != "none"):
         parser.error("--fp16-row-weights copies bf16 weights: add --dtype bfloat16, without int8")
+    args.variants, args.torch_dtype = variants, dtype
+    return args
+
+
+def main() -> int:
+    ask_for_huge_pages()  # as omni's CPU stage processes (plan/pages.py); ours only
+    args = arguments()
+    variants, dtype = args.variants, args.torch_dtype
+    torch.set_num_threads(args.threads)
+    levels = [int(c) for c in args.levels.split(",")]
     if not args.smoke and not args.reference_python.exists():
         print(
             f"skipped: no reference environment at {args.reference_python} (set "

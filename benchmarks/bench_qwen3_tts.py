@@ -676,8 +676,10 @@ def fastest(rounds: list[tuple[Baseline, list[Level]]]) -> tuple[Baseline, list[
     return baseline, [best[c] for c in sorted(best)]
 
 
-def main() -> None:
-    ask_for_huge_pages()  # as omni's CPU stage processes (plan/pages.py); ours only
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: a mistake exits 2 (argparse) before anything is
+    built or measured, and the tests call this in-process rather than start the
+    script for each mistake (2 s of start-up each)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=48, help="frames per request (12.5 per s)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
@@ -769,7 +771,7 @@ def main() -> None:
         help="the tiny preset, 4 frames, concurrency 1 and 2, no reference, one round unless "
         "--rounds says: checks the script runs",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.cpu_weight_prepack and not args.compile:
         parser.error("--cpu-weight-prepack packs weights into compiled steps: add --compile")
     if args.fp16_row_weights and (args.dtype not in ("bfloat16", "bf16") or args.no_pack_weights):
@@ -784,6 +786,12 @@ def main() -> None:
         args.rounds = 1 if args.smoke else 2
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    return args
+
+
+def main() -> None:
+    ask_for_huge_pages()  # as omni's CPU stage processes (plan/pages.py); ours only
+    args = arguments()
     torch.set_num_threads(args.threads)
     levels = [int(c) for c in args.levels.split(",")]
     use_reference = not args.no_reference and args.reference_python.exists()

@@ -127,38 +127,44 @@ def test_the_moss_codec_runs_in_bf16_when_asked(run_smoke) -> None:
     # plugins/moss_tts/tests/test_codec_dtype.py reads that off the stage itself
 
 
-def test_int8_without_bf16_is_a_usage_error(run_smoke) -> None:
+def _usage_error(load_script, capsys, script: str, *args: str) -> str:
+    """``script``'s command line checked in this process (its ``arguments()``, which
+    ``main()`` calls first): it must exit 2; what it printed to stderr."""
+    with load_script(script) as bench, pytest.raises(SystemExit) as exited:
+        bench.arguments(["--smoke", *args])
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_int8_without_bf16_is_a_usage_error(load_script, capsys) -> None:
     """int8 weight-only layers compute in bf16: float32 with int8 exits 2 and says what to set."""
-    done = run_smoke("bench_moss_tts.py", "--quantization", "int8")
-    assert done.returncode == 2, done.stderr
-    assert "--quantization int8" in done.stderr and 'factory.dtype = "bfloat16"' in done.stderr
+    said = _usage_error(load_script, capsys, "bench_moss_tts.py", "--quantization", "int8")
+    assert "--quantization int8" in said and 'factory.dtype = "bfloat16"' in said
 
 
 @pytest.mark.parametrize(
-    "script",
-    # one script in make test, the others (the same check, seconds of start-up each) in
-    # make test-all
-    [
-        pytest.param("bench_qwen3_tts.py", marks=pytest.mark.slow),
-        pytest.param("bench_qwen3_omni_thinker.py", marks=pytest.mark.slow),
-        "bench_moss_tts.py",
-    ],
+    "script", ["bench_qwen3_tts.py", "bench_qwen3_omni_thinker.py", "bench_moss_tts.py"]
 )
-def test_float16_row_copies_of_float32_weights_are_a_usage_error(run_smoke, script) -> None:
+def test_float16_row_copies_of_float32_weights_are_a_usage_error(
+    load_script, capsys, script
+) -> None:
     """The copies are of bf16 weights: float32 with --fp16-row-weights exits 2 saying so."""
-    done = run_smoke(script, "--fp16-row-weights")
-    assert done.returncode == 2, done.stderr
-    assert "--fp16-row-weights copies" in done.stderr and "--dtype bfloat16" in done.stderr
+    said = _usage_error(load_script, capsys, script, "--fp16-row-weights")
+    assert "--fp16-row-weights copies" in said and "--dtype bfloat16" in said
 
 
-@pytest.mark.parametrize(
-    "script", ["bench_qwen3_tts.py", pytest.param("bench_moss_tts.py", marks=pytest.mark.slow)]
-)
-def test_prepacking_without_compiling_is_a_usage_error(run_smoke, script) -> None:
+@pytest.mark.parametrize("script", ["bench_qwen3_tts.py", "bench_moss_tts.py"])
+def test_prepacking_without_compiling_is_a_usage_error(load_script, capsys, script) -> None:
     """``--cpu-weight-prepack`` packs weights into compiled steps: alone it exits 2, saying so."""
-    ran = run_smoke(script, "--cpu-weight-prepack")
-    assert ran.returncode == 2, ran.stderr
-    assert "--cpu-weight-prepack packs weights into compiled steps: add --compile" in ran.stderr
+    said = _usage_error(load_script, capsys, script, "--cpu-weight-prepack")
+    assert "--cpu-weight-prepack packs weights into compiled steps: add --compile" in said
+
+
+def test_a_script_started_with_a_mistake_exits_2_before_it_builds(run_smoke) -> None:
+    """The same check from the command line, once: ``main()`` reads ``arguments()`` first."""
+    done = run_smoke("bench_moss_tts.py", "--cpu-weight-prepack")
+    assert done.returncode == 2, done.stderr
+    assert "add --compile" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_the_speech_benchmark_reports_what_each_engine_stage_said_of_its_static_steps(
@@ -267,12 +273,13 @@ def test_the_thinker_benchmark_keeps_each_levels_fastest_round(run_smoke) -> Non
     assert table == pytest.approx(best, abs=0.06), ran.stdout
 
 
-@pytest.mark.slow  # three --help runs, seconds of start-up each: make test-all
-def test_the_model_benchmarks_spell_their_rounds_alike(run_smoke) -> None:
+def test_the_model_benchmarks_spell_their_rounds_alike(load_script, capsys) -> None:
     """``--rounds N`` in all three (MOSS-TTS's ``--repeats`` kept as its other name)."""
     helps = {}
     for script in ("bench_qwen3_tts.py", "bench_qwen3_omni_thinker.py", "bench_moss_tts.py"):
-        ran = helps[script] = run_smoke(script, "--help")
-        assert ran.returncode == 0, ran.stderr
-        assert re.search(r"--rounds (N|ROUNDS)\b", ran.stdout), ran.stdout
-    assert "--rounds N, --repeats N" in helps["bench_moss_tts.py"].stdout
+        with load_script(script) as bench, pytest.raises(SystemExit) as exited:
+            bench.arguments(["--help"])
+        assert exited.value.code == 0
+        helps[script] = capsys.readouterr().out
+        assert re.search(r"--rounds (N|ROUNDS)\b", helps[script]), helps[script]
+    assert "--rounds N, --repeats N" in helps["bench_moss_tts.py"]

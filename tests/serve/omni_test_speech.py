@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -163,14 +164,19 @@ class Talker:
         return {"chunks": count, "usage": usage, "finish_reason": "stop"}
 
 
-def create(kind: str, start_delay: float = 0.0) -> Any:
-    """``factory.start_delay`` makes the stage slow to start (signals during start-up)."""
+def create(kind: str, start_delay: float = 0.0, start_gate: str | None = None) -> Any:
+    """``factory.start_delay`` makes the stage slow to start (signals during start-up);
+    ``factory.start_gate`` holds its start until that file exists (a test's own moment,
+    60 s at most)."""
     stages = {"prep": Prep, "synth": Synth, "audio": Audio, "think": Think, "text": Text}
     stage = {**stages, "talker": Talker}[kind]()
-    if start_delay:
+    if start_delay or start_gate:
 
         async def start() -> None:
             await anyio.sleep(start_delay)
+            with anyio.fail_after(60):
+                while start_gate is not None and not Path(start_gate).exists():
+                    await anyio.sleep(0.05)
 
         stage.start = start
     return stage

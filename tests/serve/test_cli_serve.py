@@ -259,6 +259,7 @@ def test_the_server_listens_at_once_and_says_it_is_starting_until_ready(short_tm
     import urllib.request
 
     log = (short_tmp / "serve.err").open("w")
+    gate = short_tmp / "let-audio-start"  # the audio stage starts once this exists
     proc = subprocess.Popen(
         [
             *LAUNCH,
@@ -269,8 +270,8 @@ def test_the_server_listens_at_once_and_says_it_is_starting_until_ready(short_tm
             "0",
             "--endpoints.base_path",
             str(short_tmp / "run"),
-            "--audio.factory.start_delay",
-            "6",
+            "--audio.factory.start_gate",
+            str(gate),
         ],
         stdout=subprocess.PIPE,
         stderr=log,
@@ -301,6 +302,7 @@ def test_the_server_listens_at_once_and_says_it_is_starting_until_ready(short_tm
         status, body, headers = get("/v1/audio/speech", json.dumps({"input": "hi"}).encode())
         assert status == 503 and body["error"]["code"] == "starting"
         assert "processes ready" in body["error"]["message"] and headers.get("Retry-After") == "2"
+        gate.touch()
         wait_ready(proc, 60)
         status, health, _ = get("/health")
         assert status == 200 and health["status"] == "healthy"
