@@ -85,6 +85,13 @@ NEEDS = {"bench_realtime.py": "espeak-ng"}
 # Smoke runs left to ``make test-all`` (--slow): a local Ray cluster's start is most of
 # bench_ray_transport's 25 s here, and tests/serve/test_ray_launcher.py starts one already.
 SLOW = {"bench_ray_transport.py"}
+# Smoke runs a named test of test_smoke_light.py makes too, with flags that only add to
+# them (--rounds 2: the same run twice, each round checked): the plain run is left to
+# make test-all.
+COVERED = {
+    "bench_qwen3_tts.py": "test_the_qwen3_tts_sides_alternate_and_each_keeps_its_fastest_round",
+    "bench_qwen3_omni_thinker.py": "test_the_thinker_benchmark_keeps_each_levels_fastest_round",
+}
 # Flags a smoke run adds: bench_compile_start compiles against the suite's inductor cache
 # (conftest.py keeps torch's own) instead of a new empty one, 20 s of CPU less a run
 # from the second on; the script's path is the same.
@@ -222,6 +229,12 @@ class Zygote:
 
 
 @pytest.fixture(scope="session")
+def covered_scripts() -> dict[str, str]:
+    """:data:`COVERED`, for the test that checks it (this directory is not importable)."""
+    return dict(COVERED)
+
+
+@pytest.fixture(scope="session")
 def zygote_type() -> type[Zygote]:
     """:class:`Zygote`, for its own test (this directory is not importable by name)."""
     return Zygote
@@ -279,7 +292,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _needs(name: str) -> list[pytest.MarkDecorator]:
-    marks = [pytest.mark.slow] if name in SLOW else []
+    marks = [pytest.mark.slow] if name in SLOW or name in COVERED else []
     program = NEEDS.get(name)
     if program is None:
         return marks

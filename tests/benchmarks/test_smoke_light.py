@@ -20,6 +20,19 @@ def test_benchmark_smoke(run_smoke, benchmark: str) -> None:
     run_smoke(benchmark).check()
 
 
+def test_a_covered_scripts_plain_run_is_left_only_where_a_test_runs_it_more(covered_scripts):
+    """conftest.COVERED names, for each script whose plain smoke run it leaves to make
+    test-all, the test here that runs it with --smoke and more, and checks the run."""
+    import inspect
+
+    source = inspect.getsource(sys.modules[__name__])
+    for script, test in covered_scripts.items():
+        parts = source.split(f"def {test}(", 1)
+        assert len(parts) == 2, f"{test} (conftest.COVERED) is not a test of this module"
+        body = parts[1].split("\ndef ", 1)[0]
+        assert f'run_smoke("{script}"' in body and ".check()" in body, (script, test)
+
+
 def test_pytest_is_really_unimportable_in_the_smoke_runs(no_pytest_path, shipped_plugins_env):
     """The guard itself: a script that imports pytest fails under it."""
     env = {**shipped_plugins_env, "PYTHONPATH": str(no_pytest_path)}
