@@ -16,7 +16,6 @@ the masks); the differences are deliberate and listed in ``sample_step``.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,23 +99,10 @@ class MossTTSModel:
         path: Path | None = None,
     ):
         self.config, self.generation, self.network = config, generation, network
-        self.codec, self._tokenizer, self.path = codec, tokenizer, path
+        self.codec, self.tokenizer, self.path = codec, tokenizer, path
+        self.prompts = PromptBuilder(config, tokenizer) if tokenizer is not None else None
         param = next(network.parameters())
         self.device, self.dtype = param.device, param.dtype
-
-    @functools.cached_property
-    def tokenizer(self) -> TextTokenizer | None:
-        """The text tokenizer, read from the checkpoint on first use: the engine stage never
-        asks (the preprocessing stage builds the prompts, and fails a start without the
-        tokenizer's files), and reading a 151k-token vocabulary was a fifth of its restart."""
-        if self._tokenizer is None and self.path is not None:
-            self._tokenizer = TextTokenizer.from_dir(self.path)
-        return self._tokenizer
-
-    @functools.cached_property
-    def prompts(self) -> PromptBuilder | None:
-        tokenizer = self.tokenizer
-        return PromptBuilder(self.config, tokenizer) if tokenizer is not None else None
 
     @classmethod
     def from_pretrained(
@@ -145,7 +131,7 @@ class MossTTSModel:
         network = load_network(root, config, load_format, weights_dtype, dev, seed)
         if codec is None and with_codec:
             codec = load_codec(model_path, codec_path, load_format, dev, seed)
-        return cls(config, generation, network, codec, None, root)
+        return cls(config, generation, network, codec, TextTokenizer.from_dir(root), root)
 
     # -- engine step API ------------------------------------------------------
 

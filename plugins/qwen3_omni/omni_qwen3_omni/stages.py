@@ -240,7 +240,7 @@ def create_thinker(
     quantization: str = "none",
     fp16_row_weights: bool = False,
 ) -> Thinker:
-    from .chat import ChatPrompter
+    from .chat import end_of_turn_ids
     from .loading import read_raw_config
     from .thinker.step import ThinkerStepModel
 
@@ -284,7 +284,7 @@ def create_thinker(
     # int8 weight-only layers, experts included (bf16 models only; lm_head stays)
     apply_quantization(lm, quantization, stage="thinker")
     apply_row_copies(lm, fp16_row_weights, stage="thinker")
-    eos = ChatPrompter.from_dir(root).eos_token_ids
+    eos = end_of_turn_ids(root)
     mirror = None
     if group is not None:
         from omni_core.engine.tp import Mirror
@@ -335,7 +335,7 @@ def _sglang_thinker(engine: EngineContext, talker_stage: str | None, tp_size: in
     and dropped; a real checkpoint is handed to SGLang as it is (only the talker's
     three embedding rows are read here).
     """
-    from .chat import ChatPrompter
+    from .chat import end_of_turn_ids
     from .loading import read_config, read_raw_config
     from .source import resolve_model_path
     from .thinker.sglang_adapter import ThinkerSGLangModel, embedding_rows, write_checkpoint
@@ -362,7 +362,7 @@ def _sglang_thinker(engine: EngineContext, talker_stage: str | None, tp_size: in
     speech = None
     if talker_stage is not None:
         speech = Speech(talker_stage, talker.accept_hidden_layer, rows)
-    eos = ChatPrompter.from_dir(root).eos_token_ids
+    eos = end_of_turn_ids(root)
     model = ThinkerSGLangModel(
         checkpoint,
         eos_ids=set(eos),

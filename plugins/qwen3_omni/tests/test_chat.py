@@ -17,6 +17,7 @@ from omni_qwen3_omni.audio.mel import audio_token_count
 from omni_qwen3_omni.chat import (
     ChatPrompter,
     ChatTemplateError,
+    end_of_turn_ids,
     expand_placeholder_ids,
     interleave_video_audio,
     load_chat_template,
@@ -253,3 +254,23 @@ def test_preset_ids_agree_with_the_config_and_the_generator(prompter, tmp_path):
     tool.main()
     for path in sorted(TINY.iterdir()):
         assert (tmp_path / "tiny" / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_the_end_of_turn_ids_come_from_the_config_without_the_vocabulary(
+    prompter, tmp_path, monkeypatch
+):
+    """The thinker's stop ids, read from tokenizer_config.json alone; a config without
+    the two tokens falls back to the whole tokenizer, with the same answer."""
+    from omni_qwen3_omni import chat
+
+    reads = []
+    real = chat.TextTokenizer.from_dir
+    monkeypatch.setattr(chat.TextTokenizer, "from_dir", lambda p: reads.append(p) or real(p))
+    assert end_of_turn_ids(TINY) == prompter.eos_token_ids == (IM_END, 151643)
+    assert reads == []
+    bare = tmp_path / "bare"  # a checkpoint with tokenizer.json and no tokenizer_config
+    shutil.copytree(TINY, bare)
+    prompter.tokenizer._tok.save(str(bare / "tokenizer.json"))
+    (bare / "tokenizer_config.json").unlink()
+    assert end_of_turn_ids(bare) == prompter.eos_token_ids
+    assert reads == [bare]
