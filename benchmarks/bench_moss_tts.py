@@ -10,7 +10,8 @@ keeps the checkpoint for the next run). Needs the reference environment
 dummy weights (no checkpoint written), a few frames at concurrency 1 and 2,
 ours alone, in seconds: it checks that the script still runs (``make test``).
 ``--dtype bfloat16`` runs our backbone in bf16, ``--quantization int8``
-adds int8 weight-only backbone layers and ``--fp16-row-weights`` float16
+adds int8 weight-only backbone layers (``w8a8_int8``: int8 activations
+too, on oneDNN's integer kernel) and ``--fp16-row-weights`` float16
 copies of its blocked weights for one- and two-row products (the tts_engine
 stage's ``factory.dtype``, ``factory.quantization`` and
 ``factory.fp16_row_weights``; the checkpoint stays float32);
@@ -124,7 +125,7 @@ from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_band
 
 from omni_core.engine.compute import dedicate, run_compute
 from omni_core.engine.huge_pages import ask_for_huge_pages, user_environ
-from omni_core.engine.quantize import quantization_problem
+from omni_core.engine.quantize import QUANTIZATIONS, quantization_problem
 from omni_core.sigterm import run_script
 from omni_moss_tts import stages
 from omni_moss_tts.model import MossTTSModel
@@ -1203,10 +1204,10 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--quantization",
-        choices=("none", "int8"),
+        choices=QUANTIZATIONS,
         default="none",
         help="the tts_engine stage's factory.quantization: int8 weight-only backbone layers, "
-        "the heads not (needs --dtype bfloat16)",
+        "the heads not (needs --dtype bfloat16); w8a8_int8: int8 activations too",
     )
     parser.add_argument(
         "--fp16-row-weights",

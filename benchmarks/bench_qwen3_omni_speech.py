@@ -405,7 +405,7 @@ def precision(args: argparse.Namespace) -> str:
     if args.code2wav_dtype != args.dtype:
         said += f" (code2wav {args.code2wav_dtype})"
     if args.quantization != "none":
-        said += f", thinker and talker {args.quantization} weight-only"
+        said += f", thinker and talker {args.quantization}"
     if args.fp16_row_weights:
         said += ", thinker and talker with float16 row copies"
     return said
@@ -708,9 +708,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--quantization",
-        choices=("none", "int8"),
+        # omni_core.engine.quantize.QUANTIZATIONS, not imported: this script's process
+        # drives servers and never imports torch
+        choices=("none", "int8", "w8a8_int8"),
         default="none",
-        help="the thinker's and talker's factory.quantization (int8 needs --dtype bfloat16)",
+        help="the thinker's and talker's factory.quantization (int8 needs --dtype bfloat16; "
+        "w8a8_int8: int8 activations too, float32 or bfloat16)",
     )
     parser.add_argument(
         "--fp16-row-weights",
@@ -747,7 +750,7 @@ def main() -> int:
         "concurrency 1 and 2: checks the script runs (make test)",
     )
     args = parser.parse_args()
-    if args.quantization != "none" and args.dtype != "bfloat16":
+    if args.quantization == "int8" and args.dtype != "bfloat16":
         parser.error("--quantization int8 computes in bf16: add --dtype bfloat16")
     if args.fp16_row_weights and (args.dtype != "bfloat16" or args.quantization != "none"):
         parser.error("--fp16-row-weights copies bf16 weights: add --dtype bfloat16, without int8")

@@ -18,7 +18,8 @@ sides; ``--dtype bfloat16`` casts our weights after filling (as the stage's
 loader builds them for ``factory.dtype``: parameters only, the rotary tables
 stay float32; oneDNN packing is float32's, so one layout is measured),
 ``--quantization int8`` then swaps in int8 weight-only layers as the stage
-does for ``factory.quantization`` (experts included, the LM head not),
+does for ``factory.quantization`` (experts included, the LM head not;
+``w8a8_int8``: int8 activations too, float32 or bf16),
 ``--fp16-row-weights`` gives the blocked bf16 weights float16 copies for one-
 and two-row products as the stage does for ``factory.fp16_row_weights``, and
 ``--reference-dtype bfloat16`` casts the reference's parameters the same way.
@@ -134,7 +135,7 @@ from omni_core.engine.huge_pages import ask_for_huge_pages, user_environ
 from omni_core.engine.interface import EngineSettings, SamplingParams
 from omni_core.engine.precision import PrecisionError, torch_dtype
 from omni_core.engine.prompt import EmbeddedPrompt
-from omni_core.engine.quantize import apply_quantization, quantization_problem
+from omni_core.engine.quantize import QUANTIZATIONS, apply_quantization, quantization_problem
 from omni_core.sigterm import run_script
 from omni_qwen3_omni.assemble import assemble, to_prompt
 from omni_qwen3_omni.config import ThinkerConfig
@@ -888,10 +889,10 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--quantization",
-        choices=("none", "int8"),
+        choices=QUANTIZATIONS,
         default="none",
         help="the thinker stage's factory.quantization: int8 weight-only linear layers, experts "
-        "included, the LM head not (needs --dtype bfloat16)",
+        "included, the LM head not (needs --dtype bfloat16); w8a8_int8: int8 activations too",
     )
     parser.add_argument(
         "--fp16-row-weights",
@@ -1028,7 +1029,7 @@ def main() -> int:
     names = {variant: f"ours {variant}" for variant in VARIANTS}
     if dtype != torch.float32:  # oneDNN packs float32 weights only: one layout to measure
         variants = ["dense"]
-        names["dense"] = "ours int8" if args.quantization == "int8" else "ours bf16"
+        names["dense"] = f"ours {args.quantization}" if args.quantization != "none" else "ours bf16"
         cast(lm, dtype)
         cast(vision, dtype)
     runs, packed = [], 0
@@ -1069,7 +1070,8 @@ def main() -> int:
     if args.compile:
         compiled = measure(runs[-1].label + " compiled", common, False, compiled=True)
     print(
-        f"ours: {packed} linear layers packed for oneDNN in all, {quantized} int8, {copies} "
+        f"ours: {packed} linear layers packed for oneDNN in all, {quantized} "
+        f"{'w8a8_int8' if args.quantization == 'w8a8_int8' else 'int8'}, {copies} "
         "with float16 row copies; torch threads "
         f"in the engine's "
         f"worker: {runs[-1].threads_in_engine}; peak memory "

@@ -81,7 +81,7 @@ from omni_core.engine.cpu_linear import pack_linear_weights
 from omni_core.engine.cpu_row_copy import apply_row_copies
 from omni_core.engine.huge_pages import ask_for_huge_pages, user_environ
 from omni_core.engine.interface import EngineSettings, SamplingParams
-from omni_core.engine.quantize import apply_quantization
+from omni_core.engine.quantize import QUANTIZATIONS, apply_quantization
 from omni_core.engine.torch_engine import TorchEngine
 from omni_core.sigterm import run_script
 from omni_qwen3_tts.model import Qwen3TTSModel
@@ -734,9 +734,10 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", help="our weights' dtype (float32, bfloat16)")
     parser.add_argument(
         "--quantization",
-        choices=("none", "int8"),
+        choices=QUANTIZATIONS,
         default="none",
-        help="the tts_engine stage's factory.quantization (int8 needs --dtype bfloat16)",
+        help="the tts_engine stage's factory.quantization (int8 needs --dtype bfloat16; "
+        "w8a8_int8: int8 activations too, float32 or bfloat16)",
     )
     parser.add_argument(
         "--fp16-row-weights",

@@ -37,11 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_linear import BlockedLinear, BlockedRows, RowLinear
+from .cpu_linear import BlockedLinear, BlockedRows, PackedLinear, RowLinear
+from .fused_linear import named_groups, share_product
 from .heap import return_freed_memory
 
 DEFAULT_MIN_ELEMENTS = 1 << 20  # 2 MiB of bf16: beyond the per-core caches
-QUANTIZATIONS = ("none", "int8")
+#: ``w8a8_int8``: int8 activations too, on oneDNN's integer kernel (:mod:`.w8a8`).
+QUANTIZATIONS = ("none", "int8", "w8a8_int8")
 
 #: From this many rows a call dequantizes into the scratch and runs a bf16 matmul.
 #: Measured here (2 threads, bf16): 12288x4096 at 8 / 24 / 64 / 200 rows, the int8
@@ -75,6 +77,8 @@ def quantization_problem(quantization: str, dtype: torch.dtype, device: torch.de
         return None
     if quantization not in QUANTIZATIONS:
         return f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}"
+    if quantization == "w8a8_int8":
+        return _w8a8_problem(dtype, device)
     if torch.device(device).type != "cpu":
         return (
             "int8 weight-only layers use torch's CPU kernel (aten._weight_int8pack_mm); "
@@ -87,6 +91,23 @@ def quantization_problem(quantization: str, dtype: torch.dtype, device: torch.de
             "(float32 activations make torch's int8 kernel slower than float32 weights)"
         )
     return None
+
+
+def _w8a8_problem(dtype: torch.dtype, device: torch.device) -> str | None:
+    if torch.device(device).type != "cpu":
+        return (
+            "w8a8_int8 layers use oneDNN's CPU int8 kernel (onednn::qlinear_pointwise); "
+            "not implemented yet on CUDA: remove factory.quantization for GPU stages"
+        )
+    if dtype not in (torch.float32, torch.bfloat16):
+        return (
+            f"w8a8_int8 layers return float32 or bfloat16, and this stage's dtype is "
+            f'{str(dtype).removeprefix("torch.")}: set factory.dtype = "bfloat16" or "float32"'
+        )
+    from .w8a8 import w8a8_problem
+
+    problem = w8a8_problem()
+    return None if problem is None else f"{problem}: use quantization int8 or none"
 
 
 class Int8Linear(nn.Module):
@@ -139,41 +160,150 @@ def quantize_linear_weights(
     module: nn.Module,
     min_elements: int = DEFAULT_MIN_ELEMENTS,
     skip: Callable[[str], bool] | None = None,
+    scheme: str = "int8",
 ) -> int:
-    """Replace every eligible ``nn.Linear`` under ``module`` with :class:`Int8Linear`; count them.
+    """Replace every eligible linear layer under ``module`` with an int8 one; count the products.
 
-    Eligible: bfloat16 or float16 weights on the CPU, at least
+    ``scheme``: ``int8`` (:class:`Int8Linear`, weight-only) or ``w8a8_int8``
+    (:class:`~omni_core.engine.w8a8.W8A8Linear`). Eligible: bfloat16 or
+    float16 weights on the CPU (float32 too for ``w8a8_int8``), at least
     ``min_elements`` of them (or a quarter of the largest), not a head
     (:func:`is_head`), not named by ``skip``. Idempotent (a converted layer is
-    no longer an ``nn.Linear``); a layer shared by several parents is
-    converted once and stays shared.
+    no longer a float linear layer); a layer shared by several parents is
+    converted once and stays shared. ``w8a8_int8`` converts the sibling
+    projections a module names in ``sibling_projections`` (q/k/v, gate/up)
+    as one product each, which quantises their common input once.
     """
+    dtypes = (torch.bfloat16, torch.float16)
+    if scheme == "w8a8_int8":
+        dtypes = (torch.float32, torch.bfloat16)
+    elif scheme != "int8":
+        raise ValueError(f"quantization scheme {scheme!r} is not one of int8, w8a8_int8")
+
+    def eligible(name: str, child: nn.Module) -> bool:
+        return (
+            type(child) in _FLOAT_LINEAR
+            and _stored(child).dtype in dtypes
+            and _stored(child).device.type == "cpu"
+            and not is_head(name)
+            and not (skip and skip(name))
+        )
+
     # Sizes, not the layers: a list holding every layer would keep each one's
     # weight alive until the last is converted, the whole model twice over.
     candidates = [
         (parent, name, _stored(child).numel())
         for prefix, parent in module.named_modules()
         for name, child in parent.named_children()
-        if type(child) in (nn.Linear, RowLinear, BlockedLinear, BlockedRows)
-        and _stored(child).dtype in (torch.bfloat16, torch.float16)
-        and _stored(child).device.type == "cpu"
-        and not is_head(f"{prefix}.{name}" if prefix else name)
-        and not (skip and skip(f"{prefix}.{name}" if prefix else name))
+        if eligible(f"{prefix}.{name}" if prefix else name, child)
     ]
-    done_sizes = [m.qweight.numel() for m in module.modules() if isinstance(m, Int8Linear)]
-    largest = max([size for _, _, size in candidates] + done_sizes, default=0)
-    floor = min(min_elements, largest // 4)
-    targets = [(p, n) for p, n, size in candidates if size >= max(floor, 1)]
-    done: dict[int, Int8Linear] = {}
+    groups = _w8a8_groups(module, eligible) if scheme == "w8a8_int8" else []
+    done_sizes = [
+        m.packed.numel() if isinstance(m, _w8a8_linear()) else m.qweight.numel()
+        for m in module.modules()
+        if isinstance(m, (Int8Linear, _w8a8_linear()))
+    ]
+    sizes = [size for _, _, size in candidates] + [size for _, _, size in groups] + done_sizes
+    floor = max(min(min_elements, max(sizes, default=0) // 4), 1)
+    converted = 0
+    for parent, names, size in groups:
+        if size >= floor:
+            _convert_group(parent, names)
+            converted += 1
+    grouped = {(id(parent), name) for parent, names, _ in groups for name in names}
+    targets = [(p, n) for p, n, size in candidates if size >= floor and (id(p), n) not in grouped]
+    make = Int8Linear if scheme == "int8" else _w8a8_of
+    done: dict[int, nn.Module] = {}
     for parent, name in targets:
         child = getattr(parent, name)
         if id(child) not in done:
-            done[id(child)] = Int8Linear(child)
+            done[id(child)] = make(child)
         setattr(parent, name, done[id(child)])
         del child  # so that a converted layer goes as soon as no parent holds it
-    if done:
+    converted += len(done)
+    if converted:
         return_freed_memory()
-    return len(done)
+    return converted
+
+
+def _w8a8_linear() -> type:
+    from .w8a8 import W8A8Linear
+
+    return W8A8Linear
+
+
+def _w8a8_of(layer: nn.Module) -> nn.Module:
+    return _w8a8_linear()(layer.weight.detach(), layer.bias)
+
+
+def _w8a8_groups(
+    module: nn.Module, eligible: Callable[[str, nn.Module], bool]
+) -> list[tuple[nn.Module, tuple[str, ...], int]]:
+    """The sibling groups whose members may all become one product: (parent, names, size)."""
+    found = []
+    for prefix, parent, names in named_groups(module, "sibling_projections"):
+        layers = [getattr(parent, name) for name in names]
+        if (
+            len(layers) < 2
+            or len(set(map(id, layers))) < len(layers)
+            or not all(
+                eligible(f"{prefix}.{name}" if prefix else name, layer)
+                for name, layer in zip(names, layers, strict=True)
+            )
+            or len({layer.in_features for layer in layers}) > 1
+            or len({layer.bias is None for layer in layers}) > 1
+        ):
+            continue
+        found.append(
+            (parent, names, sum(layer.in_features * layer.out_features for layer in layers))
+        )
+    return found
+
+
+def _convert_group(parent: nn.Module, names: tuple[str, ...]) -> None:
+    """``parent``'s layers ``names`` as windows of one int8 product (:class:`W8A8Rows`)."""
+    from .w8a8 import W8A8Rows, fused_w8a8
+
+    layers = [getattr(parent, name) for name in names]
+    products = {id(layer.product) for layer in layers if isinstance(layer, BlockedRows)}
+    if len(products) == 1 and all(isinstance(layer, BlockedRows) for layer in layers):
+        # rows of one blocked product already, in order: its dense weight, copied once
+        whole = layers[0].product
+        weights = [whole.weight[layer.start : layer.stop] for layer in layers]
+    else:
+        weights = [layer.weight for layer in layers]
+    biases = [layer.bias for layer in layers]
+    product = fused_w8a8(weights, [None] * len(layers))
+    del weights
+    members, start = [], 0
+    for name, layer, bias in zip(names, layers, biases, strict=True):
+        kept = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        member = W8A8Rows(product, start, start + layer.out_features, kept)
+        setattr(parent, name, member)
+        members.append(member)
+        start += layer.out_features
+    share_product(members, _GroupProduct(product, members))
+
+
+class _GroupProduct(nn.Module):
+    """A group's one call for :func:`~omni_core.engine.fused_linear.project`: the product and
+    each member's bias (kept by the members, so a bias loaded later is the one added)."""
+
+    def __init__(self, product: nn.Module, members: list[nn.Module]):
+        super().__init__()
+        self.__dict__["product"] = product
+        self.__dict__["members"] = members
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.product(x)
+        biases = [member.bias for member in self.members]
+        if all(bias is None for bias in biases):
+            return out
+        return out + torch.cat([b.to(out.dtype) for b in biases if b is not None])
+
+
+#: The float layers a conversion replaces: torch's, and the CPU routes' own (cpu_linear.py).
+_FLOAT_LINEAR = (nn.Linear, RowLinear, BlockedLinear, BlockedRows, PackedLinear)
 
 
 def _stored(layer: nn.Module) -> torch.Tensor:
@@ -202,4 +332,4 @@ def apply_quantization(
     problem = quantization_problem(str(quantization), param.dtype, param.device)
     if problem is not None:
         raise ValueError(f"stage {stage!r}: factory.quantization = {quantization!r}: {problem}")
-    return quantize_linear_weights(module, skip=skip)
+    return quantize_linear_weights(module, skip=skip, scheme=str(quantization))

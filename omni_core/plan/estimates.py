@@ -144,10 +144,12 @@ def engine_estimate(
         layers=shape["layers"], kv_heads=shape["kv_heads"], head_dim=shape["head_dim"], dtype=dtype
     )
     weights, label = weights_bytes(params, dtype), dtype
-    if getattr(stage.factory, "quantization", None) == "int8":
+    quantization = getattr(stage.factory, "quantization", None)
+    if quantization in ("int8", "w8a8_int8"):
         # int8 linear layers plus their per-channel scales; embeddings and heads are not
         # converted, but at release sizes they are a few percent: counted at 1 byte too
-        weights, label = params, f"int8 weights, {dtype} activations"
+        acts = "per-row int8" if quantization == "w8a8_int8" else dtype
+        weights, label = params, f"int8 weights, {acts} activations"
     elif getattr(stage.factory, "fp16_row_weights", False):
         # a float16 copy beside each blocked linear weight (omni_core.engine.cpu_row_copy);
         # embeddings keep none, but at release sizes they are a few percent: counted twice too

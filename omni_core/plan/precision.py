@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..engine.precision import Precision, PrecisionError, checkpoint_dtype, decide
+from ..engine.precision import Precision, PrecisionError, checkpoint_dtype, cpu_flags, decide
 from .estimates import read_local_config
 from .model import Assignment, GpuInventory, Refusal
 
@@ -88,9 +88,7 @@ def plan_precisions(
             if problem is not None:
                 problems.append(problem)
                 continue
-            precision = Precision(
-                precision.dtype, f"{precision.reason}; {quantization} weight-only linear layers"
-            )
+            precision = Precision(precision.dtype, f"{precision.reason}; {_said(quantization)}")
         if row_copies_of(stage):
             problem = row_copy_problem(device, precision.dtype, quantization, stage.name)
             if problem is not None:
@@ -136,9 +134,37 @@ def row_copy_problem(device: str, dtype: str, quantization: str, stage: str) -> 
     return None
 
 
+def _said(quantization: str) -> str:
+    """How ``omni plan`` names a stage's quantization beside its dtype."""
+    if quantization == "w8a8_int8":
+        vnni = [flag for flag in VNNI_FLAGS if flag in cpu_flags()]
+        how = f"this CPU has {vnni[0]}" if vnni else "this CPU has no VNNI: slower than with it"
+        return f"w8a8_int8 linear layers (int8 weights and per-row int8 activations; {how})"
+    return f"{quantization} weight-only linear layers"
+
+
+#: CPU flags of an integer dot product oneDNN's int8 kernel runs on (best first).
+VNNI_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
+
+
 def quantization_problem(quantization: str, device: str, dtype: str, stage: str) -> Refusal | None:
-    """int8 weight-only runs on torch's CPU kernel with bf16/fp16 activations; else refused."""
+    """int8 weight-only runs on torch's CPU kernel with bf16/fp16 activations, w8a8_int8 on
+    oneDNN's with float32/bf16 ones; else refused."""
     path = f"stages.{stage}.factory.quantization"
+    if quantization == "w8a8_int8" and device != "cpu":
+        return Refusal(
+            f"{path} = 'w8a8_int8' on a GPU: omni's w8a8_int8 layers use oneDNN's CPU int8 "
+            "kernel (onednn::qlinear_pointwise); not implemented yet on CUDA",
+            stage=stage,
+            fix=f'remove {path}, or run the stage on the host (placement policy "cpu")',
+        )
+    if quantization == "w8a8_int8" and dtype == "float16":
+        return Refusal(
+            f"{path} = 'w8a8_int8' with float16 activations (stages.{stage}.factory.dtype): "
+            "its products return float32 or bfloat16",
+            stage=stage,
+            fix=f'set stages.{stage}.factory.dtype = "bfloat16" (or "float32")',
+        )
     if quantization == "int8" and device != "cpu":
         return Refusal(
             f"{path} = 'int8' on a GPU: omni's int8 weight-only layers use torch's CPU kernel "

@@ -23,8 +23,9 @@ PLACEMENT_OWNED_FACTORY_KEYS = frozenset(
 # Spellings the model plugins' loaders accept, for their factory.* declarations.
 DType = Literal["auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"]
 LoadFormat = Literal["auto", "safetensors", "dummy"]  # dummy: seeded random weights
-# factory.quantization of a decoder: int8 weight-only linear layers (omni_core.engine.quantize)
-Quantization = Literal["none", "int8"]
+# factory.quantization of a decoder: int8 weight-only linear layers (omni_core.engine.quantize),
+# or w8a8_int8, int8 weights and per-row int8 activations (omni_core.engine.w8a8; SGLang's name)
+Quantization = Literal["none", "int8", "w8a8_int8"]
 
 
 class SettingsGroup(BaseModel):

@@ -97,6 +97,20 @@ def test_model_benchmarks_run_in_bf16_with_int8_and_print_the_bandwidth_limit(ru
         ), ran.stdout
 
 
+@pytest.mark.slow  # two more model benchmark runs: make test-all (tests/engine/test_w8a8.py stays)
+def test_model_benchmarks_run_with_w8a8_int8_layers(run_smoke) -> None:
+    """``--quantization w8a8_int8``: int8 activations too, in float32 as in bf16."""
+    thinker = run_smoke(
+        "bench_qwen3_omni_thinker.py", "--dtype", "bfloat16", "--quantization", "w8a8_int8"
+    )
+    thinker.check()
+    converted = re.search(r"packed for oneDNN in all, (\d+) w8a8_int8,", thinker.stdout)
+    assert converted and int(converted.group(1)) > 0, thinker.stdout
+    moss = run_smoke("bench_moss_tts.py", "--quantization", "w8a8_int8")
+    moss.check()
+    assert "float32, quantization w8a8_int8" in moss.stdout, moss.stdout
+
+
 @pytest.mark.slow  # inductor compiles the tiny thinker's buckets (~15 s here): make test-all
 def test_the_thinker_benchmark_prints_a_compiled_run_measured_and_projected(run_smoke) -> None:
     """``--compile``: a compiled run after eager, its tokens/s and its projection to the

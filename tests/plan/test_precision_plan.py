@@ -78,6 +78,29 @@ def test_int8_on_a_gpu_is_refused(capsys):
     assert "not implemented yet on CUDA" in out.out + out.err
 
 
+def test_w8a8_int8_is_printed_with_the_cpus_vnni_and_refused_on_a_gpu_or_in_float16(
+    capsys, monkeypatch
+):
+    flag = "--tts_engine.factory.quantization"
+    monkeypatch.setenv(FLAGS_VAR, "avx512_bf16 avx512_vnni")
+    code, out = plan(capsys, TTS, flag, "w8a8_int8")
+    assert code == 0, out
+    assert "w8a8_int8 linear layers (int8 weights and per-row int8 activations; " in out
+    assert "this CPU has avx512_vnni" in out
+    monkeypatch.setenv(FLAGS_VAR, "")  # float32 activations are taken, and no VNNI is said
+    code, out = plan(capsys, TTS, flag, "w8a8_int8")
+    assert code == 0, out
+    assert "tts_engine: float32" in out and "this CPU has no VNNI" in out
+    monkeypatch.setenv(FLAGS_VAR, "avx512_fp16")  # float16 runs fast here, but not w8a8_int8
+    code, out = plan(capsys, TTS, flag, "w8a8_int8", "--tts_engine.factory.dtype", "float16")
+    assert code == 2
+    assert "'w8a8_int8' with float16 activations" in out
+    code = main(["plan", str(EXAMPLES / "moss_tts.toml"), flag, "w8a8_int8"])
+    out = capsys.readouterr()
+    assert code == 2
+    assert "'w8a8_int8' on a GPU" in out.out + out.err
+
+
 def test_the_memory_estimate_counts_the_dtype_and_int8_weights():
     from omni_core.plan.estimates import engine_estimate
     from omni_moss_tts.pipeline import MossTTSPipeline
@@ -95,6 +118,8 @@ def test_the_memory_estimate_counts_the_dtype_and_int8_weights():
     assert weights() == 2000  # auto on a GPU: the release's bf16
     assert weights(dtype="float32") == 4000
     assert weights(dtype="auto", quantization="int8") == 1000
+    assert weights(dtype="float32", quantization="w8a8_int8") == 1000
+    assert "per-row int8 activations" in estimate(quantization="w8a8_int8").source
     # bf16 weights and a float16 copy of each (factory.fp16_row_weights)
     assert weights(dtype="auto", fp16_row_weights=True) == 4000
     assert "float16 row copies" in estimate(fp16_row_weights=True).source

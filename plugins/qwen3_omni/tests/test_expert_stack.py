@@ -361,19 +361,20 @@ def test_bf16_experts_are_blocked_for_onednn_where_this_machines_routes_say_so(m
 
 
 def test_compiling_and_int8_take_blocked_experts_back(monkeypatch):
-    """A compiled step turns the blocked experts dense again (``dense_linears``), int8
-    quantizes them (each expert's gate/up as the one product it is): same mixture."""
+    """A compiled step turns the blocked experts dense again (``dense_linears``), int8 and
+    w8a8_int8 quantize them (each expert's gate/up as the one product it is): same mixture."""
     from omni_core.engine import cpu_linear
     from omni_core.engine.compiled import dense_linears
     from omni_core.engine.cpu_kernel_choice import KernelChoice
     from omni_core.engine.quantize import Int8Linear, quantize_linear_weights
+    from omni_core.engine.w8a8 import W8A8Linear
     from omni_qwen3_omni.thinker.moe import block_mixtures
 
     if not cpu_linear.blocking_available():
         pytest.skip("this torch build or CPU has no oneDNN bf16 inner product")
     monkeypatch.setattr(cpu_linear, "_routes", KernelChoice(0, False, 0, True, 4))
     x = _tokens(3, torch.bfloat16)
-    for convert in ("dense", "int8"):
+    for convert in ("dense", "int8", "w8a8_int8"):
         moe = _moe(seed=5, dtype=torch.bfloat16)
         with torch.no_grad():
             want = moe(x)
@@ -382,8 +383,10 @@ def test_compiling_and_int8_take_blocked_experts_back(monkeypatch):
             assert dense_linears(moe) == 3 * EXPERTS
             assert type(moe.experts[0].gate_proj) is cpu_linear.RowLinear
         else:
-            assert quantize_linear_weights(moe, min_elements=1) >= 2 * EXPERTS
-            assert isinstance(moe.experts[0].down_proj, Int8Linear)
+            converted = quantize_linear_weights(moe, min_elements=1, scheme=convert)
+            assert converted >= 2 * EXPERTS
+            kind = Int8Linear if convert == "int8" else W8A8Linear
+            assert isinstance(moe.experts[0].down_proj, kind)
         with torch.no_grad():
             tolerance = 2e-2 if convert == "dense" else 1e-1
             torch.testing.assert_close(moe(x), want, rtol=tolerance, atol=tolerance)

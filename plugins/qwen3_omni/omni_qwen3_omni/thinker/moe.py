@@ -130,9 +130,14 @@ class SparseMoE(nn.Module):
         when nothing changed) and stacks them if they may be; inside one it
         keeps the answer found before tracing (:func:`stack_mixtures`).
         """
-        if isinstance(self.experts[0].gate_proj, (BlockedLinear, BlockedRows)):
+        gate = self.experts[0].gate_proj
+        if isinstance(gate, (BlockedLinear, BlockedRows)):
             return False  # blocked for oneDNN (block_mixtures); its .weight would be a copy
-        weight = self.experts[0].gate_proj.weight
+        # A weight that is a parameter, not a property: int8 layers (Int8Linear,
+        # W8A8Linear) answer .weight with a dequantised copy, a millisecond per call.
+        weight = gate._parameters.get("weight")
+        if weight is None:
+            return False
         tracing = torch.compiler.is_compiling()
         if not grouped_product_runs(weight.device, weight.dtype, tracing):
             return False
