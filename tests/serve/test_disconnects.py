@@ -68,8 +68,10 @@ def idle(server: OmniServe, timeout: float = 30.0) -> dict:
         time.sleep(0.2)
 
 
+# 48: six waves of the pool's eight at once (an abort racing a chunk in flight, each
+# wave); the thousand of the slow case run the same races longer
 @pytest.mark.parametrize(
-    "count", [pytest.param(100, id="100"), pytest.param(1000, id="1000", marks=pytest.mark.slow)]
+    "count", [pytest.param(48, id="48"), pytest.param(1000, id="1000", marks=pytest.mark.slow)]
 )
 def test_streams_dropped_after_the_first_chunk_leave_every_stage_idle(server, count):
     with ThreadPoolExecutor(8) as pool:

@@ -72,16 +72,20 @@ def test_rotating_queries_and_keys_together_changes_no_bit(dtype):
 
 
 @pytest.mark.parametrize(
-    "dtype, marking", [(torch.float32, "unbacked"), (torch.bfloat16, "unbacked"),
-                       (torch.bfloat16, "dynamic")]
+    "dtype, marking, quantization",
+    [(torch.float32, "unbacked", "none"), (torch.bfloat16, "unbacked", "none"),
+     (torch.bfloat16, "dynamic", "none"), (torch.bfloat16, "unbacked", "w8a8_int8")],
 )  # fmt: skip
-def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dtype, marking):
+def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(
+    dtype, marking, quantization
+):
     """``engine.enable_torch_compile``: the stack's layers, their q/k/v and gate/up fused as
     the engine packs them, call one traced layer (omni_core.engine.layer_regions), the
     batch an unbacked size (``mark_rows_unbacked``: batches of 1 and 3 trace one graph,
     with graph breaks as errors, as the engine's first compile) or, its fallback, a
     dynamic one (``mark_rows_dynamic``: 2 and 3), and the step computes what the eager
-    static step does."""
+    static step does. ``w8a8_int8``: each layer's int8 products, its fused q/k/v and
+    gate/up too, named by their numbers (``omni::w8a8_linear``), never layer 0's."""
     from omni_core.engine.compiled import mark_rows_dynamic, mark_rows_unbacked
     from omni_core.engine.cpu_linear import pack_linear_weights
     from omni_core.engine.static_kv import StaticSlotStore, static_mask
@@ -96,6 +100,11 @@ def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(dty
     if dtype == torch.bfloat16:  # float32 packs to oneDNN, which a compiled step turns dense
         pack_linear_weights(stack, min_elements=1)
         assert "_omni_fusion" in stack.layers[0].self_attn.q_proj.__dict__  # q/k/v fused
+    if quantization != "none":
+        from omni_core.engine.quantize import apply_quantization
+
+        assert apply_quantization(stack, quantization, stage="tts_engine") == 4 * 3
+        assert "_omni_fusion" in stack.layers[2].self_attn.q_proj.__dict__  # one product
     graphs: list[torch.fx.GraphModule] = []
 
     def record(graph, example):
