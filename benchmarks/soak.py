@@ -1,7 +1,7 @@
 """Soak: two real ``omni serve`` processes under 100 mixed clients for 10 minutes.
 
 Run: ``.venv/bin/python benchmarks/soak.py [--clients 100] [--minutes 10] [--kill-at S]``
-(``--minutes`` takes fractions: ``--minutes 0.5``; ``--smoke``: 4 clients for 5 s,
+(``--minutes`` takes fractions: ``--minutes 0.5``; ``--smoke``: 4 clients for 3 s,
 no stage kill, to check that the script still runs). It prints figures and a
 PASS/FAIL verdict; it is not a test. Exit status 0 when every check passes,
 1 otherwise, 130 when interrupted.
@@ -1270,11 +1270,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="4 clients for 5 s, no stage kill: checks the script runs (make test)",
+        help="4 clients for 3 s, no stage kill: checks the script runs (make test)",
     )
     args = parser.parse_args()
     if args.smoke:
-        args.clients, args.minutes, args.kill_at = 4, 5 / 60, "off"
+        args.clients, args.minutes, args.kill_at = 4, 3 / 60, "off"
     if args.clients < 1 or args.minutes <= 0:
         parser.error("--clients must be >= 1 and --minutes > 0")
     if args.kill_at is None:

@@ -285,7 +285,13 @@ async def main():
 """
 
 
-@pytest.mark.parametrize("guarded", [False, True], ids=["top-level", "under-main"])
+# the guarded script starting cleanly is make test-all's (2.4 s); the benchmarks' smoke
+# runs start the runtime from guarded scripts in make test anyway
+@pytest.mark.parametrize(
+    "guarded",
+    [False, pytest.param(True, marks=pytest.mark.slow)],
+    ids=["top-level", "under-main"],
+)
 def test_a_script_that_starts_omni_at_its_top_level_is_told_to_guard_it(
     short_tmp, monkeypatch, guarded
 ):

@@ -375,7 +375,10 @@ def _join(process: Any) -> None:
     assert process.exitcode == 0
 
 
-@pytest.mark.parametrize("name", ["shm", "socket-unix", "socket-tcp"])
+# TCP across processes is make test-all's: the in-process cases above run TCP in make test
+@pytest.mark.parametrize(
+    "name", ["shm", "socket-unix", pytest.param("socket-tcp", marks=pytest.mark.slow)]
+)
 async def test_cross_process_round_trip_and_large_payload(name: str, tmp_sock_dir: Path) -> None:
     before = omni_dev_shm()
     transport = make(name)

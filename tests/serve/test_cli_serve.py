@@ -216,6 +216,9 @@ def test_sigkill_of_the_parent_leaves_no_orphan(short_tmp):
         served.close()
 
 
+# make test keeps the runtime's own case (test_runtime.py: cancelling start-up still stops
+# what started) and omni serve's SIGTERM once ready; this one starts a server of its own
+@pytest.mark.slow
 def test_sigterm_during_start_up_tears_down_what_started(short_tmp):
     log = short_tmp / "serve.err"
     with log.open("w") as err:
