@@ -77,11 +77,15 @@ def product_bytes(module: nn.Module) -> int:
     step (a step reads an embedding's few rows), so they count for nothing.
     """
     from .quantize import Int8Linear
+    from .w8a8 import W8A8Linear, W8A8Rows
 
     seen: dict[int, int] = {}
     for layer in module.modules():
         if isinstance(layer, Int8Linear):
             tensors = [layer.qweight, layer.scales]
+        elif isinstance(layer, (W8A8Linear, W8A8Rows)):  # oneDNN's int8 layout, not templated
+            product = layer.product if isinstance(layer, W8A8Rows) else layer
+            tensors = [product.packed, product.scales]
         elif isinstance(layer, nn.Linear):
             tensors = [layer.weight]
         else:

@@ -36,6 +36,7 @@ output comes back in the layer's dtype). Not on CUDA (refused: torch's
 from __future__ import annotations
 
 import functools
+import platform
 from collections.abc import Sequence
 
 import torch
@@ -51,6 +52,10 @@ def w8a8_problem() -> str | None:
 
 @functools.cache
 def _w8a8_problem() -> str | None:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        # oneDNN's int8 kernels are x86's (VNNI / AVX2); elsewhere its reference kernel runs
+        machine = platform.machine()
+        return f"oneDNN's int8 linear kernel is built for x86-64 CPUs, and this is {machine}"
     ops = torch.ops.onednn
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"

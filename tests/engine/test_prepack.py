@@ -101,12 +101,15 @@ def test_an_int8_step_is_prepacked_whatever_its_size(monkeypatch):
 
 def test_product_weights_are_counted_once_when_tied_and_embeddings_not_at_all():
     from omni_core.engine.quantize import Int8Linear
+    from omni_core.engine.w8a8 import W8A8Linear, w8a8_problem
 
     layer = nn.Linear(8, 4, bias=False)
     tied = nn.ModuleDict({"a": layer, "b": layer, "table": nn.Embedding(1000, 8)})
     assert prepack.product_bytes(tied) == 8 * 4 * 4
     int8 = Int8Linear(nn.Linear(8, 4, bias=False).to(torch.bfloat16))
     assert prepack.product_bytes(int8) == 8 * 4 * 1 + 4 * 2  # int8 weights + bf16 scales
+    if w8a8_problem() is None:  # w8a8_int8: int8 weights + float32 scales, in oneDNN's layout
+        assert prepack.product_bytes(W8A8Linear(torch.ones(4, 8), None)) == 8 * 4 + 4 * 4
 
 
 def test_routed_layers_and_fused_products_become_template_layers_with_the_same_outputs():

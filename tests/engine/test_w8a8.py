@@ -131,6 +131,19 @@ def test_a_compiled_call_equals_the_eager_one():
     assert torch.equal(compiled, eager)
 
 
+def test_a_cpu_that_is_not_x86_is_refused(monkeypatch):
+    from omni_core.engine import w8a8
+
+    monkeypatch.setattr(w8a8.platform, "machine", lambda: "aarch64")
+    w8a8._w8a8_problem.cache_clear()
+    try:
+        assert "built for x86-64 CPUs, and this is aarch64" in w8a8.w8a8_problem()
+    finally:
+        monkeypatch.undo()
+        w8a8._w8a8_problem.cache_clear()
+    assert w8a8.w8a8_problem() is None
+
+
 def test_what_cannot_run_is_refused_with_the_fix():
     assert "not implemented yet on CUDA" in quantization_problem(
         "w8a8_int8", torch.bfloat16, torch.device("cuda", 0)
