@@ -33,6 +33,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+#: Each factory.quantization's layers and the CPU kernel they run on (none on CUDA yet):
+#: the words of the plan's refusal and of the stage's, one source.
+QUANTIZED_KERNELS = {
+    "int8": ("int8 weight-only layers", "torch's CPU kernel (aten._weight_int8pack_mm)"),
+    "w8a8_int8": ("w8a8_int8 layers", "oneDNN's CPU int8 kernel (onednn::qlinear_pointwise)"),
+}
+
 FLAGS_VAR = "OMNI_CPU_FLAGS"
 CPUINFO = "/proc/cpuinfo"
 

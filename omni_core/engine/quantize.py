@@ -40,6 +40,7 @@ from torch import nn
 from .cpu_linear import BlockedLinear, BlockedRows, PackedLinear, RowLinear
 from .fused_linear import named_groups, share_product
 from .heap import return_freed_memory
+from .precision import QUANTIZED_KERNELS
 
 DEFAULT_MIN_ELEMENTS = 1 << 20  # 2 MiB of bf16: beyond the per-core caches
 #: ``w8a8_int8``: int8 activations too, on oneDNN's integer kernel (:mod:`.w8a8`).
@@ -77,13 +78,14 @@ def quantization_problem(quantization: str, dtype: torch.dtype, device: torch.de
         return None
     if quantization not in QUANTIZATIONS:
         return f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}"
-    if quantization == "w8a8_int8":
-        return _w8a8_problem(dtype, device)
     if torch.device(device).type != "cpu":
+        layers, kernel = QUANTIZED_KERNELS[quantization]
         return (
-            "int8 weight-only layers use torch's CPU kernel (aten._weight_int8pack_mm); "
-            "not implemented yet on CUDA: remove factory.quantization for GPU stages"
+            f"{layers} use {kernel}; not implemented yet on CUDA: remove "
+            "factory.quantization for GPU stages"
         )
+    if quantization == "w8a8_int8":
+        return _w8a8_problem(dtype)
     if dtype not in (torch.bfloat16, torch.float16):
         return (
             f"int8 weight-only layers compute in bfloat16 or float16, and this stage's dtype is "
@@ -93,12 +95,7 @@ def quantization_problem(quantization: str, dtype: torch.dtype, device: torch.de
     return None
 
 
-def _w8a8_problem(dtype: torch.dtype, device: torch.device) -> str | None:
-    if torch.device(device).type != "cpu":
-        return (
-            "w8a8_int8 layers use oneDNN's CPU int8 kernel (onednn::qlinear_pointwise); "
-            "not implemented yet on CUDA: remove factory.quantization for GPU stages"
-        )
+def _w8a8_problem(dtype: torch.dtype) -> str | None:
     if dtype not in (torch.float32, torch.bfloat16):
         return (
             f"w8a8_int8 layers return float32 or bfloat16, and this stage's dtype is "

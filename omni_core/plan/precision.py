@@ -20,7 +20,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..engine.precision import Precision, PrecisionError, checkpoint_dtype, cpu_flags, decide
+from ..engine.precision import (
+    QUANTIZED_KERNELS,
+    Precision,
+    PrecisionError,
+    checkpoint_dtype,
+    cpu_flags,
+    decide,
+)
 from .estimates import read_local_config
 from .model import Assignment, GpuInventory, Refusal
 
@@ -147,36 +154,33 @@ def _said(quantization: str) -> str:
 VNNI_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
 
 
+#: (quantization, the stage's dtype) a quantization refuses: why, and the other fix than
+#: bfloat16 (None: removing the quantization).
+UNFIT_ACTIVATIONS = {
+    ("int8", "float32"): ("torch's int8 kernel is slower then than float32 weights", None),
+    ("w8a8_int8", "float16"): ("its products return float32 or bfloat16", '"float32"'),
+}
+
+
 def quantization_problem(quantization: str, device: str, dtype: str, stage: str) -> Refusal | None:
     """int8 weight-only runs on torch's CPU kernel with bf16/fp16 activations, w8a8_int8 on
     oneDNN's with float32/bf16 ones; else refused."""
     path = f"stages.{stage}.factory.quantization"
-    if quantization == "w8a8_int8" and device != "cpu":
+    if quantization in QUANTIZED_KERNELS and device != "cpu":
+        layers, kernel = QUANTIZED_KERNELS[quantization]
         return Refusal(
-            f"{path} = 'w8a8_int8' on a GPU: omni's w8a8_int8 layers use oneDNN's CPU int8 "
-            "kernel (onednn::qlinear_pointwise); not implemented yet on CUDA",
+            f"{path} = {quantization!r} on a GPU: omni's {layers} use {kernel}; "
+            "not implemented yet on CUDA",
             stage=stage,
             fix=f'remove {path}, or run the stage on the host (placement policy "cpu")',
         )
-    if quantization == "w8a8_int8" and dtype == "float16":
+    unfit = UNFIT_ACTIVATIONS.get((quantization, dtype))
+    if unfit is not None:
+        why, instead = unfit
         return Refusal(
-            f"{path} = 'w8a8_int8' with float16 activations (stages.{stage}.factory.dtype): "
-            "its products return float32 or bfloat16",
+            f"{path} = {quantization!r} with {dtype} activations "
+            f"(stages.{stage}.factory.dtype resolves to {dtype}): {why}",
             stage=stage,
-            fix=f'set stages.{stage}.factory.dtype = "bfloat16" (or "float32")',
-        )
-    if quantization == "int8" and device != "cpu":
-        return Refusal(
-            f"{path} = 'int8' on a GPU: omni's int8 weight-only layers use torch's CPU kernel "
-            "(aten._weight_int8pack_mm); not implemented yet on CUDA",
-            stage=stage,
-            fix=f'remove {path}, or run the stage on the host (placement policy "cpu")',
-        )
-    if quantization == "int8" and dtype == "float32":
-        return Refusal(
-            f"{path} = 'int8' with float32 activations (stages.{stage}.factory.dtype resolves "
-            "to float32): torch's int8 kernel is slower then than float32 weights",
-            stage=stage,
-            fix=f'set stages.{stage}.factory.dtype = "bfloat16" (or remove {path})',
+            fix=f'set stages.{stage}.factory.dtype = "bfloat16" (or {instead or f"remove {path}"})',
         )
     return None
