@@ -136,16 +136,26 @@ class W8A8Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] == 0:
             return x.new_empty((*shape[:-1], self.out_features))
-        quantized, row_scales = quantize_rows(flat)
-        # the product of int8 rows (scale 1) in the input's dtype, then each row's scale:
-        # in bf16 that rounds twice (~0.4 % each), well inside the quantisation's ~1 %
-        out = torch.ops.onednn.qlinear_pointwise(
-            quantized, 1.0, ZERO_POINT, self.packed, self.scales, self.zeros,
-            None, 1.0, 0, x.dtype, "none", [], "",
-        ).mul_(row_scales)  # fmt: skip
+        out = self.quantized_product(*quantize_rows(flat), x.dtype)
         if bias is not None:
             out = out.add_(bias)
         return out.reshape(*shape[:-1], self.out_features)
+
+    def quantized_product(
+        self, quantized: torch.Tensor, row_scales: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The product of rows :func:`quantize_rows` made, ``[rows, out]`` in ``dtype``.
+
+        For callers that quantise rows once for several layers (a mixture's
+        experts, :mod:`omni_qwen3_omni.thinker.w8a8_experts`): each row's
+        result is the one :meth:`forward` gives it, bit for bit.
+        """
+        # the product of int8 rows (scale 1) in the input's dtype, then each row's scale:
+        # in bf16 that rounds twice (~0.4 % each), well inside the quantisation's ~1 %
+        return torch.ops.onednn.qlinear_pointwise(
+            quantized, 1.0, ZERO_POINT, self.packed, self.scales, self.zeros,
+            None, 1.0, 0, dtype, "none", [], "",
+        ).mul_(row_scales)  # fmt: skip
 
     def extra_repr(self) -> str:
         return (

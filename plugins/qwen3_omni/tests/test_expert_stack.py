@@ -431,6 +431,42 @@ def test_blocked_experts_run_past_their_modules_with_the_modules_numbers(monkeyp
         assert torch.equal(got, want), count
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_experts_quantise_each_products_rows_once_with_the_modules_numbers(monkeypatch, dtype):
+    """``w8a8_experts``: a mixture's gathered rows quantised once for every expert's gate/up
+    and once for every down, instead of per expert: two quantisations a call, and bit for
+    bit what the expert modules give (rows are quantised one by one either way)."""
+    from omni_core.engine import w8a8
+    from omni_core.engine.quantize import quantize_linear_weights
+    from omni_qwen3_omni.thinker import moe as moe_module
+    from omni_qwen3_omni.thinker import w8a8_experts
+
+    if w8a8.w8a8_problem() is not None:
+        pytest.skip(w8a8.w8a8_problem())
+    moe = SparseMoE(HIDDEN, INNER, EXPERTS, 4).eval()  # four a token: the sum's order shows
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    moe = moe.to(dtype)
+    assert not w8a8_experts.w8a8_ready(moe.experts)
+    assert quantize_linear_weights(moe, min_elements=1, scheme="w8a8_int8") >= 2 * EXPERTS
+    assert w8a8_experts.w8a8_ready(moe.experts)
+    quantised = []
+    rows = w8a8_experts.quantize_rows
+    monkeypatch.setattr(w8a8_experts, "quantize_rows", lambda r: quantised.append(1) or rows(r))
+    for count in (1, 3, 8, 17):
+        x = _tokens(count, dtype, seed=count)
+        with torch.no_grad():
+            weights, experts = moe.route(x)
+            quantised.clear()
+            got = moe._loop(x, weights, experts)
+            assert len(quantised) == 2
+            monkeypatch.setattr(moe_module, "w8a8_ready", lambda experts: False)
+            want = moe._loop(x, weights, experts)  # through the expert modules
+            monkeypatch.setattr(moe_module, "w8a8_ready", w8a8_experts.w8a8_ready)
+        assert torch.equal(got, want), count
+
+
 def test_experts_with_float16_row_copies_take_them_unpadded_with_the_modules_numbers(
     monkeypatch,
 ):

@@ -70,7 +70,7 @@ from omni_core.engine.heap import return_freed_memory
 from omni_qwen3_tts.layers import SwiGLU
 
 from ..config import TextConfig
-from . import blocked_experts
+from . import blocked_experts, w8a8_experts
 from .blocked_experts import blocked_floor
 from .expert_stack import (
     STACK_CHECK,
@@ -84,6 +84,7 @@ from .expert_stack import (
     stacked_views,
 )
 from .looped_op import register_mixture
+from .w8a8_experts import w8a8_ready
 
 
 class SparseMoE(nn.Module):
@@ -211,11 +212,15 @@ class SparseMoE(nn.Module):
         56.01 -> 52.73 at 8 and 16 tokens).
         """
         floor = blocked_floor(self.experts)  # blocked for oneDNN: blocked_experts.py
+        quantized = floor is None and w8a8_ready(self.experts)  # w8a8_int8: w8a8_experts.py
         if flat.shape[0] == 1:
             out = torch.zeros_like(flat)
             if floor is not None:
                 chosen = experts[0].tolist()
                 return blocked_experts.one_token(self.experts, flat, weights[0], chosen, out, floor)
+            if quantized:
+                chosen = experts[0].tolist()
+                return w8a8_experts.one_token(self.experts, flat, weights[0], chosen, out)
             return self._one_token(flat, weights[0], experts[0], out)
         pairs = experts.reshape(-1)  # pair p = token * k + slot
         order = pairs.argsort(stable=True)
@@ -223,6 +228,8 @@ class SparseMoE(nn.Module):
         picked = flat.index_select(0, order // self.top_k)
         if floor is not None:
             outputs = blocked_experts.grouped_rows(self.experts, picked, counts, floor)
+        elif quantized:
+            outputs = w8a8_experts.grouped_rows(self.experts, picked, counts)
         else:
             outputs = torch.empty_like(picked)
             start = 0
