@@ -165,6 +165,8 @@ def _stopped_after_the_tests_phase(
     return json.loads(out.read_text()), said, run.returncode
 
 
+# make test keeps the SIGTERM case above, which ends a run midway as a lease's limit does
+@pytest.mark.slow
 def test_a_run_killed_midway_leaves_what_it_finished(short_tmp):
     """A GPU lease ends a command at its time limit: the phases done by then are on disk,
     even after SIGKILL."""

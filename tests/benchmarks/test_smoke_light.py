@@ -147,6 +147,9 @@ def test_the_qwen3_tts_codec_dtype_can_differ_from_the_talkers(run_smoke) -> Non
     assert engine + codec + rest == pytest.approx(frame, abs=0.15), ran.stdout
 
 
+# the stage's bf16 codec is plugins/moss_tts/tests/test_codec_dtype.py's in make test; the
+# benchmark's flag for it, another MOSS-TTS smoke run, is make test-all's
+@pytest.mark.slow
 def test_the_moss_codec_runs_in_bf16_when_asked(run_smoke) -> None:
     """``--codec-dtype bfloat16``: the vocoder stage's factory.dtype, read back off its weights."""
     ran = run_smoke("bench_moss_tts.py", "--dtype", "bfloat16", "--codec-dtype", "bfloat16")
@@ -234,6 +237,8 @@ def test_the_speech_benchmark_reports_what_each_engine_stage_said_of_its_static_
     assert bench.engine_report({"engine": {}}) is None
 
 
+# two fresh interpreters (3 s); the script's --smoke runs on the CPU twice in make test
+@pytest.mark.slow
 def test_the_codec_graph_benchmark_has_nothing_to_time_without_cuda_and_says_so() -> None:
     """``make bench`` runs every script bare: without CUDA this one exits 0 saying why; asked
     for a CUDA device that is not there, it is a usage error (exit 2)."""
