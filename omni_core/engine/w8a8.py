@@ -10,9 +10,9 @@ activations to int8 too puts the product on the CPU's integer dot product
 (VNNI: four int8 multiply-adds per lane where bf16 has two), and oneDNN's
 ``qlinear`` kernel reads the int8 weight in its own blocked layout. Measured
 here (2 threads, MOSS-TTS's fused q/k/v, o, fused gate/up and down of one
-layer): 8.0 against 15.6 ms at one row, 8.9 against 16.5 at eight, 19.3
-against 33.9 at 32, against the bf16 blocked products
-(``benchmarks/bench_cpu_linear.py`` prints both). SGLang names the same
+layer, random weights, best of three): 8.0 against 15.6 ms at one row, 8.9
+against 16.5 at eight, 19.3 against 33.9 at 32, against the same weights as
+bf16 blocked products (``cpu_linear.BlockedLinear``). SGLang names the same
 scheme ``w8a8_int8``.
 
 What it computes: weights symmetric per output channel (``max|w| / 127``,
@@ -64,7 +64,7 @@ def _w8a8_problem() -> str | None:
     try:
         weight = torch.linspace(-1.0, 1.0, 24).reshape(3, 8)
         x = torch.linspace(-0.5, 1.5, 16).reshape(2, 8)
-        got = W8A8Linear.of(weight, None)(x)
+        got = W8A8Linear(weight, None)(x)
     except (RuntimeError, NotImplementedError) as exc:  # a build or CPU without the kernel
         return f"oneDNN's int8 linear kernel failed on this CPU: {exc}"
     if not torch.allclose(got, x @ weight.T, atol=5e-2, rtol=5e-2):
@@ -114,10 +114,6 @@ class W8A8Linear(nn.Module):
         held = None if bias is None else bias.detach()
         self.bias = None if held is None else nn.Parameter(held, requires_grad=False)
         number_tensor(self, _LAYERS.add(self))  # what a compiled step names it by
-
-    @classmethod
-    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> W8A8Linear:
-        return cls(weight, bias)
 
     @property
     def weight(self) -> torch.Tensor:
