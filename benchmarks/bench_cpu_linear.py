@@ -20,9 +20,12 @@ the CPU has it), ``RowLinear`` (the bf16 layer the CPU stages use: a
 lone row through ``torch.mv``), ``BlockedLinear`` (the bf16 weight reordered
 to oneDNN's blocked layout: the same speed as ``F.linear`` on the Intel
 machine, 1.9x it on an AMD EPYC, so the stages take it where this machine's
-routes say so) and ``Int8Linear`` (int8 weights, bf16 activations,
-``aten._weight_int8pack_mm``). GB/s counts each layout's own bytes; the
-speed-up columns are against float32 MKL.
+routes say so), ``Int8Linear`` (int8 weights, bf16 activations,
+``aten._weight_int8pack_mm``) and ``W8A8Linear`` (``w8a8_int8``: int8
+weights, each row of the activations quantised to int8 at the call, oneDNN's
+integer kernel; its column repeats int8's where this machine cannot run it).
+GB/s counts each layout's own bytes; the speed-up columns are against
+float32 MKL.
 
 Last, bf16 sibling projections (a Qwen3 layer's q/k/v, then gate/up) as
 separate ``RowLinear`` products and fused into one per group
@@ -50,6 +53,7 @@ from omni_core.engine.cpu_linear import (
 )
 from omni_core.engine.fused_linear import fuse_projections, project
 from omni_core.engine.quantize import Int8Linear
+from omni_core.engine.w8a8 import W8A8Linear, w8a8_problem
 from omni_core.sigterm import run_script
 
 ONEDNN = torch.ops.mkldnn._linear_pointwise  # what PackedLinear calls beyond MKL_MAX_ROWS rows
@@ -116,6 +120,11 @@ def main() -> None:
             for layer in routed:
                 layer.__class__ = RowLinear  # what pack_linear_weights makes of a bf16 layer
             int8 = [Int8Linear(nn.Linear(k, n, bias=False).to(torch.bfloat16)) for _ in dense]
+            w8a8 = (
+                [W8A8Linear(nn.Linear(k, n, bias=False).weight, None) for _ in dense]
+                if w8a8_problem() is None
+                else int8  # no oneDNN int8 kernel here: the column repeats int8's
+            )
             blocked = (
                 [BlockedLinear(nn.Linear(k, n, bias=False).to(torch.bfloat16)) for _ in dense]
                 if blocking_available()
@@ -126,7 +135,8 @@ def main() -> None:
             print(
                 f"{'rows':>5} {'fp32 MKL':>17} {'fp32 oneDNN':>17} {'bf16 F.linear':>17}"
                 f" {'bf16 RowLinear':>17} {'bf16 blocked':>17} {'int8 (bf16 x)':>17}"
-                "   speed-up oneDNN / bf16 / bf16 row / bf16 blocked / int8"
+                f" {'w8a8 (int8 x)':>17}"
+                "   speed-up oneDNN / bf16 / bf16 row / bf16 blocked / int8 / w8a8"
             )
             weights = [d.weight for d in dense]
             for row_count in rows:
@@ -139,6 +149,7 @@ def main() -> None:
                     (xb, lambda x, r: r(x), routed),
                     (xb, lambda x, b: b(x), blocked),
                     (xb, lambda x, q: q(x), int8),
+                    (xb, lambda x, q: q(x), w8a8),
                 ]
                 times = [
                     best_per_layer(
@@ -148,7 +159,7 @@ def main() -> None:
                     )
                     for x, call, items in runs
                 ]
-                sizes = (4, 4, 2, 2, 2, 1)
+                sizes = (4, 4, 2, 2, 2, 1, 1)
                 cells = [
                     f"{t * 1e3:>8.3f} ({elements * b / t:>5.1f})"
                     for t, b in zip(times, sizes, strict=True)
