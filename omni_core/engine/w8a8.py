@@ -12,8 +12,9 @@ activations to int8 too puts the product on the CPU's integer dot product
 here (2 threads, MOSS-TTS's fused q/k/v, o, fused gate/up and down of one
 layer, random weights, best of three): 8.0 against 15.6 ms at one row, 8.9
 against 16.5 at eight, 19.3 against 33.9 at 32, against the same weights as
-bf16 blocked products (``cpu_linear.BlockedLinear``). SGLang names the same
-scheme ``w8a8_int8``.
+bf16 blocked products (``cpu_linear.BlockedLinear``;
+``benchmarks/bench_cpu_linear.py`` times both on Qwen3-TTS's shapes). SGLang
+names the same scheme ``w8a8_int8``.
 
 What it computes: weights symmetric per output channel (``max|w| / 127``,
 rounded to the nearest step), as the weight-only scheme; activations
