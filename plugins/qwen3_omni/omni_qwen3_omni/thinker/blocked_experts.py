@@ -29,6 +29,8 @@ width, one thread, 21.0-21.3 against 22.8-25.7 ms at eight tokens and
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -115,29 +117,34 @@ def expert_rows(
     return _products(hidden, [experts[e].down_proj for e in chosen], counts, floor)
 
 
+#: ``run(experts, rows, chosen, counts)``: :func:`expert_rows` with its floor bound, or
+#: another layout's (``w8a8_experts.expert_rows``); what the two helpers below take.
+ExpertRows = Callable[[nn.ModuleList, torch.Tensor, list[int], list[int]], torch.Tensor]
+
+
 def grouped_rows(
-    experts: nn.ModuleList, picked: torch.Tensor, counts: list[int], floor: int
+    run: ExpertRows, experts: nn.ModuleList, picked: torch.Tensor, counts: list[int]
 ) -> torch.Tensor:
     """Each expert's outputs for its slice of ``picked`` ``[pairs, H]`` (pairs in expert
     order, ``counts[e]`` rows for expert ``e``): ``[pairs, H]``, in the same order."""
     chosen = [expert for expert, count in enumerate(counts) if count]
-    return expert_rows(experts, picked, chosen, [counts[e] for e in chosen], floor)
+    return run(experts, picked, chosen, [counts[e] for e in chosen])
 
 
 def one_token(
+    run: ExpertRows,
     experts: nn.ModuleList,
     x: torch.Tensor,
     weights: torch.Tensor,
     chosen: list[int],
     out: torch.Tensor,
-    floor: int,
 ) -> torch.Tensor:
     """A lone token ``x`` ``[1, H]``: its ``chosen`` experts' outputs, weighted by
     ``weights`` ``[k]``, added to ``out`` in ascending expert order (the release's sum)."""
     slots = sorted(range(len(chosen)), key=chosen.__getitem__)
     ascending = [chosen[slot] for slot in slots]
     rows = x.expand(len(chosen), x.shape[-1])
-    outputs = expert_rows(experts, rows, ascending, [1] * len(chosen), floor)
+    outputs = run(experts, rows, ascending, [1] * len(chosen))
     weighted = outputs * weights[slots].unsqueeze(-1)
     for row in range(len(chosen)):
         out += weighted[row : row + 1]

@@ -61,6 +61,8 @@ the gather copies the very bytes a grouped product only reads.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -211,25 +213,19 @@ class SparseMoE(nn.Module):
         8 and 16 tokens (blocked bf16, one thread: 33.95 -> 32.06 ms and
         56.01 -> 52.73 at 8 and 16 tokens).
         """
-        floor = blocked_floor(self.experts)  # blocked for oneDNN: blocked_experts.py
-        quantized = floor is None and w8a8_ready(self.experts)  # w8a8_int8: w8a8_experts.py
+        run = self._expert_rows()  # blocked or w8a8_int8 experts, past their modules
         if flat.shape[0] == 1:
             out = torch.zeros_like(flat)
-            if floor is not None:
+            if run is not None:
                 chosen = experts[0].tolist()
-                return blocked_experts.one_token(self.experts, flat, weights[0], chosen, out, floor)
-            if quantized:
-                chosen = experts[0].tolist()
-                return w8a8_experts.one_token(self.experts, flat, weights[0], chosen, out)
+                return blocked_experts.one_token(run, self.experts, flat, weights[0], chosen, out)
             return self._one_token(flat, weights[0], experts[0], out)
         pairs = experts.reshape(-1)  # pair p = token * k + slot
         order = pairs.argsort(stable=True)
         counts = torch.bincount(pairs, minlength=self.num_experts).tolist()
         picked = flat.index_select(0, order // self.top_k)
-        if floor is not None:
-            outputs = blocked_experts.grouped_rows(self.experts, picked, counts, floor)
-        elif quantized:
-            outputs = w8a8_experts.grouped_rows(self.experts, picked, counts)
+        if run is not None:
+            outputs = blocked_experts.grouped_rows(run, self.experts, picked, counts)
         else:
             outputs = torch.empty_like(picked)
             start = 0
@@ -240,6 +236,14 @@ class SparseMoE(nn.Module):
                     start = end
         weighted = outputs * weights.reshape(-1).index_select(0, order)[:, None]
         return sum_in_expert_order(weighted, order, experts)
+
+    def _expert_rows(self) -> blocked_experts.ExpertRows | None:
+        """How these experts run past their modules, or None (through them): blocked for
+        oneDNN (:mod:`.blocked_experts`) or w8a8_int8 (:mod:`.w8a8_experts`)."""
+        floor = blocked_floor(self.experts)
+        if floor is not None:
+            return functools.partial(blocked_experts.expert_rows, floor=floor)
+        return w8a8_experts.expert_rows if w8a8_ready(self.experts) else None
 
     def _one_token(
         self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, out: torch.Tensor

@@ -9,7 +9,8 @@ quantising all of a mixture's gathered rows at once gives every row the
 bytes and the scale it gets alone: here the gathered rows are quantised
 once before the gate/up products and the activations once before the down
 products, and every output is the one the modules give, bit for bit
-(tested). The layout is :mod:`.blocked_experts`': by product, not by expert.
+(tested). The layout is :mod:`.blocked_experts`': by product, not by expert,
+whose ``grouped_rows`` and ``one_token`` run :func:`expert_rows` too.
 """
 
 from __future__ import annotations
@@ -63,29 +64,3 @@ def expert_rows(
     gate_up = _products(rows, [experts[e].gate_proj.product for e in chosen], counts)
     hidden = F.silu(gate_up[:, :inner]) * gate_up[:, inner:]
     return _products(hidden, [experts[e].down_proj for e in chosen], counts)
-
-
-def grouped_rows(experts: nn.ModuleList, picked: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """Each expert's outputs for its slice of ``picked`` ``[pairs, H]`` (pairs in expert
-    order, ``counts[e]`` rows for expert ``e``): ``[pairs, H]``, in the same order."""
-    chosen = [expert for expert, count in enumerate(counts) if count]
-    return expert_rows(experts, picked, chosen, [counts[e] for e in chosen])
-
-
-def one_token(
-    experts: nn.ModuleList,
-    x: torch.Tensor,
-    weights: torch.Tensor,
-    chosen: list[int],
-    out: torch.Tensor,
-) -> torch.Tensor:
-    """A lone token ``x`` ``[1, H]``: its ``chosen`` experts' outputs, weighted by
-    ``weights`` ``[k]``, added to ``out`` in ascending expert order (the release's sum)."""
-    slots = sorted(range(len(chosen)), key=chosen.__getitem__)
-    ascending = [chosen[slot] for slot in slots]
-    rows = x.expand(len(chosen), x.shape[-1])
-    outputs = expert_rows(experts, rows, ascending, [1] * len(chosen))
-    weighted = outputs * weights[slots].unsqueeze(-1)
-    for row in range(len(chosen)):
-        out += weighted[row : row + 1]
-    return out
