@@ -92,11 +92,19 @@ def leading_wins(rows: tuple[int, ...], faster: Callable[[int], bool]) -> int:
     return won
 
 
+#: The most one timed pass reads. A virtual machine's sysfs may report its host's whole
+#: L3: a 2-vCPU Xeon guest says 260 MiB, yet its reads slow to memory speed past 64 MB;
+#: four times that report made the first start's measuring take 18.6 s instead of ~9.
+#: 512 MB still exceeds the largest L3 a core shares today (320 MB).
+MAX_PASS_BYTES = 512 << 20
+
+
 def layer_count(cache_bytes: int | None, layer_bytes: int) -> int:
     """How many distinct layers one timed pass reads: four times the last-level cache (at
-    least 64 MB), so that every pass streams its weights from memory as a decode step
-    does, rather than finding them in the cache (one 12.6 MB layer fits a 32 MB L3)."""
-    target = max(4 * (cache_bytes or 0), 64 << 20)
+    least 64 MB, at most :data:`MAX_PASS_BYTES`), so that every pass streams its weights
+    from memory as a decode step does, rather than finding them in the cache (one 12.6 MB
+    layer fits a 32 MB L3)."""
+    target = min(max(4 * (cache_bytes or 0), 64 << 20), MAX_PASS_BYTES)
     return max(1, -(-target // layer_bytes))
 
 
