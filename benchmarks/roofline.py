@@ -63,6 +63,10 @@ GATHERS = frozenset(
 )
 
 
+# The grouped product of stacked experts (``F.grouped_mm``; the thinker's float32 mixture).
+GROUPED_PRODUCT = "aten::_grouped_mm"
+
+
 @dataclass(frozen=True)
 class Bandwidth:
     """The measured limit: GB/s (1e9 bytes), with how and with how many threads."""
@@ -225,6 +229,13 @@ class StepReads(TorchDispatchMode):
                 rows = sum(o.numel() for o in tree_leaves(out) if isinstance(o, torch.Tensor))
                 self.bytes += min(rows, table.numel()) * table.element_size()
             operands = operands[1:]
+        if name == GROUPED_PRODUCT and len(operands) >= 3 and self._is_weight(operands[1]):
+            # a stack of experts' weights, [experts, in, out]: only the groups given rows
+            # are read (the CPU's grouped product runs one product per non-empty group)
+            weight, ends = operands[1], operands[2].tolist()
+            given = sum(1 for end, start in zip(ends, [0, *ends[:-1]], strict=True) if end > start)
+            self.bytes += given * weight[0].numel() * weight.element_size()
+            operands = [operands[0], *operands[3:]]
         for tensor in operands:
             if self._is_weight(tensor):
                 self.bytes += tensor.numel() * tensor.element_size()

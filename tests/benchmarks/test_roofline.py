@@ -15,6 +15,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from omni_core.engine.cpu_linear import PackedLinear, packing_available
@@ -58,6 +59,21 @@ def test_a_step_counts_every_read_of_the_weights_it_touches_and_the_rows_it_gath
     with reads:  # a new block starts from zero
         experts[0](torch.ones(1, 16))
     assert reads.bytes == 16 * 16 * 4
+
+
+def test_a_grouped_product_counts_only_the_experts_given_rows(roofline):
+    """The thinker's float32 mixture runs its experts as one grouped product over the
+    whole stack; a step reads the experts its tokens picked, not all of them (the count
+    was every expert's, 328 % of the limit at one request)."""
+    stack = nn.Module()
+    stack.gate_up = nn.Parameter(torch.randn(6, 16, 8), requires_grad=False)
+    reads = roofline.StepReads(stack)
+    rows = torch.randn(3, 8)
+    ends = torch.tensor([0, 2, 2, 2, 3, 3], dtype=torch.int32)  # experts 1 and 4 given rows
+    with torch.inference_mode(), reads:
+        out = F.grouped_mm(rows, stack.gate_up.transpose(1, 2), offs=ends)
+    assert out.shape == (3, 16)
+    assert reads.bytes == 2 * 16 * 8 * 4
 
 
 def test_int8_and_packed_layers_count_their_own_bytes_in_the_thread_that_runs_them(roofline):

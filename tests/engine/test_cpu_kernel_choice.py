@@ -16,6 +16,7 @@ from omni_core.engine import cpu_kernel_choice as choice_module  # noqa: E402
 from omni_core.engine import cpu_linear  # noqa: E402
 from omni_core.engine.cpu_kernel_choice import (  # noqa: E402
     KernelChoice,
+    beats,
     kernel_choice,
     leading_wins,
     measure,
@@ -81,6 +82,30 @@ def test_measuring_times_each_pair_of_kernels_on_the_same_product(blocking, min_
     single = widths[: len(widths) - padding_pairs]
     assert single == [{choice_module.SHAPE[0]}] * len(single)
     assert widths[len(single) :] == [{1024, 3072, 4096}] * padding_pairs
+
+
+def test_a_route_within_the_margin_of_the_other_leaves_the_shipped_choice():
+    assert beats(1.0, 1.04, shipped=False) is False  # 4 % faster: a tie on a shared machine
+    assert beats(1.04, 1.0, shipped=True) is True
+    assert beats(1.0, 1.2, shipped=False) is True  # clearly faster: measured wins
+    assert beats(1.2, 1.0, shipped=True) is False
+
+
+def test_measuring_close_calls_everywhere_gives_the_shipped_routes(monkeypatch):
+    """Every candidate route 3 % faster than the one it is timed against: noise, so each
+    choice stays the shipped one (MKL up to 3 float32 rows, mv, transposed, not blocked)."""
+    monkeypatch.setattr(choice_module, "last_level_cache_bytes", lambda: None)
+    script = iter([1.0, 1.03] * 64)
+    chosen = measure(lambda call: next(script))
+    shipped = KernelChoice()
+    assert chosen == KernelChoice(
+        shipped.mkl_max_rows,
+        shipped.bf16_mv_one_row,
+        shipped.bf16_transposed_max_rows,
+        shipped.bf16_blocked,
+        shipped.bf16_blocked_min_rows,
+        source="measured",
+    )
 
 
 def test_without_onednn_every_float32_row_stays_on_mkl():
