@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import os
 import pickle
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,6 +223,30 @@ async def test_a_proof_for_another_receiver_is_refused(sock_dir):
         sock.close()
 
 
+#: A peer that connects as uid 65534 and sends its standard input; exits 0 when the
+#: receiver closes on it without a word, 1 when it answers. It imports what it needs
+#: before dropping root, so nothing it loads afterwards must be readable by nobody.
+PEER_AS_NOBODY = """
+import os, socket, sys
+payload = sys.stdin.buffer.read()
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.connect("\\0" + sys.argv[1])
+try:
+    sock.sendall(payload)
+except (BrokenPipeError, ConnectionResetError):
+    pass  # the refusal may close on us mid-write
+sock.settimeout(5)
+try:
+    closed = sock.recv(100) == b""
+except ConnectionResetError:
+    closed = True
+sys.exit(0 if closed else 1)
+"""
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a peer as another user")
 async def test_another_user_is_refused_before_a_byte_is_read(caplog):
     name = f"omni-peer-test-{os.getpid()}"
@@ -230,20 +255,18 @@ async def test_another_user_is_refused_before_a_byte_is_read(caplog):
         payload = sender_hello(SECRET, rx.address)[0] + await _frame({"from": "nobody"})
 
         def peer_as_nobody() -> int:
-            """0 if the receiver closed on us without a word, else why not."""
-            pid = os.fork()
-            if pid == 0:  # the child: only system calls, then _exit
-                try:
-                    os.setgid(65534)
-                    os.setuid(65534)
-                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    sock.connect("\0" + name)
-                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                        sock.sendall(payload)  # the refusal may close on us mid-write
-                    os._exit(0 if closed_by_peer(sock) else 1)
-                except BaseException:
-                    os._exit(2)
-            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            """0 if the receiver closed on us without a word, else why not: a fresh
+            interpreter that drops to uid 65534 itself (never a fork of this threaded
+            worker, whose child freed another thread's PyAV scaler on the way out of
+            os.fork and hung there, and a CI run with it, in waitpid)."""
+            peer = subprocess.run(
+                [sys.executable, "-I", "-c", PEER_AS_NOBODY, name],
+                input=payload,
+                capture_output=True,
+                timeout=60,
+            )
+            assert peer.returncode in (0, 1), peer.stderr.decode(errors="replace")
+            return peer.returncode
 
         async with anyio.create_task_group() as group:
             outcome: list[int] = []
