@@ -124,9 +124,29 @@ class W8A8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu":
             raise TypeError(f"a w8a8_int8 linear layer takes CPU inputs, got {x.device}")
-        if torch.compiler.is_compiling():  # the opaque weight by its number, as it is
-            return torch.ops.omni.w8a8_linear(x, self.handle, self.out_features, self.bias)
+        if torch.compiler.is_compiling():
+            return self.traced_product(x, self.bias)
         return self.product(x, self.bias)
+
+    def traced_product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`product` as a compiled step writes it: the rows quantised in the graph.
+
+        Why apart: the quantisation is a dozen small operators per product
+        (abs, amax, a division, a rounding, a cast...). Eager, each costs a
+        dispatch, a few microseconds, and a one-row decode step makes
+        hundreds of products (Qwen3-TTS: 412 a frame). Traced, inductor
+        fuses them, with the norm before them, into one loop; only oneDNN's
+        kernel, which takes the opaque weight, stays an operator of ours
+        (``omni::w8a8_product``), named by the layer's number.
+        """
+        shape = x.shape
+        quantized, row_scales = quantize_rows(x.reshape(-1, self.in_features))
+        # the rows' scales applied in the graph, fused with what reads the product next
+        out = torch.ops.omni.w8a8_product(quantized, self.handle, self.out_features, x.dtype)
+        out = (out * row_scales).to(x.dtype)  # as mul_ rounds in eager: once, to x's dtype
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*shape[:-1], self.out_features)
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
@@ -209,21 +229,27 @@ def fused_w8a8(
 _LAYERS = Handles()
 
 
-def _w8a8_linear(
-    x: torch.Tensor, weight: torch.Tensor, out_features: int, bias: torch.Tensor | None
+def _w8a8_product(
+    quantized: torch.Tensor, weight: torch.Tensor, out_features: int, dtype: torch.dtype
 ) -> torch.Tensor:
-    return _LAYERS[int(weight)].product(x, bias)
+    layer = _LAYERS[int(weight)]
+    return torch.ops.onednn.qlinear_pointwise(
+        quantized, 1.0, ZERO_POINT, layer.packed, layer.scales, layer.zeros,
+        None, 1.0, 0, dtype, "none", [], "",
+    )  # fmt: skip
 
 
-def _w8a8_linear_shape(
-    x: torch.Tensor, weight: torch.Tensor, out_features: int, bias: torch.Tensor | None
+def _w8a8_product_shape(
+    quantized: torch.Tensor, weight: torch.Tensor, out_features: int, dtype: torch.dtype
 ) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], out_features))
+    return quantized.new_empty((quantized.shape[0], out_features), dtype=dtype)
 
 
 # A compiled decode step cannot take oneDNN's opaque weight as an input (as the blocked bf16
 # weights, cpu_blocked_weight.py): it calls this operator with the layer's number instead.
 _LIBRARY = torch.library.Library("omni", "FRAGMENT")
-_LIBRARY.define("w8a8_linear(Tensor x, Tensor weight, int out_features, Tensor? bias) -> Tensor")
-_LIBRARY.impl("w8a8_linear", _w8a8_linear, "CPU")
-torch.library.register_fake("omni::w8a8_linear", _w8a8_linear_shape, lib=_LIBRARY)
+_LIBRARY.define(
+    "w8a8_product(Tensor quantized, Tensor weight, int out_features, ScalarType dtype) -> Tensor"
+)
+_LIBRARY.impl("w8a8_product", _w8a8_product, "CPU")
+torch.library.register_fake("omni::w8a8_product", _w8a8_product_shape, lib=_LIBRARY)

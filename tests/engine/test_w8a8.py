@@ -131,6 +131,33 @@ def test_a_compiled_call_equals_the_eager_one():
     assert torch.equal(compiled, eager)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_compiled_step_quantises_rows_in_its_graph_and_calls_onednn_alone(dtype):
+    """The quantisation is traced (inductor fuses it with the norm before it); the operator
+    of ours gets the unsigned bytes and returns the unscaled product. Inductor's code
+    equals eager within float rounding."""
+    layer = W8A8Linear(_linear(64, 48).weight, torch.randn(48).to(dtype))
+    model = nn.Sequential(nn.LayerNorm(64).to(dtype), layer, nn.GELU())
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(graph, example):
+        graphs.append(graph)
+        return graph.forward
+
+    x = torch.randn(3, 64).to(dtype)
+    with torch.no_grad():
+        eager = model(x)
+        traced = torch.compile(model, backend=record, fullgraph=True)(x)
+        compiled = torch.compile(model, fullgraph=True)(x)
+    nodes = graphs[0].graph.nodes
+    calls = [str(n.target) for n in nodes if n.op in ("call_function", "call_method")]
+    assert "omni.w8a8_product" in calls
+    assert "amax" in calls and "round_" in calls  # the rows' quantisation, in the graph
+    assert torch.equal(traced, eager)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(compiled.float(), eager.float(), atol=tolerance, rtol=tolerance)
+
+
 def test_a_cpu_that_is_not_x86_is_refused(monkeypatch):
     from omni_core.engine import w8a8
 

@@ -85,7 +85,7 @@ def test_a_compiled_static_step_traces_one_decoder_layer_for_the_whole_stack(
     with graph breaks as errors, as the engine's first compile) or, its fallback, a
     dynamic one (``mark_rows_dynamic``: 2 and 3), and the step computes what the eager
     static step does. ``w8a8_int8``: each layer's int8 products, its fused q/k/v and
-    gate/up too, named by their numbers (``omni::w8a8_linear``), never layer 0's."""
+    gate/up too, named by their numbers (``omni::w8a8_product``), never layer 0's."""
     from omni_core.engine.compiled import mark_rows_dynamic, mark_rows_unbacked
     from omni_core.engine.cpu_linear import pack_linear_weights
     from omni_core.engine.static_kv import StaticSlotStore, static_mask
