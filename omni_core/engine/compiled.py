@@ -575,18 +575,20 @@ class StaticDecoder:
                     self._graphs[(bucket, steps, span)] = CapturedStep(step, example, pool=pool)
 
 
-def dense_linears(model: Any, *, keep_blocked: bool = False) -> int:
+def dense_linears(model: Any, *, keep_routed: bool = False) -> int:
     """Turn oneDNN-packed linear layers under ``model`` back into ``nn.Linear``; how many.
 
     Inductor cannot trace a oneDNN tensor. Looks through the model object's
     module attributes (a step model holds its network as one); the dense
     weight is the packed one's values, so outputs do not change beyond float
-    rounding. ``keep_blocked``: bf16 blocked layers stay as they are, a
-    compiled step calling their products through ``omni::blocked_linear``
-    (faster than inductor's own bf16 products, see
-    :mod:`~omni_core.engine.cpu_blocked_weight`); only float32 packed layers
-    turn dense. Off where inductor is to pack the dense weights itself
-    (``engine.cpu_weight_prepack``).
+    rounding. ``keep_routed``: the routed layers stay as they are, a compiled
+    step calling their products through operators of ours: bf16 blocked ones
+    through ``omni::blocked_linear`` (faster than inductor's own bf16
+    products, see :mod:`~omni_core.engine.cpu_blocked_weight`), float32 ones
+    through ``omni::packed_linear`` (MKL for a few rows, oneDNN beyond, as
+    eagerly; inductor would give every batch to MKL, half oneDNN's speed at
+    eight rows). Off where inductor is to pack the dense weights itself
+    (``engine.cpu_weight_prepack``): then every one turns dense.
     """
     from torch import nn
 
@@ -600,10 +602,9 @@ def dense_linears(model: Any, *, keep_blocked: bool = False) -> int:
         rows = 0
         for parent in list(root.modules()):
             for name, child in list(parent.named_children()):
-                kinds = (
-                    (PackedLinear,) if keep_blocked else (PackedLinear, BlockedLinear, BlockedRows)
-                )
-                if isinstance(child, kinds):
+                if not keep_routed and isinstance(
+                    child, (PackedLinear, BlockedLinear, BlockedRows)
+                ):
                     # a bf16 layer goes back to the routes it had (omni::row_product)
                     kind = nn.Linear if isinstance(child, PackedLinear) else RowLinear
                     linear = kind(child.in_features, child.out_features, bias=False, device="meta")

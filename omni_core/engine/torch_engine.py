@@ -749,7 +749,7 @@ def _prepare_static(model: Any, plan: StaticPlan, cache: SlotKVCache) -> tuple[f
     if plan.compile:
         # inductor packs dense weights itself where it prepacks; elsewhere the blocked
         # bf16 products stay, called as they are (omni::blocked_linear)
-        dense_linears(model, keep_blocked=not plan.prepack)
+        dense_linears(model, keep_routed=not plan.prepack)
     from torch._dynamo.utils import counters
 
     context = StaticContext(plan, cache)

@@ -270,7 +270,7 @@ def test_a_compiled_step_keeps_the_blocked_products_and_their_numbers(
     )
     net = _net()
     pack_linear_weights(net)
-    assert dense_linears(net, keep_blocked=True) == 0
+    assert dense_linears(net, keep_routed=True) == 0
     assert isinstance(net[0].q, BlockedLinear) and isinstance(net[0].out, BlockedLinear)
     torch._dynamo.reset()
     compiled = torch.compile(net, dynamic=False, fullgraph=True)
@@ -287,7 +287,7 @@ def test_a_compiled_step_keeps_the_blocked_products_and_their_numbers(
             compiled(x)
 
 
-def test_dense_linears_may_keep_blocked_layers_but_not_packed_float32_ones(blocked_routes):
+def test_dense_linears_may_keep_blocked_and_packed_float32_layers(blocked_routes):
     from omni_core.engine.compiled import dense_linears
     from omni_core.engine.cpu_linear import PackedLinear
 
@@ -295,10 +295,10 @@ def test_dense_linears_may_keep_blocked_layers_but_not_packed_float32_ones(block
     pack_linear_weights(net)
     dense = nn.Linear(512, 512)
     net.append(PackedLinear(dense))
-    assert dense_linears(net, keep_blocked=True) == 1  # the float32 layer only
+    assert dense_linears(net, keep_routed=True) == 0  # both call their kernels as they are
+    assert isinstance(net[0].q, BlockedLinear) and isinstance(net[3], PackedLinear)
+    assert dense_linears(net) == 4  # and without: the three blocked ones and the float32 one
     assert type(net[3]) is nn.Linear and torch.equal(net[3].weight, dense.weight)
-    assert isinstance(net[0].q, BlockedLinear)
-    assert dense_linears(net) == 3  # and without: the blocked ones too
 
 
 def test_a_freed_blocked_layer_leaves_the_numbered_weights(blocked_routes):

@@ -257,6 +257,41 @@ def test_a_compiled_step_calls_the_routed_kernels_as_one_operator():
         assert targets.count("omni.row_product") == 2, targets
 
 
+def test_a_compiled_step_takes_the_float32_route_of_its_batch(monkeypatch):
+    """A packed float32 layer in a compiled step is one operator, ``omni::packed_linear``,
+    that sends a few rows to MKL and more to oneDNN as eagerly (inductor would give
+    every batch to MKL), and computes what eager does."""
+    dense = _net()[0]
+    routed = PackedLinear(dense)
+    graphs: list[Any] = []
+
+    def capture(graph: Any, inputs: Any) -> Any:
+        graphs.append(graph)
+        return graph.forward
+
+    xs = [torch.randn(rows, 64) for rows in (1, 8)]
+    with torch.no_grad():  # inductor's code, before the count below replaces oneDNN's op
+        inductor = [torch.compile(routed, dynamic=False)(x) for x in xs]
+    calls: list[int] = []
+    onednn = torch.ops.mkldnn._linear_pointwise
+
+    def counted(x, *args):
+        calls.append(x.shape[0])
+        return onednn(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
+    for x, compiled in zip(xs, inductor, strict=True):
+        with torch.no_grad():
+            want = routed(x)
+            torch._dynamo.reset()
+            got = torch.compile(routed, backend=capture, dynamic=False)(x)
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        torch.testing.assert_close(compiled, want, atol=1e-6, rtol=1e-6)
+        targets = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
+        assert targets == ["omni.packed_linear"], targets
+    assert calls == [8, 8]  # eager's and the traced step's eight rows; one row never
+
+
 def _aten_calls(fn: Any) -> set[str]:
     """The aten operators ``fn()`` runs."""
     with torch.profiler.profile() as profile:
