@@ -326,3 +326,28 @@ def test_row_linear_takes_the_routed_kernels_for_bf16_and_leaves_the_rest_to_f_l
         plain = torch.randn(3, 256)
         assert torch.equal(row_linear(plain, weight.float()), plain @ weight.float().T)
         assert "mv" not in _aten_calls(lambda: row_linear(plain[:1], weight.float()))
+
+
+def test_row_linear_gives_float32_rows_past_mkls_limit_to_onednn(monkeypatch):
+    """Stacked float32 heads (MOSS-TTS's 32 audio heads) take PackedLinear's routes: MKL
+    reads them at half the speed from four rows on. A slice of the stack, as a step's due
+    heads, is read in place."""
+    torch.manual_seed(0)
+    stack = torch.randn(4, 96, 256)
+    due = stack[1:3].flatten(0, 1)
+    calls: list[int] = []
+    onednn = torch.ops.mkldnn._linear_pointwise
+
+    def counted(x, *args):
+        calls.append(x.shape[0])
+        return onednn(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
+    with torch.no_grad():
+        for rows in (1, 3, 4, 8):
+            x = torch.randn(rows, 256)
+            torch.testing.assert_close(row_linear(x, due), x @ due.T, atol=1e-5, rtol=1e-5)
+    assert calls == [4, 8]
+    assert torch.equal(row_linear(torch.ones(2, 256), due), F.linear(torch.ones(2, 256), due))
+    needs_grad = torch.randn(8, 256, requires_grad=True)
+    assert row_linear(needs_grad, due).requires_grad and calls == [4, 8]  # F.linear, untouched
