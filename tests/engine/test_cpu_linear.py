@@ -60,10 +60,8 @@ def test_packing_twice_packs_nothing_new_and_weights_stay_readable():
     assert "0.weight" not in net.state_dict() and "0.bias" in net.state_dict()
 
 
-def test_few_rows_go_to_mkl_and_more_to_onednn(monkeypatch):
-    dense = _net()[0]
-    routed = PackedLinear(dense)
-    assert routed.packed.data_ptr() == dense.weight.data_ptr()  # no copy of the weight
+def _onednn_rows(monkeypatch) -> list[int]:
+    """The row counts of oneDNN's float32 products from now on (its op wrapped, counted)."""
     calls: list[int] = []
     onednn = torch.ops.mkldnn._linear_pointwise
 
@@ -72,6 +70,14 @@ def test_few_rows_go_to_mkl_and_more_to_onednn(monkeypatch):
         return onednn(x, *args)
 
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
+    return calls
+
+
+def test_few_rows_go_to_mkl_and_more_to_onednn(monkeypatch):
+    dense = _net()[0]
+    routed = PackedLinear(dense)
+    assert routed.packed.data_ptr() == dense.weight.data_ptr()  # no copy of the weight
+    calls = _onednn_rows(monkeypatch)
     with torch.no_grad():
         for rows in (1, 3, 4, 9):
             x = torch.randn(rows, 64)
@@ -272,14 +278,7 @@ def test_a_compiled_step_takes_the_float32_route_of_its_batch(monkeypatch):
     xs = [torch.randn(rows, 64) for rows in (1, 8)]
     with torch.no_grad():  # inductor's code, before the count below replaces oneDNN's op
         inductor = [torch.compile(routed, dynamic=False)(x) for x in xs]
-    calls: list[int] = []
-    onednn = torch.ops.mkldnn._linear_pointwise
-
-    def counted(x, *args):
-        calls.append(x.shape[0])
-        return onednn(x, *args)
-
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
+    calls = _onednn_rows(monkeypatch)
     for x, compiled in zip(xs, inductor, strict=True):
         with torch.no_grad():
             want = routed(x)
@@ -335,14 +334,7 @@ def test_row_linear_gives_float32_rows_past_mkls_limit_to_onednn(monkeypatch):
     torch.manual_seed(0)
     stack = torch.randn(4, 96, 256)
     due = stack[1:3].flatten(0, 1)
-    calls: list[int] = []
-    onednn = torch.ops.mkldnn._linear_pointwise
-
-    def counted(x, *args):
-        calls.append(x.shape[0])
-        return onednn(x, *args)
-
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counted)
+    calls = _onednn_rows(monkeypatch)
     with torch.no_grad():
         for rows in (1, 3, 4, 8):
             x = torch.randn(rows, 256)
