@@ -747,8 +747,8 @@ def _prepare_static(model: Any, plan: StaticPlan, cache: SlotKVCache) -> tuple[f
     from .compiled import StaticContext, dense_linears
 
     if plan.compile:
-        # inductor packs dense weights itself where it prepacks; elsewhere the blocked
-        # bf16 products stay, called as they are (omni::blocked_linear)
+        # inductor packs dense weights itself where it prepacks; elsewhere the routed
+        # products stay, called as they are (omni::blocked_linear, omni::packed_linear)
         dense_linears(model, keep_routed=not plan.prepack)
     from torch._dynamo.utils import counters
 
