@@ -78,7 +78,9 @@ Figures:
   row) in the dtype used, plus the KV cache at the mean cached length, over
   the limit measured with the same threads at the start and the end (the
   higher kept), as a percentage of the measured step (mean and median), and
-  of the sustained rate (the median pass) beside it.
+  of the sustained rate (the median pass) beside it; and the counted step's
+  weight-reading ops run again alone (``roofline.kernel_seconds``): their
+  time against the limit, and the rest of the step.
 
 Threads: default 1. On this two-core machine, whenever another process
 holds a core, an OpenMP-parallel op at 2 threads waits for it: ``index_add_``
@@ -125,7 +127,16 @@ from typing import Any
 import anyio
 import numpy as np
 import torch
-from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_bandwidth
+from roofline import (
+    Bandwidth,
+    StepReads,
+    best,
+    kernel_seconds,
+    kernels_line,
+    kv_bytes,
+    limit_line,
+    read_bandwidth,
+)
 
 from omni_core.engine.backends import create_engine
 from omni_core.engine.compute import dedicate
@@ -355,6 +366,8 @@ class Ours:
     threads_in_engine: int | None = None
     profile: str | None = None
     step_bytes: int = 0  # weights one decode step at concurrency 1 reads (StepReads)
+    kernels_s: float = 0.0  # that step's weight-reading ops alone (roofline.kernel_seconds)
+    kernel_ops: int = 0  # how many ops those are
     dtype: torch.dtype = torch.float32  # the weights' (and the KV cache's)
     compile_s: float | None = None  # engine.enable_torch_compile: the buckets' warm-up
 
@@ -371,6 +384,7 @@ class TimedStep(ThinkerStepModel):
         self.profiles: list[Any] = []
         self.reads: StepReads | None = None  # set: count the next decode step's weight bytes
         self.read_bytes = 0
+        self.read_ops: list[Any] = []  # the counted step's weight-reading ops (record=True)
 
     def decode(self, sequences: list[Any], cache: Any) -> Any:
         self.threads = torch.get_num_threads()  # in the engine's worker thread
@@ -380,7 +394,7 @@ class TimedStep(ThinkerStepModel):
                 reads, self.reads = self.reads, None
                 with reads:
                     out = super().decode(sequences, cache)
-                self.read_bytes = reads.bytes
+                self.read_bytes, self.read_ops = reads.bytes, reads.ops
                 return out
             if self.decode_calls in self.profile_steps:
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
@@ -531,9 +545,13 @@ async def measure_ours(
     result = Ours(label, compile_s=engine.warm_up_seconds)
     try:
         if not compiled:  # the eager run counts what a step reads
-            step.reads = StepReads(lm)  # the warm-up's first decode step (concurrency 1)
+            step.reads = StepReads(lm, record=True)  # the warm-up's first decode step (c=1)
         await run_level(engine, [inputs.warmup], 3, f"{label}-warmup")
         result.step_bytes = step.read_bytes
+        if step.read_ops:  # the counted step's weight-reading ops, run again alone
+            result.kernel_ops = len(step.read_ops)
+            result.kernels_s = kernel_seconds(step.read_ops)
+            step.read_ops = []  # they hold the weights
         for count in levels:
             timers.reset()
             level = await run_level(engine, inputs.prompts[:count], new_tokens, label)
@@ -638,6 +656,11 @@ def report_limit(
             f"    (at the median step, {one.median_step_s() * 1e3:.1f} ms: "
             f"{100 * floor_s / one.median_step_s():.0f}%)"
         )
+        if run.kernels_s:
+            line = kernels_line(
+                run.kernel_ops, run.step_bytes, run.kernels_s, one.step_s(), bandwidth
+            )
+            print("  " + line)
 
 
 def report_ours(runs: list[Ours], new_tokens: int, prompt: int) -> None:

@@ -48,7 +48,9 @@ Also our frame at concurrency 1 against the memory-bandwidth limit
 once, the code predictor 15 times), counted op by op in the dtype used, plus
 the KV caches, over the limit measured with the same threads at the start
 and the end (the higher kept), as a percentage of the mean decode call, and
-of the sustained rate (the median pass) beside it.
+of the sustained rate (the median pass) beside it; and the counted call's
+weight-reading ops run again alone (``roofline.kernel_seconds``): their time
+against the limit, and the rest of the frame's decode call.
 
 Every request makes exactly ``--frames`` frames: EOS is banned until then
 (``min_new_tokens`` in our generation_config.json; the reference's hard-coded
@@ -74,7 +76,16 @@ from typing import Any
 import anyio
 import torch
 from codec_watch import CodecWatch
-from roofline import Bandwidth, DecodeWatch, best, kv_bytes, limit_line, read_bandwidth
+from roofline import (
+    Bandwidth,
+    DecodeWatch,
+    best,
+    kernel_seconds,
+    kernels_line,
+    kv_bytes,
+    limit_line,
+    read_bandwidth,
+)
 
 from omni_core.engine.compute import call_on_compute_thread, dedicate
 from omni_core.engine.cpu_linear import pack_linear_weights
@@ -288,6 +299,8 @@ class Level:
     decode_s: float = 0.0  # mean wall time of the model's decode call (one frame)
     codec_s: float = 0.0  # the vocoder's codec time per decoded frame (codec_watch.py)
     step_bytes: int = 0  # weights one decode call reads (roofline.StepReads)
+    kernels_s: float = 0.0  # that call's weight-reading ops alone (roofline.kernel_seconds)
+    kernel_ops: int = 0  # how many ops those are
     positions: float = 0.0  # the talker's mean cached positions over the decode calls
 
     @property
@@ -438,11 +451,14 @@ async def ours(
         await run_level(engine, vocoder, requests(1, 2, offset=900))  # warm-up
         # One decode call's weight bytes counted in a run of its own: counting
         # passes every op through Python, which must not slow a timed run.
-        counter = DecodeWatch(model, model.network, count_at=0)
+        counter = DecodeWatch(model, model.network, count_at=0, record=True)
         try:
             await run_level(engine, vocoder, requests(1, 3, offset=950))
         finally:
             counter.close()
+        kernel_ops = len(counter.ops)
+        kernels_s = kernel_seconds(counter.ops)
+        counter.ops = []  # they hold the weights
         results = []
         for c in levels:
             if not on_cpu and c > 1:
@@ -463,6 +479,7 @@ async def ours(
                     codec.close()
             if watch is not None:
                 level.decode_s, level.step_bytes = watch.mean_s(), counter.bytes
+                level.kernels_s, level.kernel_ops = kernels_s, kernel_ops
                 level.positions = watch.mean_positions()
             if codec is not None:
                 level.codec_s = codec.per_frame_s()
@@ -593,6 +610,11 @@ def report_limit(model: Qwen3TTSModel, levels: list[Level], bandwidth: Bandwidth
         "decode call):"
     )
     print("  " + limit_line("ours", one.step_bytes, kv, one.decode_s, bandwidth))
+    if one.kernels_s:
+        print(
+            "  "
+            + kernels_line(one.kernel_ops, one.step_bytes, one.kernels_s, one.decode_s, bandwidth)
+        )
 
 
 def frame_split(level: Level) -> str:

@@ -24,9 +24,15 @@ from what the hardware allows, not only how it compares with a peer.
   the table. So a mixture of experts counts the experts it ran, an output
   head scored on two rows counts two rows, and the dtype is whatever the
   weights are stored in;
+  ``StepReads(..., record=True)`` also keeps each op that read a weight, with
+  a copy of its other inputs, and :func:`kernel_seconds` runs those ops
+  again back to back: the step's weight-reading kernels alone, without the
+  rest of the step (norms, attention, sampling, the framework's Python), so
+  a step's distance from the limit splits into what its kernels read below
+  the limit and what the step adds around them (:func:`kernels_line`);
 * :class:`DecodeWatch`: a step model's ``decode`` calls timed, one counted;
 * :func:`kv_bytes`: the KV cache a step reads, from the model's shapes;
-* :func:`limit_line`: the printed line.
+* :func:`limit_line`: the printed line; :func:`kernels_line`: the kernels' share.
 
 Not a module of its own benchmark (no ``bench_`` prefix: the smoke tests'
 glob skips it); the scripts import it from their own directory.
@@ -44,9 +50,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
-from omni_core.engine.compute import compute_thread
+from omni_core.engine.compute import call_on_compute_thread, compute_thread
 from omni_core.engine.huge_pages import granted_bytes
 
 # Ops that read only the rows they return from their first (table) operand.
@@ -188,6 +194,19 @@ def _storage_key(tensor: torch.Tensor) -> int | None:
 ROW_COPY_PRODUCT = "quantized::linear_dynamic_fp16"
 
 
+@dataclass(frozen=True)
+class RecordedOp:
+    """One op of a step that read a weight: the weights by reference, its other inputs copied
+    as they were when it ran (a later in-place op cannot change what a replay computes)."""
+
+    func: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def run(self) -> Any:
+        return self.func(*self.args, **self.kwargs)
+
+
 class StepReads(TorchDispatchMode):
     """Counts the bytes of the given modules' weights that the ops run inside it read.
 
@@ -196,20 +215,34 @@ class StepReads(TorchDispatchMode):
     holds the total of the latest ``with`` block. Every read counts, a weight
     read twice in a step twice. It slows the ops inside it a little
     (each one passes through Python), so count a step outside the timed ones
-    where one can.
+    where one can. ``record=True``: ``reads.ops`` keeps every op that read a
+    weight (:class:`RecordedOp`), for :func:`kernel_seconds`; they hold the
+    weights, so drop them before the model is meant to go.
     """
 
-    def __init__(self, *modules: nn.Module):
+    def __init__(self, *modules: nn.Module, record: bool = False):
         super().__init__()
         tensors = _weight_tensors(modules)
         self._storages = {k for t in tensors if (k := _storage_key(t)) is not None}
         self._packed = {id(t) for t in tensors if t.is_mkldnn}
         self.bytes = 0
+        self.record = record
+        self.ops: list[RecordedOp] = []
 
     def __enter__(self) -> StepReads:
         self.bytes = 0
+        self.ops = []
         super().__enter__()
         return self
+
+    def _snapshot(self, func: Any, args: Any, kwargs: dict[str, Any]) -> RecordedOp:
+        def keep(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor) or value.is_mkldnn or self._is_weight(value):
+                return value
+            return value.detach().clone()
+
+        kept_args, kept_kwargs = tree_map(keep, (tuple(args), dict(kwargs)))
+        return RecordedOp(func, kept_args, kept_kwargs)
 
     def _is_weight(self, tensor: torch.Tensor) -> bool:
         if tensor.is_mkldnn:
@@ -218,11 +251,17 @@ class StepReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        name = func._schema.name
+        operands = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if (
+            self.record
+            and not getattr(func, "is_view", False)
+            and (name == ROW_COPY_PRODUCT or any(self._is_weight(t) for t in operands))
+        ):
+            self.ops.append(self._snapshot(func, args, kwargs))  # before it runs: in-place ops
         out = func(*args, **kwargs)
         if getattr(func, "is_view", False):
             return out  # a view reads nothing; the op that uses it does
-        name = func._schema.name
-        operands = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if name in GATHERS and operands:
             table = operands[0]
             if self._is_weight(table):
@@ -246,6 +285,46 @@ class StepReads(TorchDispatchMode):
         return out
 
 
+def kernel_seconds(ops: list[RecordedOp], passes: int = 5) -> float:
+    """The median time of ``ops`` run back to back, after one untimed pass.
+
+    Each op is called from Python, one after another, on the inputs it had
+    in the step: the weight-reading kernels of a step without anything
+    around them. The Python call adds a few microseconds an op, so this
+    overstates the kernels' own time a little, never understates it. On the
+    compute thread, with its torch threads, as the steps ran.
+    """
+    if not ops:
+        return 0.0
+    return call_on_compute_thread(_kernel_seconds, ops, passes)
+
+
+def _kernel_seconds(ops: list[RecordedOp], passes: int) -> float:
+    with torch.inference_mode():
+        for op in ops:
+            op.run()
+        times = []
+        for _ in range(passes):
+            begin = time.perf_counter()
+            for op in ops:
+                op.run()
+            times.append(time.perf_counter() - begin)
+    return statistics.median(times)
+
+
+def kernels_line(
+    ops: int, weight_bytes: float, kernels_s: float, step_s: float, limit: Bandwidth
+) -> str:
+    """Where a step's time goes beside the limit: its weight-reading kernels, and the rest."""
+    floor_s = weight_bytes / (limit.gb_s * 1e9)
+    return (
+        f"its {ops} weight-reading ops alone, run again back to back: {kernels_s * 1e3:.1f} ms "
+        f"({weight_bytes / kernels_s / 1e9:.1f} GB/s of weights, {100 * floor_s / kernels_s:.0f}% "
+        f"of the limit); the rest of the step (norms, attention, sampling, the framework "
+        f"around them): {(step_s - kernels_s) * 1e3:.1f} ms"
+    )
+
+
 class DecodeWatch:
     """Times a step model's ``decode`` calls and counts the weight bytes of one of them.
 
@@ -256,21 +335,26 @@ class DecodeWatch:
     ``seconds`` and the first sequence's cached positions to ``positions``.
     ``count_at=None`` counts nothing: a timed run whose bytes were counted in
     another, untimed one, so that the slow counted call is not in its wall time.
+    ``record=True``: the counted call's weight-reading ops are kept in ``ops``
+    (:class:`StepReads`), for :func:`kernel_seconds`.
     """
 
-    def __init__(self, model: Any, *modules: nn.Module, count_at: int | None = 1):
+    def __init__(
+        self, model: Any, *modules: nn.Module, count_at: int | None = 1, record: bool = False
+    ):
         self.model = model
         self.seconds: list[float] = []
         self.positions: list[float] = []
         self.bytes, self.calls = 0, 0
+        self.ops: list[RecordedOp] = []
         method = model.decode
 
         def decode(sequences: Any, cache: Any) -> Any:
             index, self.calls = self.calls, self.calls + 1
             if index == count_at:
-                with StepReads(*modules) as reads:
+                with StepReads(*modules, record=record) as reads:
                     out = method(sequences, cache)
-                self.bytes = reads.bytes
+                self.bytes, self.ops = reads.bytes, reads.ops
                 return out
             begin = time.perf_counter()
             out = method(sequences, cache)

@@ -207,14 +207,78 @@ def test_the_sustained_rate_is_the_median_pass_of_every_measurement(roofline):
 
 
 def test_read_bandwidth_reports_a_rate_with_the_threads_in_use(roofline):
+    from omni_core.engine.compute import compute_thread
+
+    # the compute thread's: the caller's, unless a script in this process dedicated it
+    # (an in-process benchmark test before this one may have), as the steps it measures
+    in_use = compute_thread().threads or torch.get_num_threads()
     measured = roofline.read_bandwidth(megabytes=4, passes=1)
     assert measured.gb_s > 0
     assert measured.passes == (measured.gb_s,) and measured.sustained_gb_s is None
     three = roofline.read_bandwidth(megabytes=4, passes=3)
     assert len(three.passes) == 3 and max(three.passes) == three.gb_s
     assert min(three.passes) <= three.sustained_gb_s <= three.gb_s
-    assert measured.threads == torch.get_num_threads()
+    assert measured.threads == in_use
     assert measured.how in ("sum", "float32 matrix-vector")
     # which pages the buffer got, where /proc says (this test process did not ask for huge
     # pages unless its environment did: torch decides at the first allocation)
     assert measured.pages in (None, "2 MB pages", "4 KB pages")
+
+
+def test_a_recorded_step_keeps_its_weight_reading_ops_with_the_inputs_they_had(roofline):
+    """``record=True``: the ops that read a weight, and only those, each with a copy of its
+    other inputs as they were (an in-place op after it must not change what a replay
+    computes), the weights themselves by reference (no copy of a model's weights)."""
+    torch.manual_seed(0)
+    dense = nn.Linear(16, 8)
+    norm = nn.LayerNorm(8)
+    model = nn.ModuleDict({"dense": dense, "norm": norm})
+    reads = roofline.StepReads(model, record=True)
+    x = torch.randn(2, 16)
+    with torch.inference_mode(), reads:
+        hidden = dense(x)
+        expected = hidden.clone()
+        hidden.mul_(0.0)  # in place, after the product: reads no weight, not kept
+        out = norm(hidden + 1.0)
+        x.zero_()  # the product's input, changed after it ran
+    names = [op.func._schema.name for op in reads.ops]
+    assert names == ["aten::linear", "aten::layer_norm"]
+    product = reads.ops[0]
+    assert any(a is dense.weight for a in product.args)  # the weight itself, not a copy
+    with torch.inference_mode():
+        assert torch.equal(product.run(), expected)  # the input as it was, not zeros
+        assert torch.equal(reads.ops[1].run(), out)
+    with torch.inference_mode(), reads:  # a new block starts empty
+        dense(torch.ones(1, 16))
+    assert len(reads.ops) == 1
+    counting_only = roofline.StepReads(model)
+    with torch.inference_mode(), counting_only:
+        dense(torch.ones(1, 16))
+    assert counting_only.ops == [] and counting_only.bytes == (16 * 8 + 8) * 4
+
+
+def test_the_recorded_ops_run_again_on_the_compute_thread(roofline):
+    """kernel_seconds runs the ops where the steps ran (the compute thread), each once
+    untimed and then ``passes`` times; a count of calls, not a speed, is checked."""
+    from omni_core.engine.compute import compute_thread
+
+    calls: list[threading.Thread] = []
+
+    def product(x: torch.Tensor) -> torch.Tensor:
+        calls.append(threading.current_thread())
+        return x * 2
+
+    ops = [roofline.RecordedOp(product, (torch.ones(3),), {}) for _ in range(2)]
+    seconds = roofline.kernel_seconds(ops, passes=3)
+    assert seconds >= 0 and len(calls) == 2 * (1 + 3)
+    assert set(calls) == {compute_thread().thread}
+    assert roofline.kernel_seconds([]) == 0.0
+
+
+def test_the_kernels_line_splits_a_step_into_its_kernels_and_the_rest(roofline):
+    limit = roofline.Bandwidth(gb_s=10.0, how="sum", threads=1)
+    # 1 GB of weights: 100 ms at the limit; the kernels alone took 125 ms of a 200 ms step
+    line = roofline.kernels_line(412, 1e9, 0.125, 0.2, limit)
+    assert "its 412 weight-reading ops alone" in line
+    assert "125.0 ms (8.0 GB/s of weights, 80% of the limit)" in line
+    assert "the framework around them): 75.0 ms" in line
