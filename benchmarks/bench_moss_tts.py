@@ -121,18 +121,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import roofline  # its kernel_seconds and kernels_line: a step's kernels alone
 import torch
 from codec_watch import CodecWatch
-from roofline import (
-    Bandwidth,
-    StepReads,
-    best,
-    kernel_seconds,
-    kernels_line,
-    kv_bytes,
-    limit_line,
-    read_bandwidth,
-)
+from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_bandwidth
 
 from omni_core.engine.compute import dedicate, run_compute
 from omni_core.engine.huge_pages import ask_for_huge_pages, user_environ
@@ -721,7 +713,7 @@ async def ours(
             if "ops" in counted:  # the counted step's weight-reading ops, run again alone
                 ops = counted.pop("ops")  # they hold the weights
                 counted["kernel_ops"] = len(ops)
-                counted["kernels_s"] = await run_compute(kernel_seconds, ops)
+                counted["kernels_s"] = await run_compute(roofline.kernel_seconds, ops)
                 del ops
         parts: dict[str, Any] = {}
         one = next((r for r in results if r.concurrency == 1), None)
@@ -968,7 +960,7 @@ def report(
             f"{limit['percent_alone']:.0f}%)"
         )
         if reads.get("kernels_s"):
-            line = kernels_line(
+            line = roofline.kernels_line(
                 reads["kernel_ops"], reads["weight_bytes"], reads["kernels_s"], step_s, bandwidth
             )
             print("  " + line)

@@ -126,17 +126,9 @@ from typing import Any
 
 import anyio
 import numpy as np
+import roofline  # its kernel_seconds and kernels_line: a step's kernels alone
 import torch
-from roofline import (
-    Bandwidth,
-    StepReads,
-    best,
-    kernel_seconds,
-    kernels_line,
-    kv_bytes,
-    limit_line,
-    read_bandwidth,
-)
+from roofline import Bandwidth, StepReads, best, kv_bytes, limit_line, read_bandwidth
 
 from omni_core.engine.backends import create_engine
 from omni_core.engine.compute import dedicate
@@ -550,7 +542,7 @@ async def measure_ours(
         result.step_bytes = step.read_bytes
         if step.read_ops:  # the counted step's weight-reading ops, run again alone
             result.kernel_ops = len(step.read_ops)
-            result.kernels_s = kernel_seconds(step.read_ops)
+            result.kernels_s = roofline.kernel_seconds(step.read_ops)
             step.read_ops = []  # they hold the weights
         for count in levels:
             timers.reset()
@@ -657,7 +649,7 @@ def report_limit(
             f"{100 * floor_s / one.median_step_s():.0f}%)"
         )
         if run.kernels_s:
-            line = kernels_line(
+            line = roofline.kernels_line(
                 run.kernel_ops, run.step_bytes, run.kernels_s, one.step_s(), bandwidth
             )
             print("  " + line)

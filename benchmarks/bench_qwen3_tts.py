@@ -74,18 +74,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import roofline  # its kernel_seconds and kernels_line: a step's kernels alone
 import torch
 from codec_watch import CodecWatch
-from roofline import (
-    Bandwidth,
-    DecodeWatch,
-    best,
-    kernel_seconds,
-    kernels_line,
-    kv_bytes,
-    limit_line,
-    read_bandwidth,
-)
+from roofline import Bandwidth, DecodeWatch, best, kv_bytes, limit_line, read_bandwidth
 
 from omni_core.engine.compute import call_on_compute_thread, dedicate
 from omni_core.engine.cpu_linear import pack_linear_weights
@@ -457,7 +449,7 @@ async def ours(
         finally:
             counter.close()
         kernel_ops = len(counter.ops)
-        kernels_s = kernel_seconds(counter.ops)
+        kernels_s = roofline.kernel_seconds(counter.ops)
         counter.ops = []  # they hold the weights
         results = []
         for c in levels:
@@ -613,7 +605,9 @@ def report_limit(model: Qwen3TTSModel, levels: list[Level], bandwidth: Bandwidth
     if one.kernels_s:
         print(
             "  "
-            + kernels_line(one.kernel_ops, one.step_bytes, one.kernels_s, one.decode_s, bandwidth)
+            + roofline.kernels_line(
+                one.kernel_ops, one.step_bytes, one.kernels_s, one.decode_s, bandwidth
+            )
         )
 
 
