@@ -22,7 +22,9 @@ The sampling around a step stays eager where it is per-request Python
 (seeded generators, repetition penalties). A model may capture more around
 its steps once they are captured (:meth:`StaticContext.after_warm_up`): the
 Qwen3-TTS / Qwen3-Omni code predictor captures a whole frame, its picks
-included, with each row's random numbers drawn before the frame.
+included, with each row's random numbers drawn before the frame, and
+compiled without CUDA graphs compiles that frame as one graph, stepping with
+:meth:`StaticDecoder.body` (:mod:`.warm_compiled`).
 """
 
 from __future__ import annotations
@@ -391,6 +393,21 @@ class StaticDecoder:
             self.k_cache, self.v_cache, slots, cache_pos, span, regions=self.regions
         )
         return self.forward(x, positions, key_mask(cache_pos, keys), store)
+
+    def body(self, span: int | None = None) -> Callable[..., Any]:
+        """The step as plain code over ``span`` (default: the whole capacity), taking
+        ``(x, positions, cache_pos, slots)`` of a full bucket.
+
+        For a caller that compiles a larger function around several steps (a
+        code predictor's whole frame): dynamo then traces them into its one
+        graph, where calling the compiled step would enter a graph of its own
+        each time. It reads the cache as the compiled step does (the span's
+        key positions a tensor), so its graphs equal the step's.
+        """
+        span = self.spans[-1] if span is None else span
+        if self.dynamic_span:
+            return functools.partial(self._span_step, keys=self._key_positions(span))
+        return functools.partial(self._eager_step, span=span)
 
     def _key_positions(self, span: int) -> torch.Tensor:
         """``arange(span)`` on the device, one tensor per span (a captured graph reads it at

@@ -609,6 +609,27 @@ def test_static_shape_decode_steps_equal_eager(talker, sampling):
     assert not model._static.use_graphs  # captured on CUDA only (fused grouped kernel)
 
 
+@pytest.mark.slow  # inductor compiles the talker's and the predictor's steps and frames
+@pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
+def test_compiled_decode_steps_equal_eager(talker):
+    """engine.enable_torch_compile on the CPU: the talker's step and the code predictor's
+    whole frame (one compiled graph a bucket, the predictor's usual settings) = eager."""
+    from omni_core.engine.buckets import StaticPlan
+
+    sampling = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05, seed=1)
+    feeds = [Feed(20, media=True), Feed(21, generated=3), Feed(22)]
+    eager_model = TalkerStepModel(talker, CFG, device="cpu", dtype=torch.float32)
+    eager = _engine_frames(eager_model, [f.prompt() for f in feeds], sampling)
+    own = copy.deepcopy(talker)
+    model = TalkerStepModel(own, CFG, device="cpu", dtype=torch.float32)
+    plan = StaticPlan(True, False, (1, 4), "test")
+    compiled = _engine_frames(model, [f.prompt() for f in feeds], sampling, plan)
+    for a, b in zip(eager, compiled, strict=True):
+        assert len(a) >= 3 and same(a, b)
+    frames = set(own.code_predictor.frame_graphs.values())
+    assert model._static.calls > 0 and len(frames) == 1 and frames.pop().calls > 0
+
+
 def test_a_video_interleaved_with_its_track_is_text_to_the_talker():
     """The release does not tell its talker about use_audio_in_video, so the talker's position
     rule counts such a block token by token; a later image keeps its own layout."""

@@ -172,7 +172,9 @@ class CodePredictor(nn.Module):
         that serves any settings (top-k over the whole vocabulary, top-p
         always applied: two sorts a pick) and, for ``usual`` (the settings
         most requests keep, the release's predictor defaults), one that
-        filters only as wide as they ask.
+        filters only as wide as they ask. Where it is compiled without CUDA
+        graphs (the CPU), each bucket's whole frame is compiled as one graph
+        for the narrowest of those (:meth:`_compile_frames`).
         """
         cfg = self.cfg
         self.static = context.scratch_decoder(
@@ -193,7 +195,7 @@ class CodePredictor(nn.Module):
             narrow = (min(usual.top_k, cfg.vocab_size), usual.top_p < 1.0)
             if narrow != self.frame_shapes[0] and narrow[0] > 0:
                 self.frame_shapes.insert(0, narrow)
-        context.after_warm_up(self._capture_frames)
+        context.after_warm_up(self._build_frames)
 
     def _static_frame(
         self,
@@ -215,24 +217,36 @@ class CodePredictor(nn.Module):
         if bucket is None or not self.frame_graphs:
             return self._frame_codes(static, x, pick)
         groups = self.cfg.num_code_groups
-        settings = frame_settings(tuple(rows), bucket, self.cfg.vocab_size, x.device)
-        # the narrowest graph whose filters hold every row's (draw_tokens: same picks)
-        captured = next(
-            self.frame_graphs[(bucket, widest, nucleus)]
-            for widest, nucleus in self.frame_shapes
-            if widest >= settings.widest and (nucleus or not settings.nucleus)
-        )
         if uniforms is None:
             uniforms = x.new_zeros((batch, groups - 1), dtype=torch.float32)
-        extra = bucket - batch
-        codes = captured(
-            F.pad(x, (0, 0, 0, 0, 0, extra)),
-            settings.greedy,
-            settings.temperature,
-            settings.kth,
-            settings.top_p,
-            F.pad(uniforms, (0, 0, 0, extra)),
-        )
+        # Inference tensors, as at warm-up, whoever calls: a compiled frame guards on it.
+        with torch.inference_mode():
+            settings = frame_settings(tuple(rows), bucket, self.cfg.vocab_size, x.device)
+            # the narrowest graph whose filters hold every row's (draw_tokens: same picks)
+            # among those built (compiled on the CPU: only the usual settings' frame)
+            graph = next(
+                (
+                    self.frame_graphs[key]
+                    for key in ((bucket, *shape) for shape in self.frame_shapes)
+                    if key in self.frame_graphs
+                    and key[1] >= settings.widest
+                    and (key[2] or not settings.nucleus)
+                ),
+                None,
+            )
+            extra = bucket - batch
+            codes = None
+            if graph is not None:
+                codes = graph(
+                    F.pad(x, (0, 0, 0, 0, 0, extra)),
+                    settings.greedy,
+                    settings.temperature,
+                    settings.kth,
+                    settings.top_p,
+                    F.pad(uniforms, (0, 0, 0, extra)),
+                )
+        if codes is None:  # no frame graph for these settings, or none fits (said once)
+            return self._frame_codes(static, x, pick)
         return codes[:batch].clone()  # the graph's output buffer: the next replay rewrites it
 
     def _frame_codes(
@@ -260,7 +274,7 @@ class CodePredictor(nn.Module):
         return torch.stack(codes, dim=1)
 
     def capturable_frame(
-        self, static: Any, widest: int, nucleus: bool
+        self, static: Any, widest: int, nucleus: bool, *, traced: bool = False
     ) -> Callable[..., torch.Tensor]:
         """The function a bucket's frame graph holds: every input a tensor of fixed shape.
 
@@ -270,8 +284,11 @@ class CodePredictor(nn.Module):
         ``widest`` scores and apply top-p where ``nucleus``: for every batch
         whose rows ask for no wider top-k and (without ``nucleus``) no top-p,
         the same codes as the batch's own settings (:func:`draw_tokens`).
+        ``traced``: the frame is to be compiled whole, so it steps with the
+        step's plain body (``StaticDecoder.body``), not the compiled step.
         """
-        step = functools.partial(static._step, span=static.spans[-1])
+        plain = static.body() if traced else None
+        step = plain or functools.partial(static._step, span=static.spans[-1])
 
         def frame(
             x: torch.Tensor,
@@ -298,11 +315,54 @@ class CodePredictor(nn.Module):
         uniforms = torch.zeros(bucket, groups - 1, device=device)
         return x, settings.greedy, settings.temperature, settings.kth, settings.top_p, uniforms
 
-    def _capture_frames(self) -> str | None:
-        """Capture each bucket's whole frame where the step itself was captured; a note."""
+    def _build_frames(self) -> str | None:
+        """After the engine's warm-up: each bucket's whole frame as one graph; a note.
+
+        Captured as CUDA graphs where the step was; compiled where the step
+        was compiled without them and its weights are not packed into each
+        graph (a prepacked step's graphs hold their own copy of the weights,
+        and a frame's would add one more).
+        """
         static = self.static
-        if not (static.enabled and static.use_graphs):
+        if not static.enabled:
             return None
+        if static.use_graphs:
+            return self._capture_frames()
+        if static.plan.compile and not static.prepacked:
+            return self._compile_frames()
+        return None
+
+    def _compile_frames(self) -> str:
+        """Compile each bucket's whole frame for the usual settings (the first frame shape).
+
+        Why: on the CPU a frame stepped from Python enters the compiled step
+        16 times and runs its 15 picks eagerly between them; one graph for
+        the frame does neither (Qwen3-TTS 0.6B, ``w8a8_int8``, one row, two
+        cores: 71 against 83-92 ms a frame). Only the usual settings' frame
+        is compiled (it serves greedy rows too): each costs a compile per
+        bucket at start-up (4-5 s at the release's size, inductor's cache warm), and a batch with
+        wider settings steps through the compiled step as before.
+        """
+        from omni_core.engine.warm_compiled import WarmCompiled
+
+        static = self.static
+        widest, nucleus = self.frame_shapes[0]
+        frame = WarmCompiled(
+            "code predictor frame", self.capturable_frame(static, widest, nucleus, traced=True)
+        )
+        for bucket in sorted(static.buckets, reverse=True):
+            frame.compile(*self.frame_example(static, bucket))
+            self.frame_graphs[(bucket, widest, nucleus)] = frame
+        shape = f"top-k over {widest}" + (" and top-p" if nucleus else "")
+        return (
+            f"code predictor: each frame's {self.cfg.num_code_groups - 1} steps and picks "
+            f"compiled as one graph per batch size ({shape}; rows asking for wider sampling "
+            "pick between compiled steps)"
+        )
+
+    def _capture_frames(self) -> str | None:
+        """Capture each bucket's whole frame (the step itself was captured); a note."""
+        static = self.static
         from omni_core.engine.cuda_graphs import CapturedStep, graph_pool
 
         pool = graph_pool(static.device)

@@ -68,15 +68,24 @@ class RowSettings:
     nucleus: bool  # some row has top_p < 1
 
 
-@functools.lru_cache(maxsize=64)
 def frame_settings(
     rows: tuple[RowSampling, ...], total: int, vocab: int, device: torch.device
 ) -> RowSettings:
     """``rows``' settings on the device, padded with greedy rows up to ``total`` rows.
 
     A captured code-predictor frame (:mod:`.code_predictor`) runs a whole
-    batch bucket; its padding rows pick greedily and are dropped.
+    batch bucket; its padding rows pick greedily and are dropped. Cached
+    apart in and out of inference mode: a compiled frame's graphs were traced
+    with inference tensors and guard on it (a plain tensor would miss every
+    graph), while an inference tensor cannot take part in autograd.
     """
+    return _settings_table(rows, total, vocab, device, torch.is_inference_mode_enabled())
+
+
+@functools.lru_cache(maxsize=64)
+def _settings_table(
+    rows: tuple[RowSampling, ...], total: int, vocab: int, device: torch.device, inference: bool
+) -> RowSettings:
     padded = rows + (RowSampling(greedy=True),) * (total - len(rows))
     ks = [min(r.top_k, vocab) if r.draws and r.top_k > 0 else vocab for r in padded]
     table = torch.tensor(

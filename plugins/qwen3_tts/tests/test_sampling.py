@@ -206,3 +206,47 @@ def test_a_batch_replays_the_narrowest_frame_graph_that_holds_its_settings() -> 
 
 def _seeded(rows: int) -> list[torch.Generator]:
     return [torch.Generator().manual_seed(60 + b) for b in range(rows)]
+
+
+@pytest.mark.slow  # inductor compiles two steps and two frames: 17 s with a warm cache
+@pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
+def test_compiled_on_the_cpu_each_buckets_frame_is_one_graph_that_picks_the_eager_codes():
+    # engine.enable_torch_compile without CUDA graphs: the usual settings' frame (greedy rows
+    # too) runs as one compiled graph a bucket; a batch asking for wider sampling steps
+    # through the compiled step. Both pick the codes of the eager frame. The eager frames
+    # run first and outside inference mode (as a plain generate() would), so the cached
+    # settings they leave behind must still fit the graphs traced in inference mode.
+    from omni_core.engine.buckets import StaticPlan
+    from omni_core.engine.compiled import StaticContext
+    from omni_qwen3_tts.model import Qwen3TTSModel
+
+    model = Qwen3TTSModel.from_pretrained("tiny", load_format="dummy", seed=0)
+    predictor = model.talker.code_predictor
+    usual = RowSampling(temperature=0.9, top_k=50)
+    width = model.config.talker.transformer.hidden_size
+    hidden, code0 = torch.randn(2, 3, width, generator=torch.Generator().manual_seed(8))
+    compiled_whole = [[usual], [usual, RowSampling(greedy=True), usual]]
+    wider = [usual, RowSampling(temperature=1.0, top_p=0.5)]  # step by step
+
+    def frame(rows: list[RowSampling]) -> torch.Tensor:
+        batch = len(rows)
+        return predictor.generate_frame(hidden[:batch], code0[:batch], rows, _seeded(batch))
+
+    eager = [frame(rows) for rows in [*compiled_whole, wider]]
+    context = StaticContext(StaticPlan(True, False, (1, 4), "t"), None)
+    predictor.prepare_static(context, *_cpu(), usual)
+    context.warm_up()
+    whole = predictor.frame_graphs[(4, 50, False)]
+    assert predictor.frame_graphs == {(1, 50, False): whole, (4, 50, False): whole}
+    assert whole.graphs == 2
+    assert context.notes[-1] == (
+        "code predictor: each frame's 15 steps and picks compiled as one graph per batch "
+        "size (top-k over 50; rows asking for wider sampling pick between compiled steps)"
+    )
+    for rows, want in zip(compiled_whole, eager[:2], strict=True):
+        assert torch.equal(frame(rows), want)
+    assert (whole.calls, whole.misses) == (2, 0)
+    steps = predictor.static.calls
+    with torch.inference_mode():  # as the engine's steps run
+        assert torch.equal(frame(wider), eager[-1])
+    assert predictor.static.calls == steps + 15 and whole.calls == 2
