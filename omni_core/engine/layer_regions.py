@@ -34,13 +34,13 @@ as one graph, as before.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .static_kv import LayerSlotStore, StaticSlotStore
+from .switches import switch_on
 
 
 def call_layer(layer: Callable[..., Any], index: int, *args: Any, store: Any) -> Any:
@@ -60,10 +60,7 @@ SWITCH = "OMNI_COMPILE_REGIONS"
 
 def regions_wanted() -> bool:
     """Whether compiled steps should build each layer once (:data:`SWITCH` is not ``0``)."""
-    value = os.environ.get(SWITCH, "1").strip().lower()
-    if value not in ("0", "1", "false", "true", "off", "on"):
-        raise ValueError(f"{SWITCH}={value!r}: expected 1 (regions, the default) or 0")
-    return value in ("1", "true", "on")
+    return switch_on(SWITCH, "regions, the default")
 
 
 #: How many traced shapes one region function may keep: one per step length of every

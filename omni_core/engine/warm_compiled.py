@@ -21,7 +21,18 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
+from .switches import switch_on
+
 log = logging.getLogger(__name__)
+
+#: ``OMNI_COMPILE_FRAMES=0``: no whole frames compiled around the steps (a faster start;
+#: the frames then step through the compiled steps, with the same results).
+FRAMES_SWITCH = "OMNI_COMPILE_FRAMES"
+
+
+def frames_wanted() -> bool:
+    """Whether a model should compile several steps as one graph (:data:`FRAMES_SWITCH`)."""
+    return switch_on(FRAMES_SWITCH, "whole frames compiled, the default")
 
 
 class WarmCompiled:

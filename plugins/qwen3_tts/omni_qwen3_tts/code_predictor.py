@@ -321,16 +321,20 @@ class CodePredictor(nn.Module):
         Captured as CUDA graphs where the step was; compiled where the step
         was compiled without them and its weights are not packed into each
         graph (a prepacked step's graphs hold their own copy of the weights,
-        and a frame's would add one more).
+        and a frame's would add one more), unless ``OMNI_COMPILE_FRAMES=0``.
         """
+        from omni_core.engine.warm_compiled import FRAMES_SWITCH, frames_wanted
+
         static = self.static
         if not static.enabled:
             return None
         if static.use_graphs:
             return self._capture_frames()
-        if static.plan.compile and not static.prepacked:
-            return self._compile_frames()
-        return None
+        if not (static.plan.compile and not static.prepacked):
+            return None
+        if not frames_wanted():
+            return f"code predictor: frames step through the compiled steps ({FRAMES_SWITCH}=0)"
+        return self._compile_frames()
 
     def _compile_frames(self) -> str:
         """Compile each bucket's whole frame for the usual settings (the first frame shape).
@@ -340,7 +344,8 @@ class CodePredictor(nn.Module):
         the frame does neither (Qwen3-TTS 0.6B, ``w8a8_int8``, one row, two
         cores: 71 against 83-92 ms a frame). Only the usual settings' frame
         is compiled (it serves greedy rows too): each costs a compile per
-        bucket at start-up (4-5 s at the release's size, inductor's cache warm), and a batch with
+        bucket at start-up (at the release's size about 6 s with inductor's cache warm, 55
+        cold; ``OMNI_COMPILE_FRAMES=0`` skips them), and a batch with
         wider settings steps through the compiled step as before.
         """
         from omni_core.engine.warm_compiled import WarmCompiled

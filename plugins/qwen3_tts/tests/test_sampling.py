@@ -250,3 +250,20 @@ def test_compiled_on_the_cpu_each_buckets_frame_is_one_graph_that_picks_the_eage
     with torch.inference_mode():  # as the engine's steps run
         assert torch.equal(frame(wider), eager[-1])
     assert predictor.static.calls == steps + 15 and whole.calls == 2
+
+
+def test_omni_compile_frames_0_leaves_the_frames_stepping_through_compiled_steps(monkeypatch):
+    # Nothing is compiled here: the switch is read before any frame would be.
+    from omni_core.engine.buckets import StaticPlan
+    from omni_core.engine.compiled import StaticContext
+    from omni_qwen3_tts.model import Qwen3TTSModel
+
+    monkeypatch.setenv("OMNI_COMPILE_FRAMES", "0")
+    predictor = Qwen3TTSModel.from_pretrained(
+        "tiny", load_format="dummy", seed=0
+    ).talker.code_predictor
+    context = StaticContext(StaticPlan(True, False, (1, 4), "t"), None)
+    predictor.prepare_static(context, *_cpu(), RowSampling(temperature=0.9, top_k=50))
+    note = predictor._build_frames()
+    assert note == "code predictor: frames step through the compiled steps (OMNI_COMPILE_FRAMES=0)"
+    assert predictor.frame_graphs == {}
