@@ -267,3 +267,31 @@ def test_omni_compile_frames_0_leaves_the_frames_stepping_through_compiled_steps
     note = predictor._build_frames()
     assert note == "code predictor: frames step through the compiled steps (OMNI_COMPILE_FRAMES=0)"
     assert predictor.frame_graphs == {}
+
+
+def test_a_frame_inductor_cannot_compile_leaves_the_frames_stepping_and_says_why(monkeypatch):
+    # A compiler failure cannot be made to happen here on purpose: torch.compile stands in
+    # for one (an external tool), failing when the frame is first compiled.
+    from omni_core.engine import warm_compiled
+    from omni_core.engine.buckets import StaticPlan
+    from omni_core.engine.compiled import StaticContext
+    from omni_qwen3_tts.model import Qwen3TTSModel
+
+    def failing_compile(fn, **options):
+        def compiled(*inputs):
+            raise RuntimeError("inductor: lowering failed\nmore detail")
+
+        return compiled
+
+    monkeypatch.setattr(warm_compiled.torch, "compile", failing_compile)
+    predictor = Qwen3TTSModel.from_pretrained(
+        "tiny", load_format="dummy", seed=0
+    ).talker.code_predictor
+    context = StaticContext(StaticPlan(True, False, (1, 4), "t"), None)
+    predictor.prepare_static(context, *_cpu(), RowSampling(temperature=0.9, top_k=50))
+    note = predictor._build_frames()
+    assert note == (
+        "code predictor: frames not compiled whole (RuntimeError: inductor: lowering failed); "
+        "each frame steps through the compiled steps"
+    )
+    assert predictor.frame_graphs == {}
