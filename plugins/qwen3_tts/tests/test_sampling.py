@@ -254,16 +254,8 @@ def test_compiled_on_the_cpu_each_buckets_frame_is_one_graph_that_picks_the_eage
 
 def test_omni_compile_frames_0_leaves_the_frames_stepping_through_compiled_steps(monkeypatch):
     # Nothing is compiled here: the switch is read before any frame would be.
-    from omni_core.engine.buckets import StaticPlan
-    from omni_core.engine.compiled import StaticContext
-    from omni_qwen3_tts.model import Qwen3TTSModel
-
     monkeypatch.setenv("OMNI_COMPILE_FRAMES", "0")
-    predictor = Qwen3TTSModel.from_pretrained(
-        "tiny", load_format="dummy", seed=0
-    ).talker.code_predictor
-    context = StaticContext(StaticPlan(True, False, (1, 4), "t"), None)
-    predictor.prepare_static(context, *_cpu(), RowSampling(temperature=0.9, top_k=50))
+    predictor = _compiled_predictor_unwarmed()
     note = predictor._build_frames()
     assert note == "code predictor: frames step through the compiled steps (OMNI_COMPILE_FRAMES=0)"
     assert predictor.frame_graphs == {}
@@ -273,9 +265,6 @@ def test_a_frame_inductor_cannot_compile_leaves_the_frames_stepping_and_says_why
     # A compiler failure cannot be made to happen here on purpose: torch.compile stands in
     # for one (an external tool), failing when the frame is first compiled.
     from omni_core.engine import warm_compiled
-    from omni_core.engine.buckets import StaticPlan
-    from omni_core.engine.compiled import StaticContext
-    from omni_qwen3_tts.model import Qwen3TTSModel
 
     def failing_compile(fn, **options):
         def compiled(*inputs):
@@ -284,14 +273,24 @@ def test_a_frame_inductor_cannot_compile_leaves_the_frames_stepping_and_says_why
         return compiled
 
     monkeypatch.setattr(warm_compiled.torch, "compile", failing_compile)
-    predictor = Qwen3TTSModel.from_pretrained(
-        "tiny", load_format="dummy", seed=0
-    ).talker.code_predictor
-    context = StaticContext(StaticPlan(True, False, (1, 4), "t"), None)
-    predictor.prepare_static(context, *_cpu(), RowSampling(temperature=0.9, top_k=50))
+    predictor = _compiled_predictor_unwarmed()
     note = predictor._build_frames()
     assert note == (
         "code predictor: frames not compiled whole (RuntimeError: inductor: lowering failed); "
         "each frame steps through the compiled steps"
     )
     assert predictor.frame_graphs == {}
+
+
+def _compiled_predictor_unwarmed():
+    """The tiny code predictor prepared for compiled buckets 1 and 4, nothing compiled yet
+    (the steps compile lazily, at the warm-up these tests skip)."""
+    from omni_core.engine.buckets import StaticPlan
+    from omni_core.engine.compiled import StaticContext
+    from omni_qwen3_tts.model import Qwen3TTSModel
+
+    model = Qwen3TTSModel.from_pretrained("tiny", load_format="dummy", seed=0)
+    predictor = model.talker.code_predictor
+    context = StaticContext(StaticPlan(True, False, (1, 4), "t"), None)
+    predictor.prepare_static(context, *_cpu(), RowSampling(temperature=0.9, top_k=50))
+    return predictor
