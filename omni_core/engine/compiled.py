@@ -41,6 +41,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from .buckets import StaticPlan, bucket_for
 from .compute import call_on_compute_thread
 from .cuda_graphs import CapturedStep, graph_pool
+from .inductor_options import step_options
 from .layer_regions import regions_wanted
 from .static_kv import StaticSlotStore, key_mask, static_mask
 
@@ -313,7 +314,7 @@ class StaticDecoder:
                 )
                 return prepack.compile_prepacked(self._eager_step)
             self.note = f"{self.name}: weights not prepacked ({why})"
-        compiled = torch.compile(self._span_step, dynamic=False)
+        compiled = torch.compile(self._span_step, dynamic=False, options=step_options())
 
         def step(
             x: torch.Tensor,

@@ -48,6 +48,7 @@ from torch import nn
 
 from .cpu_cache import last_level_cache_bytes
 from .cpu_linear import RowLinear
+from .inductor_options import step_options
 
 #: Inductor options of a prepacked step: GEMMs chosen among the C++ template
 #: and ATen by timing (ATen stays a choice, so that a product the template
@@ -162,7 +163,7 @@ def compile_prepacked(step: Callable[..., Any]) -> Callable[..., Any]:
     option ``torch.compile`` passes through, so every call runs under it:
     a graph compiled later (a recompile) is packed the same way.
     """
-    compiled = torch.compile(step, dynamic=False, options=PREPACK_OPTIONS)
+    compiled = torch.compile(step, dynamic=False, options=step_options(**PREPACK_OPTIONS))
 
     def run(*args: Any) -> Any:
         with _freezing():

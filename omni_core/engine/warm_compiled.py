@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
+from .inductor_options import step_options
 from .switches import switch_on
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class WarmCompiled:
 
     def __init__(self, name: str, fn: Callable[..., Any]):
         self.name = name
-        self._compiled = torch.compile(fn, dynamic=False)
+        self._compiled = torch.compile(fn, dynamic=False, options=step_options())
         self.graphs = 0  # compiled at start-up (one per distinct input shape)
         self.calls = 0  # served by a compiled graph
         self.misses = 0  # answered None: the caller's uncompiled path ran

@@ -53,6 +53,16 @@ def test_each_rows_result_is_its_own_whatever_its_batch():
     assert torch.equal(layer(x)[:1], alone)
 
 
+def test_a_layer_whose_buffers_were_replaced_computes_with_the_new_ones():
+    """oneDNN's arguments are kept between calls; replacing a buffer must not leave them stale."""
+    layer = W8A8Linear(_linear(128, 64).weight, None)
+    x = torch.randn(2, 128)
+    before = layer(x)
+    layer.scales = layer.scales * 2  # a new tensor, as .to() or a loader may make
+    assert torch.equal(layer(x), before * 2)  # a power of two: exact
+    assert layer.onednn_arguments() is layer.onednn_arguments()  # kept while unchanged
+
+
 def test_rows_are_quantised_symmetrically_in_float32():
     x = torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0]], dtype=torch.bfloat16)
     quantized, scales = quantize_rows(x)
