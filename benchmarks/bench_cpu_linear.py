@@ -30,13 +30,18 @@ float32 MKL.
 Last, bf16 sibling projections (a Qwen3 layer's q/k/v, then gate/up) as
 separate ``RowLinear`` products and fused into one per group
 (``omni_core.engine.fused_linear``, what ``pack_linear_weights`` does).
+And each layout's cost per call apart from reading (a 64x64 product of one
+row, whose weight sits in L1): what a decode step of hundreds of small
+products pays on top of its weights' bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +58,7 @@ from omni_core.engine.cpu_linear import (
 )
 from omni_core.engine.fused_linear import fuse_projections, project
 from omni_core.engine.quantize import Int8Linear
-from omni_core.engine.w8a8 import W8A8Linear, w8a8_problem
+from omni_core.engine.w8a8 import W8A8Linear, quantize_rows, w8a8_problem
 from omni_core.sigterm import run_script
 
 ONEDNN = torch.ops.mkldnn._linear_pointwise  # what PackedLinear calls beyond MKL_MAX_ROWS rows
@@ -167,6 +172,7 @@ def main() -> None:
                 ups = " / ".join(f"{times[0] / t:.2f}x" for t in times[1:])
                 print(f"{row_count:>5} {' '.join(f'{c:>17}' for c in cells)}   {ups}")
         print_fused(args.layers, rows, passes)
+        print_call_cost(50 if args.smoke else 2000)
 
 
 #: A Qwen3-TTS 0.6B layer's projections that read one input: q/k/v, gate/up.
@@ -195,6 +201,46 @@ def print_fused(layers: int, rows: tuple[int, ...], passes: int) -> None:
             for groups in (separate, fused)
         ]
         print(f"{row_count:>5} {gigabytes / times[0]:>9.1f} {gigabytes / times[1]:>9.1f}")
+
+
+def print_call_cost(calls: int) -> None:
+    """Each layout's cost per call apart from reading: a 64x64 product of one row.
+
+    Its weight sits in L1, so the median call is what a layout pays before
+    its kernel reads anything; a decode step pays it once per product
+    (Qwen3-TTS: 412 products a frame). On the 2-vCPU Intel Xeon of
+    2026-12-08: float32 ``F.linear`` 2.6 us, oneDNN's int8 kernel 26 us
+    (``onednn::qlinear_pointwise`` builds its primitive's descriptor every
+    call), 11 ms of a 104 ms ``w8a8_int8`` step.
+    """
+    k = n = 64
+    dense = nn.Linear(k, n, bias=False)
+    x = torch.randn(1, k)
+    xb = x.to(torch.bfloat16)
+    routed = nn.Linear(k, n, bias=False).to(torch.bfloat16)
+    routed.__class__ = RowLinear
+    int8 = Int8Linear(nn.Linear(k, n, bias=False).to(torch.bfloat16))
+    layouts: dict[str, Any] = {
+        "fp32 MKL": lambda: F.linear(x, dense.weight),
+        "fp32 oneDNN": lambda: ONEDNN(x, dense.weight, None, "none", [], ""),
+        "bf16 RowLinear": lambda: routed(xb),
+        "int8 (bf16 x)": lambda: int8(xb),
+    }
+    if w8a8_problem() is None:
+        w8a8 = W8A8Linear(dense.weight, None)
+        rows = quantize_rows(x)
+        layouts["w8a8 (int8 x)"] = lambda: w8a8(x)
+        layouts["w8a8, oneDNN's kernel alone"] = lambda: w8a8.quantized_product(*rows, x.dtype)
+    print(f"\ncost per call apart from reading (a {k}x{n} product of one row), median us:")
+    for label, call in layouts.items():
+        for _ in range(10):
+            call()
+        seconds = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            call()
+            seconds.append(time.perf_counter() - started)
+        print(f"{label:>28} {statistics.median(seconds) * 1e6:>8.1f}")
 
 
 if __name__ == "__main__":
